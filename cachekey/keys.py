@@ -1,0 +1,169 @@
+"""Block keys: pure functions from token ids and extra keys to chained 16-byte digests.
+
+Key of block i = xxh3_128(parent || tokens as little-endian uint32 || encoded extra keys).
+Block 0's parent is a root derived from a configured namespace, never from process randomness,
+so every gateway and worker that share a namespace compute identical keys.
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import xxhash
+
+from cachekey.types import BlockKey, ExtraKey, MMItem
+
+_LITTLE = sys.byteorder == "little"
+_TAG_STR = b"s"
+_TAG_MM = b"m"
+_TAG_INT = b"i"
+_TAG_BYTES = b"b"
+_NO_EXTRA = b"\x00"
+
+
+@dataclass(frozen=True, slots=True)
+class HashNamespace:
+    """What a root key is derived from. Two processes agree on keys iff they agree on this."""
+
+    model: str
+    block_size: int = 16
+    seed: str = "kvgate-v1"
+
+    def __post_init__(self) -> None:
+        if self.block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {self.block_size}")
+
+    def root(self) -> BlockKey:
+        return root_key(self)
+
+
+def root_key(ns: HashNamespace) -> BlockKey:
+    payload = b"kvgate-root\x00" + _encode_str(ns.model) + _encode_str(ns.seed)
+    payload += struct.pack("<I", ns.block_size)
+    return BlockKey(xxhash.xxh3_128_digest(payload))
+
+
+def _encode_str(s: str) -> bytes:
+    raw = s.encode("utf-8")
+    return struct.pack("<I", len(raw)) + raw
+
+
+def encode_extra_keys(extra_keys: Sequence[ExtraKey] | None) -> bytes:
+    """Explicit, language-neutral encoding: a count, then one tagged, length-prefixed item each."""
+    if not extra_keys:
+        return _NO_EXTRA
+    out = [b"\x01", struct.pack("<I", len(extra_keys))]
+    for item in extra_keys:
+        if isinstance(item, str):
+            out += (_TAG_STR, _encode_str(item))
+        elif isinstance(item, tuple | list) and len(item) == 2:
+            ident, offset = item
+            out += (_TAG_MM, _encode_str(str(ident)), struct.pack("<q", int(offset)))
+        elif isinstance(item, bool | int):
+            out += (_TAG_INT, struct.pack("<q", int(item)))
+        elif isinstance(item, bytes):
+            out += (_TAG_BYTES, struct.pack("<I", len(item)), item)
+        else:
+            raise TypeError(f"unsupported extra key {item!r}")
+    return b"".join(out)
+
+
+def pack_tokens(token_ids: Sequence[int]) -> bytes:
+    buf = array("I", token_ids)
+    if not _LITTLE:
+        buf.byteswap()
+    return buf.tobytes()
+
+
+def hash_block(
+    parent: BlockKey, token_ids: Sequence[int], extra_keys: Sequence[ExtraKey] | None = None
+) -> BlockKey:
+    """The key of one full block given its parent's key."""
+    return BlockKey(
+        xxhash.xxh3_128_digest(parent + pack_tokens(token_ids) + encode_extra_keys(extra_keys))
+    )
+
+
+def block_extra_keys(
+    block_index: int,
+    block_size: int,
+    mm_items: Sequence[MMItem] = (),
+    lora_name: str | None = None,
+    cache_salt: str | None = None,
+) -> tuple[ExtraKey, ...]:
+    """Extra keys of one block, in vLLM's order: LoRA, then mm items, then the salt (block 0 only).
+
+    Every mm item overlapping the block contributes (identifier, offset - block_start): two
+    different images behind the same placeholder tokens never share a key, and the same image
+    at a different position does not either.
+    """
+    start = block_index * block_size
+    end = start + block_size
+    keys: list[ExtraKey] = []
+    if lora_name:
+        keys.append(lora_name)
+    for item in mm_items:
+        if item.offset < end and item.end > start:
+            keys.append((item.identifier, item.offset - start))
+    if cache_salt and block_index == 0:
+        keys.append(cache_salt)
+    return tuple(keys)
+
+
+def block_keys(
+    token_ids: Sequence[int],
+    ns: HashNamespace,
+    mm_items: Sequence[MMItem] = (),
+    lora_name: str | None = None,
+    cache_salt: str | None = None,
+    *,
+    start_block: int = 0,
+    parent: BlockKey | None = None,
+    extra_keys_out: list[tuple[ExtraKey, ...]] | None = None,
+) -> list[BlockKey]:
+    """Keys of the full blocks of `token_ids` from `start_block` on (the partial tail is unkeyed).
+
+    `parent` must be the key of block `start_block - 1` when `start_block > 0`, which lets the
+    engine key blocks incrementally as decoding fills them. When `extra_keys_out` is given, the
+    extra keys of each keyed block are appended to it (the engine reports them in its events).
+    """
+    bs = ns.block_size
+    if start_block > 0 and parent is None:
+        raise ValueError("parent is required when start_block > 0")
+    prev = parent if parent is not None else ns.root()
+    n_full = len(token_ids) // bs
+    keys: list[BlockKey] = []
+    # mm items are few; a plain scan per block is cheaper than an interval tree here.
+    for i in range(start_block, n_full):
+        extra = block_extra_keys(i, bs, mm_items, lora_name, cache_salt)
+        prev = hash_block(prev, token_ids[i * bs : (i + 1) * bs], extra)
+        keys.append(prev)
+        if extra_keys_out is not None:
+            extra_keys_out.append(extra)
+    return keys
+
+
+def clamp_match(
+    num_matched_tokens: int, num_tokens: int, block_size: int, mm_items: Sequence[MMItem] = ()
+) -> int:
+    """Clamp a prefix-cache match so it never ends inside a multimodal span.
+
+    A match ending inside a span is rewound to the span start and rounded down to a block
+    boundary, repeatedly (a rewind can land inside an earlier span). The match also never covers
+    the whole prompt: at least one token is left to compute, so the last logits exist.
+    """
+    max_match = ((num_tokens - 1) // block_size) * block_size if num_tokens > 0 else 0
+    n = min(num_matched_tokens, max_match)
+    n -= n % block_size
+    changed = True
+    while changed and n > 0:
+        changed = False
+        for item in mm_items:
+            if item.offset < n < item.end:
+                n = (item.offset // block_size) * block_size
+                changed = True
+    return n

@@ -1,0 +1,1 @@
+"""kvgate gateway: OpenAI-compatible, cache-aware routing proxy. Never imports torch."""

@@ -1,0 +1,1 @@
+"""kvgate worker: torch inference engine with a paged, multimodal-aware prefix cache."""

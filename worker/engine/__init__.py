@@ -1,0 +1,1 @@
+"""The engine core: LLMEngine -> Scheduler -> BlockManager, and ModelRunner -> model."""

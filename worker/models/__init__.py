@@ -1,0 +1,1 @@
+"""Model implementations loaded from local Hugging Face directories."""
