@@ -1,0 +1,205 @@
+"""Start and stop a local kvgate cluster: N workers and a gateway as real processes on 127.0.0.1.
+
+Used by `make demo`, the benchmark scripts and the end-to-end tests, so they all run the same
+processes a user would (`python -m worker`, `python -m gateway`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+HOST = "127.0.0.1"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+@dataclass(slots=True)
+class Proc:
+    name: str
+    args: list[str]
+    port: int
+    log_path: Path
+    popen: subprocess.Popen | None = None
+    extra: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def start(self) -> None:
+        log = self.log_path.open("ab")
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        # A new session, so stopping the cluster also stops anything the process started.
+        self.popen = subprocess.Popen(
+            [sys.executable, *self.args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+        log.close()
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def log_tail(self, n: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except FileNotFoundError:
+            return "(no log)"
+
+    def wait_healthy(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise RuntimeError(f"{self.name} exited early:\n{self.log_tail()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"{self.name} not healthy after {timeout:.0f}s:\n{self.log_tail()}")
+
+    def kill(self, sig: int = signal.SIGTERM, wait: float = 10.0) -> None:
+        if not self.alive():
+            return
+        assert self.popen is not None
+        try:
+            os.killpg(self.popen.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            self.popen.wait(wait)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait(5)
+
+
+@dataclass(slots=True)
+class ClusterSpec:
+    workers: int = 2
+    engine: str = "torch"
+    model: str = "demo"
+    served_model_name: str = "demo"
+    num_blocks: int | None = None
+    policy: str = "cache_aware"
+    gateways: int = 1
+    worker_args: Sequence[str] = ()
+    gateway_args: Sequence[str] = ()
+    log_dir: Path = Path("bench/results/logs")
+    startup_timeout: float = 120.0
+
+
+class Cluster:
+    """A context manager: `with Cluster(spec) as c: c.gateway_url ...`."""
+
+    def __init__(self, spec: ClusterSpec) -> None:
+        self.spec = spec
+        self.workers: list[Proc] = []
+        self.gateways: list[Proc] = []
+        spec.log_dir.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def gateway_url(self) -> str:
+        return self.gateways[0].url
+
+    @property
+    def worker_urls(self) -> list[str]:
+        return [w.url for w in self.workers]
+
+    def make_worker(self, i: int) -> Proc:
+        s = self.spec
+        port, ev, rp = free_port(), free_port(), free_port()
+        args = [
+            "-m",
+            "worker",
+            "--model",
+            s.model,
+            "--served-model-name",
+            s.served_model_name,
+            "--engine",
+            s.engine,
+            "--host",
+            HOST,
+            "--port",
+            str(port),
+            "--kv-events-port",
+            str(ev),
+            "--kv-events-replay-port",
+            str(rp),
+        ]
+        if s.num_blocks is not None:
+            args += ["--num-blocks", str(s.num_blocks)]
+        args += list(s.worker_args)
+        log = s.log_dir / f"worker-{i}.log"
+        log.write_bytes(b"")
+        return Proc(f"worker-{i}", args, port, log, extra={"events": ev, "replay": rp})
+
+    def make_gateway(self, i: int) -> Proc:
+        s = self.spec
+        port = free_port()
+        args = [
+            "-m",
+            "gateway",
+            "--workers",
+            ",".join(self.worker_urls),
+            "--host",
+            HOST,
+            "--port",
+            str(port),
+            "--policy",
+            s.policy,
+            *s.gateway_args,
+        ]
+        log = s.log_dir / f"gateway-{i}.log"
+        log.write_bytes(b"")
+        return Proc(f"gateway-{i}", args, port, log)
+
+    def start(self) -> Cluster:
+        try:
+            self.workers = [self.make_worker(i) for i in range(self.spec.workers)]
+            for w in self.workers:
+                w.start()
+            for w in self.workers:
+                w.wait_healthy(self.spec.startup_timeout)
+            self.gateways = [self.make_gateway(i) for i in range(self.spec.gateways)]
+            for g in self.gateways:
+                g.start()
+            for g in self.gateways:
+                g.wait_healthy(self.spec.startup_timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def restart_worker(self, i: int) -> None:
+        """Stop worker i (if alive) and start it again on the same ports: a new instance id."""
+        w = self.workers[i]
+        w.kill()
+        w.start()
+        w.wait_healthy(self.spec.startup_timeout)
+
+    def stop(self) -> None:
+        for p in [*self.gateways, *self.workers]:
+            p.kill()
+
+    def __enter__(self) -> Cluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
