@@ -1,0 +1,154 @@
+"""Drive a `Workload` through an OpenAI-compatible endpoint with the official `openai` client.
+
+Turns of one conversation are sent in order (each carries the replies so far); conversations run
+concurrently up to a limit. Every result keeps what the gateway and the worker said about caching.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from openai import AsyncOpenAI
+
+from bench.workload import Turn, Workload
+
+
+@dataclass(slots=True)
+class Result:
+    conversation: str
+    turn: int
+    replica: str
+    prompt_tokens: int
+    cached_tokens: int
+    predicted_cached_tokens: int | None
+    latency_s: float
+    ttft_s: float | None
+    ok: bool
+    error: str | None = None
+
+
+def _cached(usage: object) -> int:
+    details = getattr(usage, "prompt_tokens_details", None)
+    return int(getattr(details, "cached_tokens", 0) or 0) if details is not None else 0
+
+
+async def _send(
+    client: AsyncOpenAI, model: str, messages: list[dict], max_tokens: int, headers: dict[str, str]
+) -> tuple[str, str, int, int, int | None, float]:
+    t0 = time.perf_counter()
+    raw = await client.chat.completions.with_raw_response.create(
+        model=model,
+        messages=messages,
+        max_tokens=max_tokens,
+        temperature=0.0,
+        extra_headers=headers,
+    )
+    latency = time.perf_counter() - t0
+    resp = raw.parse()
+    predicted = raw.headers.get("x-kvgate-predicted-cached-tokens")
+    return (
+        resp.choices[0].message.content or "",
+        raw.headers.get("x-kvgate-replica", "direct"),
+        resp.usage.prompt_tokens if resp.usage else 0,
+        _cached(resp.usage),
+        int(predicted) if predicted is not None else None,
+        latency,
+    )
+
+
+async def run_workload(
+    base_url: str,
+    workload: Workload,
+    *,
+    model: str = "demo",
+    concurrency: int = 4,
+    headers: dict[str, str] | None = None,
+    on_result: Callable[[Result], None] | None = None,
+    timeout: float = 120.0,
+) -> list[Result]:
+    client = AsyncOpenAI(
+        base_url=f"{base_url}/v1", api_key="kvgate-demo", timeout=timeout, max_retries=0
+    )
+    sem = asyncio.Semaphore(concurrency)
+    histories: dict[str, list[dict]] = {}
+    previous: dict[str, asyncio.Future[None]] = {}
+    results: list[Result] = []
+    loop = asyncio.get_running_loop()
+
+    async def one(turn: Turn, before: asyncio.Future[None] | None, done: asyncio.Future[None]):
+        if before is not None:
+            await before
+        msgs = histories.setdefault(turn.conversation, workload.initial_messages(turn.tenant))
+        msgs.append({"role": "user", "content": turn.content})
+        async with sem:
+            try:
+                text, replica, pt, ct, pred, lat = await _send(
+                    client, model, msgs, workload.spec.max_tokens, headers or {}
+                )
+                res = Result(turn.conversation, turn.turn, replica, pt, ct, pred, lat, None, True)
+            except Exception as e:  # a failed request is a result too: it is counted, not hidden
+                text = ""
+                res = Result(
+                    turn.conversation,
+                    turn.turn,
+                    "-",
+                    0,
+                    0,
+                    None,
+                    0.0,
+                    None,
+                    False,
+                    f"{type(e).__name__}: {e}",
+                )
+        msgs.append({"role": "assistant", "content": text})
+        results.append(res)
+        if on_result is not None:
+            on_result(res)
+        done.set_result(None)
+
+    tasks = []
+    for turn in workload:
+        done: asyncio.Future[None] = loop.create_future()
+        tasks.append(asyncio.create_task(one(turn, previous.get(turn.conversation), done)))
+        previous[turn.conversation] = done
+    await asyncio.gather(*tasks)
+    await client.close()
+    return results
+
+
+@dataclass(slots=True)
+class ReplicaSummary:
+    replica: str
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    predicted_tokens: int = 0
+    exact_predictions: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+def summarize(results: list[Result]) -> dict[str, ReplicaSummary]:
+    by: dict[str, ReplicaSummary] = defaultdict(lambda: ReplicaSummary(""))
+    for r in results:
+        if not r.ok:
+            continue
+        s = by[r.replica]
+        s.replica = r.replica
+        s.requests += 1
+        s.prompt_tokens += r.prompt_tokens
+        s.cached_tokens += r.cached_tokens
+        s.predicted_tokens += r.predicted_cached_tokens or 0
+        s.exact_predictions += int(r.predicted_cached_tokens == r.cached_tokens)
+    return dict(sorted(by.items()))
+
+
+def hit_rate(results: list[Result]) -> float:
+    prompt = sum(r.prompt_tokens for r in results if r.ok)
+    return sum(r.cached_tokens for r in results if r.ok) / prompt if prompt else 0.0

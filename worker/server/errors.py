@@ -1,0 +1,110 @@
+"""OpenAI-style error bodies and the exceptions the service turns into them."""
+
+from __future__ import annotations
+
+import json
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from cachekey.errors import PromptTooLongError, RenderError
+
+_TYPES = {
+    400: "invalid_request_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    503: "service_unavailable",
+}
+
+
+class APIError(Exception):
+    """An error the client should see, with its HTTP status."""
+
+    def __init__(
+        self, message: str, status_code: int = 400, *, param: str | None = None, code: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status_code = status_code
+        self.param = param
+        self.code = code
+
+
+class EngineDeadError(APIError):
+    """The engine loop is dead or stalled: requests fail fast instead of hanging."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"engine unavailable: {reason}", 503, code="engine_dead")
+
+
+def error_body(
+    message: str, status_code: int, *, param: str | None = None, code: str | None = None
+) -> dict:
+    return {
+        "error": {
+            "message": message,
+            "type": _TYPES.get(status_code, "internal_error"),
+            "param": param,
+            "code": code if code is not None else status_code,
+        }
+    }
+
+
+def as_api_error(exc: Exception) -> APIError:
+    """Map engine/render exceptions to what the client sees; unknown ones become 500."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, PromptTooLongError):
+        # vLLM answers an over-long prompt with 400, whatever the render layer's default.
+        return APIError(exc.message, 400, param=exc.param, code=type(exc).__name__)
+    if isinstance(exc, RenderError):
+        return APIError(exc.message, exc.status_code, param=exc.param, code=type(exc).__name__)
+    if isinstance(exc, ValueError):
+        return APIError(str(exc), 400)
+    return APIError(f"internal error: {type(exc).__name__}: {exc}", 500)
+
+
+def error_response(exc: Exception) -> JSONResponse:
+    err = as_api_error(exc)
+    return JSONResponse(
+        error_body(err.message, err.status_code, param=err.param, code=err.code),
+        status_code=err.status_code,
+    )
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    errors = exc.errors()
+    if not errors:
+        return "invalid request", None
+    first = errors[0]
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    if first.get("type") == "json_invalid":
+        return "malformed JSON body", None
+    param = ".".join(loc) or None
+    return f"{param or 'body'}: {first.get('msg', 'invalid value')}", param
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RenderError)
+    async def _render_error(_: Request, exc: RenderError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        return JSONResponse(error_body(message, 400, param=param), status_code=400)
+
+    @app.exception_handler(json.JSONDecodeError)
+    async def _bad_json(_: Request, exc: json.JSONDecodeError) -> JSONResponse:
+        return JSONResponse(error_body(f"malformed JSON body: {exc}", 400), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(error_body(str(exc.detail), exc.status_code), status_code=exc.status_code)
