@@ -4,6 +4,17 @@ request -> Prompt (render) -> block keys (keys) -> KV events (events). No torch,
 the gateway and the worker import exactly this code, so their keys cannot drift apart.
 """
 
+from cachekey.assets import AssetError, ImageConfig, ModelAssets
+from cachekey.errors import (
+    ImageFetchError,
+    ImageTooLargeError,
+    InvalidImageError,
+    PromptTooLongError,
+    RenderError,
+    TemplateError,
+    UnsupportedContentError,
+)
+from cachekey.images import decode_data_url, image_identifier, probe_image
 from cachekey.keys import (
     HashNamespace,
     block_extra_keys,
@@ -13,18 +24,34 @@ from cachekey.keys import (
     hash_block,
     root_key,
 )
+from cachekey.render import Renderer, RenderLimits
 from cachekey.types import BlockKey, ExtraKey, MMItem, Prompt
 
 __all__ = [
+    "AssetError",
     "BlockKey",
     "ExtraKey",
     "HashNamespace",
+    "ImageConfig",
+    "ImageFetchError",
+    "ImageTooLargeError",
+    "InvalidImageError",
     "MMItem",
+    "ModelAssets",
     "Prompt",
+    "PromptTooLongError",
+    "RenderError",
+    "RenderLimits",
+    "Renderer",
+    "TemplateError",
+    "UnsupportedContentError",
     "block_extra_keys",
     "block_keys",
     "clamp_match",
+    "decode_data_url",
     "encode_extra_keys",
     "hash_block",
+    "image_identifier",
+    "probe_image",
     "root_key",
 ]

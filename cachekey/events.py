@@ -71,7 +71,9 @@ _POSITIONAL = {
 
 
 def encode_batch(events: Iterable[KVEvent], dp_rank: int | None = None) -> bytes:
-    return _encoder.encode(KVEventBatch(ts=time.time(), events=list(events), data_parallel_rank=dp_rank))
+    return _encoder.encode(
+        KVEventBatch(ts=time.time(), events=list(events), data_parallel_rank=dp_rank)
+    )
 
 
 def _as_extra(entry: Any) -> tuple[Any, ...] | None:
@@ -103,12 +105,12 @@ def _event(raw: Any) -> KVEvent | None:
             token_ids=list(f["token_ids"]),
             block_size=int(f["block_size"]),
             lora_id=f.get("lora_id"),
-            medium=f.get("medium"),
+            medium=f.get("medium", "GPU"),
             lora_name=f.get("lora_name"),
             extra_keys=[_as_extra(e) for e in extra] if extra is not None else None,
         )
     if tag == "BlockRemoved":
-        return BlockRemoved(block_hashes=list(f["block_hashes"]), medium=f.get("medium"))
+        return BlockRemoved(block_hashes=list(f["block_hashes"]), medium=f.get("medium", "GPU"))
     if tag == "AllBlocksCleared":
         return AllBlocksCleared()
     return None  # an event type from a newer engine: skip it

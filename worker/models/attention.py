@@ -17,14 +17,14 @@ from torch import Tensor
 
 class AttentionContext(Protocol):
     def attend(self, layer_idx: int, q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
-        """q: [T, num_heads, head_dim], k/v: [T, num_kv_heads, head_dim] -> [T, num_heads, head_dim]."""
+        """q: [T, heads, head_dim], k/v: [T, kv_heads, head_dim] -> [T, heads, head_dim]."""
         ...
 
 
 def causal_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, q_start: int = 0) -> Tensor:
     """Attention of the queries q (absolute positions q_start..) over keys k (positions 0..).
 
-    q: [Tq, Hq, D]; k/v: [Tk, Hkv, D] with Tk == q_start + Tq. Grouped-query heads are expanded here.
+    q: [Tq, Hq, D]; k/v: [Tk, Hkv, D] with Tk == q_start + Tq. GQA heads are expanded here.
     """
     num_q, num_heads, _ = q.shape
     num_k, num_kv_heads, _ = k.shape

@@ -24,7 +24,12 @@ class APIError(Exception):
     """An error the client should see, with its HTTP status."""
 
     def __init__(
-        self, message: str, status_code: int = 400, *, param: str | None = None, code: str | None = None
+        self,
+        message: str,
+        status_code: int = 400,
+        *,
+        param: str | None = None,
+        code: str | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -96,6 +101,14 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _render_error(_: Request, exc: RenderError) -> JSONResponse:
         return error_response(exc)
 
+    @app.exception_handler(ValueError)
+    async def _value_error(_: Request, exc: ValueError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        return error_response(exc)
+
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = _validation_message(exc)
@@ -107,4 +120,6 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse(error_body(str(exc.detail), exc.status_code), status_code=exc.status_code)
+        return JSONResponse(
+            error_body(str(exc.detail), exc.status_code), status_code=exc.status_code
+        )

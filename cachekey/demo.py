@@ -1,0 +1,334 @@
+"""The demo model: a tiny LLaVA-1.5-style model in Hugging Face format, generated, never downloaded.
+
+Everything is derived from constants in this module (a fixed corpus for the byte-level BPE, a
+fixed seed for the weights), so every run writes byte-identical files and every machine gets the
+same tokenizer, template and keys. Writing it needs numpy and safetensors, never torch.
+
+    python -m cachekey.demo OUTDIR
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import save_file
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+DEMO_VERSION = "demo-model-v1"
+VOCAB_SIZE = 2000
+SEED = 20261122
+SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<image>", "<|im_start|>", "<|im_end|>")
+UNK_ID, BOS_ID, EOS_ID, IMAGE_ID, IM_START_ID, IM_END_ID = range(len(SPECIAL_TOKENS))
+
+TEXT = dict(hidden=128, intermediate=256, layers=2, heads=4, kv_heads=2, max_positions=4096)
+VISION = dict(hidden=64, intermediate=128, layers=2, heads=4, image_size=64, patch_size=8)
+
+# ChatML with BOS; string content or content-part lists (an image part becomes "<image>\n").
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% if tools %}<|im_start|>system\n# Tools\n{{ tools | tojson }}<|im_end|>\n{% endif %}"
+    "{% for message in messages %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% elif message['content'] is not none %}"
+    "{% for part in message['content'] %}"
+    "{% if part['type'] in ('image', 'image_url') %}<image>\n"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{% if message['tool_calls'] %}{{ message['tool_calls'] | tojson }}{% endif %}"
+    "<|im_end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+_WORDS = """the of and to in is that for it as with was on be by at this are from or have an not
+but they which one you were all we her she there would their will when who him been has more if no
+out so said what up its about than into them can only other new some could time these two may then
+do first any my now such like our over man me even most made after also did many before must
+through back years where much your way well down should because each just those people how too
+little state good very make world still own see men work long get here between both life being
+under never day same another know while last might us great old year off come since against go
+came right used take three cache block token tokens model request router gateway worker prefix key
+keys image images vision tower layer layers attention head heads hidden memory batch queue latency
+throughput prompt prompts server servers cluster node nodes pod pods kubernetes route routing score
+hash hashing event events index replica replicas stream streaming chat completion completions
+system user assistant tool tools message messages content text python engine schedule scheduler
+decode prefill sequence sequences length number value values data file files config name names
+""".split()
+_SYLLABLES = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]
+
+
+def _corpus() -> Iterator[str]:
+    """Sentences from a fixed linear congruential generator: same text on every platform."""
+    state = 12345
+
+    def step() -> int:
+        nonlocal state
+        state = (state * 1103515245 + 12345) % 2**31
+        return state
+
+    for _ in range(6000):
+        words = []
+        for _ in range(4 + step() % 12):
+            r = step() >> 8
+            if r % 10 < 7:
+                words.append(_WORDS[(r >> 4) % len(_WORDS)])
+            elif r % 10 < 9:
+                n = 2 + (r >> 20) % 2
+                words.append(
+                    "".join(_SYLLABLES[(r >> (4 + 5 * k)) % len(_SYLLABLES)] for k in range(n))
+                )
+            else:
+                words.append(str((r >> 4) % 2000))
+        yield " ".join(words).capitalize() + "."
+
+
+def build_tokenizer() -> Tokenizer:
+    """A byte-level BPE (any text encodes, nothing is unknown) with the chat special tokens."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_corpus(), trainer=trainer)
+    # Completions get BOS from the post-processor, as Llama tokenizers do; chat templates
+    # write it themselves and are encoded without special tokens.
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", BOS_ID)]
+    )
+    return tok
+
+
+def _configs(vocab_size: int) -> dict[str, dict]:
+    tokens_per_side = VISION["image_size"] // VISION["patch_size"]
+    text_config = {
+        "model_type": "llama",
+        "vocab_size": vocab_size,
+        "hidden_size": TEXT["hidden"],
+        "intermediate_size": TEXT["intermediate"],
+        "num_hidden_layers": TEXT["layers"],
+        "num_attention_heads": TEXT["heads"],
+        "num_key_value_heads": TEXT["kv_heads"],
+        "max_position_embeddings": TEXT["max_positions"],
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+        "bos_token_id": BOS_ID,
+        "eos_token_id": EOS_ID,
+        "pad_token_id": UNK_ID,
+        "torch_dtype": "float32",
+    }
+    vision_config = {
+        "model_type": "clip_vision_model",
+        "hidden_size": VISION["hidden"],
+        "intermediate_size": VISION["intermediate"],
+        "num_hidden_layers": VISION["layers"],
+        "num_attention_heads": VISION["heads"],
+        "image_size": VISION["image_size"],
+        "patch_size": VISION["patch_size"],
+        "projection_dim": VISION["hidden"],
+        "num_channels": 3,
+        "hidden_act": "quick_gelu",
+        "layer_norm_eps": 1e-5,
+    }
+    config = {
+        "architectures": ["LlavaForConditionalGeneration"],
+        "model_type": "llava",
+        "image_token_index": IMAGE_ID,
+        "image_seq_length": tokens_per_side**2,
+        "projector_hidden_act": "gelu",
+        "multimodal_projector_bias": True,
+        "vision_feature_layer": -2,
+        "vision_feature_select_strategy": "default",
+        "text_config": text_config,
+        "vision_config": vision_config,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+    }
+    tokenizer_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "unk_token": "<unk>",
+        "pad_token": "<unk>",
+        "model_max_length": TEXT["max_positions"],
+        "clean_up_tokenization_spaces": False,
+        "chat_template": CHAT_TEMPLATE,
+    }
+    preprocessor_config = {
+        "image_processor_type": "CLIPImageProcessor",
+        "processor_class": "LlavaProcessor",
+        "do_resize": True,
+        "size": {"shortest_edge": VISION["image_size"]},
+        "do_center_crop": True,
+        "crop_size": {"height": VISION["image_size"], "width": VISION["image_size"]},
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "image_mean": [0.48145466, 0.4578275, 0.40821073],
+        "image_std": [0.26862954, 0.26130258, 0.27577711],
+        "do_convert_rgb": True,
+        "resample": 3,
+    }
+    generation_config = {"bos_token_id": BOS_ID, "eos_token_id": [EOS_ID, IM_END_ID]}
+    return {
+        "config.json": config,
+        "tokenizer_config.json": tokenizer_config,
+        "preprocessor_config.json": preprocessor_config,
+        "generation_config.json": generation_config,
+    }
+
+
+def _weight_shapes(vocab_size: int) -> dict[str, tuple[int, ...]]:
+    """Every tensor of the classic llava-hf checkpoint layout, by name."""
+    h, i, kv = (
+        TEXT["hidden"],
+        TEXT["intermediate"],
+        TEXT["hidden"] // TEXT["heads"] * TEXT["kv_heads"],
+    )
+    vh, vi = VISION["hidden"], VISION["intermediate"]
+    n_pos = (VISION["image_size"] // VISION["patch_size"]) ** 2 + 1
+    shapes: dict[str, tuple[int, ...]] = {
+        "language_model.model.embed_tokens.weight": (vocab_size, h),
+        "language_model.model.norm.weight": (h,),
+        "language_model.lm_head.weight": (vocab_size, h),
+        "multi_modal_projector.linear_1.weight": (h, vh),
+        "multi_modal_projector.linear_1.bias": (h,),
+        "multi_modal_projector.linear_2.weight": (h, h),
+        "multi_modal_projector.linear_2.bias": (h,),
+    }
+    for n in range(TEXT["layers"]):
+        p = f"language_model.model.layers.{n}."
+        shapes.update(
+            {
+                p + "self_attn.q_proj.weight": (h, h),
+                p + "self_attn.k_proj.weight": (kv, h),
+                p + "self_attn.v_proj.weight": (kv, h),
+                p + "self_attn.o_proj.weight": (h, h),
+                p + "mlp.gate_proj.weight": (i, h),
+                p + "mlp.up_proj.weight": (i, h),
+                p + "mlp.down_proj.weight": (h, i),
+                p + "input_layernorm.weight": (h,),
+                p + "post_attention_layernorm.weight": (h,),
+            }
+        )
+    v = "vision_tower.vision_model."
+    shapes.update(
+        {
+            v + "embeddings.class_embedding": (vh,),
+            v + "embeddings.patch_embedding.weight": (
+                vh,
+                3,
+                VISION["patch_size"],
+                VISION["patch_size"],
+            ),
+            v + "embeddings.position_embedding.weight": (n_pos, vh),
+            v + "pre_layrnorm.weight": (vh,),
+            v + "pre_layrnorm.bias": (vh,),
+            v + "post_layernorm.weight": (vh,),
+            v + "post_layernorm.bias": (vh,),
+        }
+    )
+    for n in range(VISION["layers"]):
+        p = f"{v}encoder.layers.{n}."
+        for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
+            shapes[f"{p}self_attn.{proj}.weight"] = (vh, vh)
+            shapes[f"{p}self_attn.{proj}.bias"] = (vh,)
+        for norm in ("layer_norm1", "layer_norm2"):
+            shapes[f"{p}{norm}.weight"] = (vh,)
+            shapes[f"{p}{norm}.bias"] = (vh,)
+        shapes.update(
+            {
+                p + "mlp.fc1.weight": (vi, vh),
+                p + "mlp.fc1.bias": (vi,),
+                p + "mlp.fc2.weight": (vh, vi),
+                p + "mlp.fc2.bias": (vh,),
+            }
+        )
+    return shapes
+
+
+def build_weights(vocab_size: int) -> dict[str, np.ndarray]:
+    """Seeded weights: N(0, 0.02) matrices, unit norm scales, zero biases."""
+    rng = np.random.default_rng(SEED)
+    weights = {}
+    for name, shape in sorted(_weight_shapes(vocab_size).items()):
+        is_norm = "norm" in name or "layrnorm" in name
+        if is_norm and name.endswith("weight"):
+            weights[name] = np.ones(shape, dtype=np.float32)
+        elif name.endswith("bias"):
+            weights[name] = np.zeros(shape, dtype=np.float32)
+        else:
+            weights[name] = (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float32)
+    return weights
+
+
+def _dump_json(obj: dict) -> bytes:
+    return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8")
+
+
+def write_demo_model(path: str | os.PathLike[str]) -> Path:
+    """Write the demo model into `path` (created if needed); byte-identical on every run."""
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer()
+    vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+    (out / "tokenizer.json").write_bytes(tokenizer.to_str(pretty=True).encode("utf-8") + b"\n")
+    for name, obj in _configs(vocab_size).items():
+        (out / name).write_bytes(_dump_json(obj))
+    save_file(build_weights(vocab_size), str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+def default_cache_dir() -> Path:
+    root = os.environ.get("KVGATE_CACHE_DIR")
+    base = Path(root) if root else Path.home() / ".cache" / "kvgate"
+    return base / DEMO_VERSION
+
+
+def ensure_demo_model(cache_dir: Path | None = None) -> Path:
+    """The demo model directory, written once; safe when several processes race to create it.
+
+    Each writer fills a private temp dir and renames it into place; the first rename wins and
+    the others discard their copy, so a reader never sees a half-written directory.
+    """
+    target = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    if (target / "model.safetensors").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        write_demo_model(tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not (target / "model.safetensors").is_file():
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m cachekey.demo OUTDIR", file=sys.stderr)
+        return 2
+    print(write_demo_model(argv[0]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

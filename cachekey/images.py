@@ -1,0 +1,84 @@
+"""Image bytes: data-URL decoding, content identifiers, and header-only probing.
+
+The gateway hashes and probes every image on the request path, so nothing here decodes pixels
+(Pillow's Image.open reads the header only); the worker decodes pixels with `open_rgb`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import warnings
+
+import xxhash
+from PIL import Image
+
+from cachekey.errors import ImageTooLargeError, InvalidImageError
+
+SUPPORTED_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
+
+
+def decode_data_url(url: str, max_bytes: int | None = None, *, param: str | None = None) -> bytes:
+    """The bytes of a base64 `data:` URL (`data:image/png;base64,...`)."""
+    if not url.startswith("data:"):
+        raise InvalidImageError("image URL is not a data: URL", param=param)
+    header, sep, payload = url.partition(",")
+    if not sep:
+        raise InvalidImageError("data: URL has no ',' separating the header and data", param=param)
+    if not header.endswith(";base64"):
+        raise InvalidImageError(
+            "data: URL must be base64-encoded (data:image/<format>;base64,<data>)", param=param
+        )
+    if max_bytes is not None and len(payload) // 4 * 3 > max_bytes:
+        raise ImageTooLargeError(
+            f"image data is larger than the limit of {max_bytes} bytes", param=param
+        )
+    try:
+        return base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        # Some clients wrap base64 at 76 columns; accept whitespace, nothing else.
+        try:
+            return base64.b64decode("".join(payload.split()), validate=True)
+        except (binascii.Error, ValueError) as e:
+            raise InvalidImageError(f"image data is not valid base64: {e}", param=param) from e
+
+
+def image_identifier(data: bytes) -> str:
+    """The content identifier of an image: xxh3_128 hex of its encoded bytes."""
+    return xxhash.xxh3_128_hexdigest(data)
+
+
+def probe_image(
+    data: bytes, max_pixels: int | None = None, *, param: str | None = None
+) -> tuple[int, int, str]:
+    """(width, height, format) from the image header, without decoding the pixels."""
+    if not data:
+        raise InvalidImageError("image data is empty", param=param)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            img = Image.open(io.BytesIO(data), formats=SUPPORTED_FORMATS)
+            width, height, fmt = img.width, img.height, img.format or "unknown"
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+        raise ImageTooLargeError(f"image has too many pixels: {e}", param=param) from e
+    except (OSError, ValueError, SyntaxError) as e:
+        raise InvalidImageError(
+            f"data is not an image in a supported format ({', '.join(SUPPORTED_FORMATS)})",
+            param=param,
+        ) from e
+    if width <= 0 or height <= 0:
+        raise InvalidImageError(f"image has an empty size {width}x{height}", param=param)
+    if max_pixels is not None and width * height > max_pixels:
+        raise ImageTooLargeError(
+            f"image is {width}x{height} = {width * height} pixels, over the limit of {max_pixels}",
+            param=param,
+        )
+    return width, height, fmt
+
+
+def open_rgb(data: bytes) -> Image.Image:
+    """Decode an image to RGB pixels (the first frame of an animation)."""
+    img = Image.open(io.BytesIO(data), formats=SUPPORTED_FORMATS)
+    img.seek(0)
+    return img.convert("RGB")

@@ -1,0 +1,261 @@
+"""Render an OpenAI request into a Prompt: token ids with image placeholders expanded, plus spans.
+
+This runs on the gateway for every request: the template is compiled once per model, the text is
+tokenized through a per-segment cache (segment_encoder), and images are hashed and probed from
+their header only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from cachekey.assets import ModelAssets
+from cachekey.errors import (
+    ImageFetchError,
+    ImageTooLargeError,
+    InvalidImageError,
+    PromptTooLongError,
+    RenderError,
+    UnsupportedContentError,
+)
+from cachekey.images import decode_data_url, image_identifier, probe_image
+from cachekey.segment_encoder import SegmentEncoder
+from cachekey.template import RESERVED_NAMES, render_template
+from cachekey.types import MMItem, Prompt
+
+ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
+IMAGE_PART_TYPES = frozenset({"image_url", "input_image"})
+
+
+@dataclass(frozen=True, slots=True)
+class RenderLimits:
+    max_model_len: int | None = None  # lowers the model's own limit, never raises it
+    max_images: int = 32
+    max_image_bytes: int = 20 * 2**20
+    max_image_pixels: int = 4096 * 4096
+    segment_cache_entries: int = 4096
+    segment_cache_chars: int = 64 * 2**20
+
+    def __post_init__(self) -> None:
+        for name in ("max_images", "max_image_bytes", "max_image_pixels"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"RenderLimits.{name} must be positive")
+        if self.max_model_len is not None and self.max_model_len <= 0:
+            raise ValueError("RenderLimits.max_model_len must be positive")
+        if self.segment_cache_entries < 0 or self.segment_cache_chars < 0:
+            raise ValueError("RenderLimits segment cache sizes must not be negative")
+
+
+@dataclass(frozen=True, slots=True)
+class _Image:
+    identifier: str
+    data: bytes
+
+
+class Renderer:
+    """Request -> Prompt for one model's assets; safe to share across threads."""
+
+    def __init__(
+        self,
+        assets: ModelAssets,
+        fetcher: Callable[[str], bytes] | None = None,
+        limits: RenderLimits = RenderLimits(),
+    ) -> None:
+        self.assets, self.fetcher, self.limits = assets, fetcher, limits
+        tok = assets.tokenizer
+        self._encoder = SegmentEncoder(
+            tok, limits.segment_cache_entries, limits.segment_cache_chars
+        )
+        self.max_model_len = min(assets.max_model_len, limits.max_model_len or assets.max_model_len)
+        self._vocab_size = tok.get_vocab_size(with_added_tokens=True)
+        self._affixes = _special_affixes(tok)
+
+    # ---- public API -------------------------------------------------------------------------
+
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> Prompt:
+        template = self.assets.compiled_template()
+        if template is None:
+            raise UnsupportedContentError(
+                "this model has no chat template; use /v1/completions", param="messages"
+            )
+        if not isinstance(messages, list) or not messages:
+            raise UnsupportedContentError("messages must be a non-empty list", param="messages")
+        kwargs = chat_template_kwargs or {}
+        if not isinstance(kwargs, dict) or RESERVED_NAMES & kwargs.keys():
+            raise UnsupportedContentError(
+                f"chat_template_kwargs must be an object without {sorted(RESERVED_NAMES)}",
+                param="chat_template_kwargs",
+            )
+        images: list[_Image] = []
+        normalized = [self._message(i, m, images) for i, m in enumerate(messages)]
+        text = render_template(
+            template,
+            normalized,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.assets.bos_token,
+            eos_token=self.assets.eos_token,
+            tools=tools,
+            extra=kwargs,
+        )
+        return self._expand(self._encoder.encode(text), images, "messages")
+
+    def render_completion(self, prompt: str | list[int]) -> Prompt:
+        if isinstance(prompt, str):
+            if self._affixes is None:
+                ids = self.assets.tokenizer.encode(prompt).ids
+            else:
+                ids = self._affixes[0] + self._encoder.encode(prompt) + self._affixes[1]
+        elif isinstance(prompt, list):
+            ids = self._checked_ids(prompt)
+        else:
+            raise UnsupportedContentError(
+                "prompt must be a string or a list of token ids", param="prompt"
+            )
+        if not ids:
+            raise UnsupportedContentError("prompt is empty", param="prompt")
+        return self._expand(ids, [], "prompt")
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self.assets.tokenizer.decode(
+            list(token_ids), skip_special_tokens=skip_special_tokens
+        )
+
+    # ---- internals --------------------------------------------------------------------------
+
+    def _checked_ids(self, prompt: list[Any]) -> list[int]:
+        for i, t in enumerate(prompt):
+            if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self._vocab_size:
+                raise UnsupportedContentError(
+                    f"prompt[{i}] = {t!r} is not a token id in [0, {self._vocab_size})",
+                    param="prompt",
+                )
+        return list(prompt)
+
+    def _message(self, i: int, msg: Any, images: list[_Image]) -> dict[str, Any]:
+        where = f"messages[{i}]"
+        if not isinstance(msg, dict):
+            raise UnsupportedContentError(f"{where} must be an object", param=where)
+        role = msg.get("role")
+        if role not in ROLES:
+            raise UnsupportedContentError(
+                f"{where}.role {role!r} is not one of {sorted(ROLES)}", param=f"{where}.role"
+            )
+        content = msg.get("content")
+        if isinstance(content, str):
+            return msg
+        if content is None:
+            if role == "assistant":
+                return msg
+            raise UnsupportedContentError(f"{where}.content is required", param=f"{where}.content")
+        if not isinstance(content, list):
+            raise UnsupportedContentError(
+                f"{where}.content must be a string or a list of content parts",
+                param=f"{where}.content",
+            )
+        parts = [self._part(f"{where}.content[{j}]", p, images) for j, p in enumerate(content)]
+        if self.assets.image is None:
+            # Text-only templates expect a string, as vLLM passes for "string"-format templates.
+            return {**msg, "content": "\n".join(p["text"] for p in parts)}
+        return {**msg, "content": parts}
+
+    def _part(self, where: str, part: Any, images: list[_Image]) -> dict[str, Any]:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text":
+            if not isinstance(part.get("text"), str):
+                raise UnsupportedContentError(f"{where}.text must be a string", param=where)
+            return {"type": "text", "text": part["text"]}
+        if kind not in IMAGE_PART_TYPES:
+            raise UnsupportedContentError(
+                f"{where}: content part type {kind!r} is not supported; use 'text' or 'image_url'",
+                param=f"{where}.type",
+            )
+        if self.assets.image is None:
+            raise UnsupportedContentError("this model does not accept images", param=where)
+        ref = part.get(kind) if kind == "image_url" else part.get("image_url")
+        url = ref.get("url") if isinstance(ref, dict) else ref
+        if not isinstance(url, str) or not url:
+            raise UnsupportedContentError(f"{where}.image_url.url must be a string", param=where)
+        uuid = part.get("uuid")
+        if uuid is not None and (not isinstance(uuid, str) or not uuid):
+            raise UnsupportedContentError(f"{where}.uuid must be a non-empty string", param=where)
+        if len(images) >= self.limits.max_images:
+            raise ImageTooLargeError(
+                f"a request may carry at most {self.limits.max_images} images", param=where
+            )
+        data = self._image_bytes(url, where)
+        probe_image(data, self.limits.max_image_pixels, param=where)
+        images.append(_Image(uuid or image_identifier(data), data))
+        return {"type": "image"}
+
+    def _image_bytes(self, url: str, where: str) -> bytes:
+        if url.startswith("data:"):
+            return decode_data_url(url, self.limits.max_image_bytes, param=where)
+        if not url.startswith(("http://", "https://")):
+            raise InvalidImageError("image URL must be a data: URL or an http(s) URL", param=where)
+        if self.fetcher is None:
+            raise ImageFetchError(
+                "remote image URLs are disabled; send the image as a data: URL", param=where
+            )
+        try:
+            data = self.fetcher(url)
+        except RenderError:
+            raise
+        except Exception as e:
+            raise ImageFetchError(f"could not fetch the image: {e}", param=where) from e
+        if len(data) > self.limits.max_image_bytes:
+            raise ImageTooLargeError(
+                f"image is larger than the limit of {self.limits.max_image_bytes} bytes",
+                param=where,
+            )
+        return data
+
+    def _expand(self, ids: list[int], images: list[_Image], param: str) -> Prompt:
+        """Replace each image token with the model's placeholder run and record its span."""
+        image = self.assets.image
+        found = ids.count(image.image_token_id) if image is not None else 0
+        if found != len(images):
+            raise UnsupportedContentError(
+                f"the prompt has {found} image placeholder(s) {image.image_token!r} but the "
+                f"request carries {len(images)} image(s); do not type the placeholder as text",
+                param=param,
+            )
+        out: list[int] = ids
+        items: list[MMItem] = []
+        if images:
+            tid, n = image.image_token_id, image.tokens_per_image
+            out, start = [], 0
+            for img in images:
+                pos = ids.index(tid, start)
+                out.extend(ids[start:pos])
+                items.append(MMItem(img.identifier, "image", len(out), n))
+                out.extend([tid] * n)
+                start = pos + 1
+            out.extend(ids[start:])
+        if len(out) > self.max_model_len:
+            raise PromptTooLongError(
+                f"this model's maximum context length is {self.max_model_len} tokens, but the "
+                f"prompt has {len(out)} tokens; shorten the {param}",
+                param=param,
+            )
+        return Prompt(tuple(out), tuple(items), {img.identifier: img.data for img in images})
+
+
+def _special_affixes(tok: Tokenizer) -> tuple[list[int], list[int]] | None:
+    """The ids the post-processor adds around a single sequence (e.g. BOS), or None if unclear."""
+    bare = tok.encode("a", add_special_tokens=False).ids
+    full = tok.encode("a", add_special_tokens=True).ids
+    for i in range(len(full) - len(bare) + 1):
+        if full[i : i + len(bare)] == bare:
+            return full[:i], full[i + len(bare) :]
+    return None

@@ -1,0 +1,84 @@
+"""HTTP routes: thin wrappers over OpenAIServing and the state."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from gateway.protocol import error_response
+from gateway.serving import OpenAIServing
+from gateway.state import GatewayState
+
+
+def _state(request: Request) -> GatewayState:
+    return request.app.state.gateway
+
+
+def attach_routes(app: FastAPI) -> None:
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await OpenAIServing(_state(request)).chat_completions(request)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await OpenAIServing(_state(request)).completions(request)
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Response:
+        st = _state(request)
+        reps = st.replicas.available()
+        results = await asyncio.gather(
+            *(st.http.get(f"{r.url}/v1/models", timeout=st.config.connect_timeout) for r in reps),
+            return_exceptions=True,
+        )
+        seen: dict[str, dict] = {}
+        for res in results:
+            if isinstance(res, Exception) or res.status_code != 200:
+                continue
+            for m in res.json().get("data", []):
+                seen.setdefault(m.get("id"), m)
+        return JSONResponse({"object": "list", "data": list(seen.values())})
+
+    @app.get("/health")
+    async def health(request: Request) -> Response:
+        n = len(_state(request).replicas.available())
+        if n == 0:
+            return error_response(503, "no healthy worker", "service_unavailable")
+        return JSONResponse({"status": "ok", "healthy_replicas": n})
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        st = _state(request)
+        s = st.index.stats()
+        st.metrics.index_blocks.set(s.blocks)
+        st.metrics.index_bytes.set(s.bytes)
+        return Response(st.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/kvgate/index")
+    async def index_debug(request: Request) -> Response:
+        """Per replica: blocks, seq, instance id and a digest of its key set."""
+        st = _state(request)
+        s = st.index.stats()
+        replicas = {}
+        for r in st.replicas.replicas.values():
+            sub = r.subscriber
+            replicas[r.id] = {
+                "instance_id": r.instance_id,
+                "healthy": r.healthy,
+                "parity_ok": r.parity_ok,
+                "blocks": st.index.replica_blocks(r.id),
+                "seq": sub.last_seq if sub is not None else None,
+                "synced": sub.synced.is_set() if sub is not None else False,
+                "digest": st.index.replica_digest(r.id),
+            }
+        return JSONResponse(
+            {
+                "blocks": s.blocks,
+                "copies": s.copies,
+                "bytes": s.bytes,
+                "skipped_unknown_parent": s.skipped_unknown_parent,
+                "replicas": replicas,
+            }
+        )

@@ -1,0 +1,80 @@
+"""The gateway's Prometheus metrics (`kvgate_*`), one registry per app so tests can run several."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
+_TOKEN_BUCKETS = (0, 1, 16, 64, 256, 1024, 4096, 16384)
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "kvgate_requests", "Requests proxied", ["replica", "policy", "status"], registry=r
+        )
+        self.prompt_tokens = Counter(
+            "kvgate_prompt_tokens", "Prompt tokens routed", ["replica"], registry=r
+        )
+        self.predicted_cached = Counter(
+            "kvgate_predicted_cached_tokens",
+            "Cached prompt tokens the gateway predicted",
+            ["replica"],
+            registry=r,
+        )
+        self.reported_cached = Counter(
+            "kvgate_reported_cached_tokens",
+            "Cached prompt tokens the workers reported (usage.prompt_tokens_details)",
+            ["replica"],
+            registry=r,
+        )
+        self.prediction_error = Histogram(
+            "kvgate_prediction_error_tokens",
+            "|predicted - reported| cached tokens per request",
+            buckets=_TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.routing_seconds = Histogram(
+            "kvgate_routing_decision_seconds",
+            "Match + policy time per request",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.render_seconds = Histogram(
+            "kvgate_render_seconds",
+            "Render + block-key time per request",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.index_blocks = Gauge("kvgate_index_blocks", "Gateway keys in the index", registry=r)
+        self.index_bytes = Gauge("kvgate_index_bytes", "Estimated index memory", registry=r)
+        self.events_applied = Counter(
+            "kvgate_events_applied", "KV events applied", ["replica"], registry=r
+        )
+        self.event_gaps = Counter("kvgate_event_gaps", "Sequence gaps seen", registry=r)
+        self.event_replays = Counter(
+            "kvgate_event_replays", "Replays that closed a gap", registry=r
+        )
+        self.event_resyncs = Counter("kvgate_event_resyncs", "Snapshot reloads", registry=r)
+        self.skipped_unknown_parent = Counter(
+            "kvgate_events_skipped_unknown_parent",
+            "BlockStored events skipped: parent not in the index",
+            registry=r,
+        )
+        self.replica_healthy = Gauge(
+            "kvgate_replica_healthy", "1 when the replica takes traffic", ["replica"], registry=r
+        )
+        self.parity_mismatch = Gauge(
+            "kvgate_parity_mismatch",
+            "1 when the replica's key fingerprint differs from its model's majority",
+            ["replica"],
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "kvgate_in_flight_requests", "Requests in flight", ["replica"], registry=r
+        )
+        self.retries = Counter("kvgate_retries", "Attempts retried on another replica", registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

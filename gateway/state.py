@@ -1,0 +1,83 @@
+"""GatewayState: everything one gateway app owns, built in one place (`app.create_app`)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import httpx
+
+from cachekey.keys import HashNamespace
+from gateway.assets import load_assets
+from gateway.config import GatewayConfig
+from gateway.fetch import ImageFetcher
+from gateway.index import BlockIndex
+from gateway.metrics import GatewayMetrics
+from gateway.policies import POLICIES, Policy
+from gateway.replicas import Replica, ReplicaSet
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class GatewayState:
+    config: GatewayConfig
+    metrics: GatewayMetrics
+    index: BlockIndex
+    http: httpx.AsyncClient
+    replicas: ReplicaSet
+    policies: dict[str, Policy]
+    fetcher: ImageFetcher
+    # One render thread: the renderer's segment cache is not shared across threads, and the
+    # event loop never waits on tokenization.
+    render_pool: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="kvgate-render")
+    )
+    renderer: object | None = None
+    _assets_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @classmethod
+    def build(cls, config: GatewayConfig) -> GatewayState:
+        metrics = GatewayMetrics()
+        index = BlockIndex(config.index_max_blocks, config.speculative_ttl)
+        limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
+        timeout = httpx.Timeout(config.request_timeout, connect=config.connect_timeout)
+        http = httpx.AsyncClient(limits=limits, timeout=timeout)
+        return cls(
+            config=config,
+            metrics=metrics,
+            index=index,
+            http=http,
+            replicas=ReplicaSet(config, index, metrics, http),
+            policies={name: ctor(config) for name, ctor in POLICIES.items()},
+            fetcher=ImageFetcher(config.max_image_bytes, config.image_fetch_timeout),
+        )
+
+    async def get_renderer(self):
+        """The Renderer, loading the assets on first use (from --model-dir or a worker)."""
+        if self.renderer is not None:
+            return self.renderer
+        async with self._assets_lock:
+            if self.renderer is None:
+                from cachekey.render import Renderer
+
+                urls = [r.url for r in self.replicas.replicas.values() if r.instance_id]
+                assets = await load_assets(self.config.model_dir, urls, self.http)
+                self.renderer = Renderer(assets, fetcher=self.fetcher)
+                log.info("render assets loaded (fingerprint %s)", assets.fingerprint())
+        return self.renderer
+
+    def namespace_for(self, candidates: list[Replica]) -> HashNamespace | None:
+        """The hash namespace of the parity-consistent replicas (they all agree on it)."""
+        for r in candidates:
+            if r.parity_ok and r.namespace is not None:
+                return r.namespace
+        return None
+
+    async def close(self) -> None:
+        await self.replicas.close()
+        await self.http.aclose()
+        self.fetcher.close()
+        self.render_pool.shutdown(wait=False, cancel_futures=True)

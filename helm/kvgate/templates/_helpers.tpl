@@ -1,0 +1,73 @@
+{{/* Names: <release>-kvgate unless the release name already says kvgate. */}}
+{{- define "kvgate.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "kvgate.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "kvgate.gatewayName" -}}
+{{- printf "%s-gateway" (include "kvgate.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "kvgate.workerName" -}}
+{{- printf "%s-worker" (include "kvgate.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "kvgate.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "kvgate.gatewayName" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "kvgate.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "kvgate.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: kvgate
+{{- end }}
+
+{{/* Selector labels; call with (dict "ctx" $ "component" "gateway"). */}}
+{{- define "kvgate.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "kvgate.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "kvgate.image" -}}
+{{- printf "%s:%s" .image.repository (default .ctx.Chart.AppVersion .image.tag) }}
+{{- end }}
+
+{{- define "kvgate.servedModelName" -}}
+{{- if .Values.model.servedModelName }}
+{{- .Values.model.servedModelName }}
+{{- else if .Values.model.demo }}
+{{- "demo" }}
+{{- else }}
+{{- base .Values.model.path }}
+{{- end }}
+{{- end }}
+
+{{/* Probes on /health; call with (dict "probe" .Values.x.probes.readiness). */}}
+{{- define "kvgate.httpProbe" -}}
+httpGet:
+  path: /health
+  port: http
+periodSeconds: {{ .probe.periodSeconds }}
+failureThreshold: {{ .probe.failureThreshold }}
+timeoutSeconds: 5
+{{- end }}

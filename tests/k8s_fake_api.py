@@ -1,0 +1,245 @@
+"""A tiny Kubernetes API server for EndpointSlices: list and watch, as the real one speaks them.
+
+Enough of the protocol for a client: a list carries the collection's resourceVersion; a watch
+from a version streams ADDED/MODIFIED/DELETED JSON lines (chunked) after it; a version older than
+the compaction point gets an ERROR event with a 410 Status; `drop()` cuts open watches mid-stream.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+PREFIX = "/apis/discovery.k8s.io/v1/namespaces/"
+
+
+def make_slice(
+    name: str,
+    endpoints: list[tuple[str, bool | None]],
+    *,
+    service: str = "workers",
+    http_port: int = 8000,
+    labels: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """An EndpointSlice with one endpoint per (ip, ready) pair; ready None leaves it unset."""
+    eps = []
+    for ip, ready in endpoints:
+        conditions = {} if ready is None else {"ready": ready}
+        eps.append({"addresses": [ip], "conditions": conditions})
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "labels": {"kubernetes.io/service-name": service, **(labels or {})},
+        },
+        "addressType": "IPv4",
+        "endpoints": eps,
+        "ports": [
+            {"name": "http", "port": http_port, "protocol": "TCP"},
+            {"name": "kv-events", "port": 5557, "protocol": "TCP"},
+        ],
+    }
+
+
+@dataclass
+class Request:
+    watch: bool
+    resource_version: str | None
+    label_selector: str | None
+
+
+@dataclass
+class FakeApi:
+    rv: int = 100
+    slices: dict[str, dict[str, Any]] = field(default_factory=dict)
+    history: list[tuple[int, str, dict[str, Any]]] = field(default_factory=list)
+    compacted: int = 0  # watches from a version below this get 410
+    generation: int = 0  # bumped to make open watches end (drop or expire)
+    expire_open: bool = False
+    requests: list[Request] = field(default_factory=list)
+    cond: threading.Condition = field(default_factory=threading.Condition)
+
+    # ---- what the test does -------------------------------------------------------------------
+
+    def put(self, sl: dict[str, Any], *, quietly: bool = False) -> None:
+        """Create or update a slice; `quietly` leaves no watch event (only a relist sees it)."""
+        with self.cond:
+            self.rv += 1
+            obj = json.loads(json.dumps(sl))
+            obj["metadata"]["resourceVersion"] = str(self.rv)
+            kind = "MODIFIED" if sl["metadata"]["name"] in self.slices else "ADDED"
+            self.slices[sl["metadata"]["name"]] = obj
+            if not quietly:
+                self.history.append((self.rv, kind, obj))
+            self.cond.notify_all()
+
+    def delete(self, name: str, *, quietly: bool = False) -> None:
+        with self.cond:
+            self.rv += 1
+            obj = self.slices.pop(name)
+            obj = {**obj, "metadata": {**obj["metadata"], "resourceVersion": str(self.rv)}}
+            if not quietly:
+                self.history.append((self.rv, "DELETED", obj))
+            self.cond.notify_all()
+
+    def expire(self) -> None:
+        """Compact history: open watches get 410 Gone, as do resumes from any older version."""
+        with self.cond:
+            self.compacted = self.rv
+            self.history.clear()
+            self.expire_open = True
+            self.generation += 1
+            self.cond.notify_all()
+
+    def drop(self) -> None:
+        """Cut every open watch connection without ending the chunked stream."""
+        with self.cond:
+            self.expire_open = False
+            self.generation += 1
+            self.cond.notify_all()
+
+    def watches(self) -> list[Request]:
+        with self.cond:
+            return [r for r in self.requests if r.watch]
+
+    def lists(self) -> list[Request]:
+        with self.cond:
+            return [r for r in self.requests if not r.watch]
+
+    # ---- the server side ----------------------------------------------------------------------
+
+    def matching(self, sl: dict[str, Any], selector: str | None) -> bool:
+        labels = sl["metadata"].get("labels") or {}
+        for term in filter(None, (selector or "").split(",")):
+            key, _, value = term.partition("=")
+            if labels.get(key) != value:
+                return False
+        return True
+
+
+def _status_410() -> dict[str, Any]:
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "message": "too old resource version",
+        "reason": "Expired",
+        "code": 410,
+    }
+
+
+def make_handler(api: FakeApi) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            url = urlparse(self.path)
+            if not (url.path.startswith(PREFIX) and url.path.endswith("/endpointslices")):
+                self._send_json(404, {"kind": "Status", "code": 404, "message": "not found"})
+                return
+            q = {k: v[0] for k, v in parse_qs(url.query).items()}
+            is_watch = q.get("watch") in ("true", "1", "True")
+            req = Request(is_watch, q.get("resourceVersion"), q.get("labelSelector"))
+            with api.cond:
+                api.requests.append(req)
+            if is_watch:
+                self._watch(req, float(q.get("timeoutSeconds", "30")))
+            else:
+                self._list(req)
+
+        def _send_json(self, code: int, body: dict[str, Any]) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _list(self, req: Request) -> None:
+            with api.cond:
+                items = [s for s in api.slices.values() if api.matching(s, req.label_selector)]
+                body = {
+                    "kind": "EndpointSliceList",
+                    "apiVersion": "discovery.k8s.io/v1",
+                    "metadata": {"resourceVersion": str(api.rv)},
+                    "items": items,
+                }
+            self._send_json(200, body)
+
+        def _chunk(self, event: dict[str, Any]) -> None:
+            line = json.dumps(event).encode() + b"\n"
+            self.wfile.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
+            self.wfile.flush()
+
+        def _watch(self, req: Request, timeout_s: float) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            sent = int(req.resource_version or 0)
+            with api.cond:
+                if sent < api.compacted:
+                    self._chunk({"type": "ERROR", "object": _status_410()})
+                    self.wfile.write(b"0\r\n\r\n")
+                    return
+                generation = api.generation
+                while True:
+                    for rv, kind, obj in api.history:
+                        if rv > sent and api.matching(obj, req.label_selector):
+                            self._chunk({"type": kind, "object": obj})
+                        sent = max(sent, rv)
+                    if api.generation != generation:
+                        break
+                    if not api.cond.wait(timeout=timeout_s):
+                        self.wfile.write(b"0\r\n\r\n")  # the server-side watch timeout
+                        return
+                if api.expire_open:
+                    self._chunk({"type": "ERROR", "object": _status_410()})
+                    self.wfile.write(b"0\r\n\r\n")
+                    return
+            # A drop: no terminating chunk, just a dead connection.
+            self.close_connection = True
+            self.connection.shutdown(2)
+
+    return Handler
+
+
+class FakeApiServer:
+    def __init__(self, api: FakeApi, port: int = 0) -> None:
+        self.api = api
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), make_handler(api))
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> FakeApiServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.api.drop()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def kubeconfig(self) -> str:
+        return json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {"name": "fake", "cluster": {"server": f"http://127.0.0.1:{self.port}"}}
+                ],
+                "users": [{"name": "fake", "user": {"token": "test-token"}}],
+                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
+                "current-context": "fake",
+            }
+        )

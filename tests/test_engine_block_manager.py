@@ -1,0 +1,205 @@
+"""BlockManager unit tests: equality guard, LRU eviction, ref counts, clamping, abort."""
+
+from __future__ import annotations
+
+from cachekey import BlockKey, HashNamespace, MMItem, Prompt
+from cachekey.events import BlockRemoved, BlockStored
+from worker.engine.block_manager import BlockManager
+from worker.engine.free_queue import Block, FreeBlockQueue
+from worker.engine.sampling_params import SamplingParams
+from worker.engine.scheduler import Scheduler
+from worker.engine.sequence import Sequence, SequenceStatus
+
+BS = 4
+NS = HashNamespace("unit-model", block_size=BS)
+
+
+def seq_of(rid: str, ids: list[int], mm: tuple[MMItem, ...] = (), **kw: str) -> Sequence:
+    return Sequence(rid, Prompt(tuple(ids), mm), SamplingParams(), NS, **kw)
+
+
+def prefill(bm: BlockManager, seq: Sequence) -> int:
+    """Admit seq with its cache hit, 'compute' the rest, cache its full blocks; the hit tokens."""
+    hits = bm.find_cached_prefix(seq)
+    assert bm.can_allocate(seq, hits, seq.num_tokens - len(hits) * BS)
+    bm.allocate(seq, hits, seq.num_tokens - len(hits) * BS)
+    seq.num_computed_tokens = seq.num_tokens
+    bm.cache_full_blocks(seq)
+    return len(hits) * BS
+
+
+def test_free_queue_is_fifo_with_o1_removal() -> None:
+    blocks = [Block(block_id=i) for i in range(4)]
+    q = FreeBlockQueue(blocks)
+    q.remove(blocks[2])
+    assert [b.block_id for b in q] == [0, 1, 3]
+    q.append(blocks[2])
+    assert q.popleft() is blocks[0]
+    assert [b.block_id for b in q] == [1, 3, 2]
+    assert len(q) == 3 and not q.contains(blocks[0])
+
+
+def test_hit_requires_same_tokens_and_extra_keys() -> None:
+    sink: list = []
+    bm = BlockManager(16, BS, True, sink)
+    a = seq_of("a", list(range(1, 14)))
+    assert prefill(bm, a) == 0
+    assert prefill(bm, seq_of("same", list(range(1, 14)))) == 12
+    # Forged collision: identical keys, different token ids -> not a hit.
+    forged = seq_of("forged", [99] + list(range(2, 14)))
+    forged.block_keys = list(a.block_keys)
+    assert bm.find_cached_prefix(forged) == []
+    # Same keys and tokens but different extra keys (say, another image) -> not a hit.
+    other = seq_of("other", list(range(1, 14)))
+    other.block_extra = [(("img-b", 0),)] + other.block_extra[1:]
+    assert bm.find_cached_prefix(other) == []
+    # A forged second block stops the match after the first.
+    partial = seq_of("partial", [1, 2, 3, 4, 0, 0, 0, 0, 9, 10, 11, 12, 13])
+    partial.block_keys = list(a.block_keys)
+    assert len(bm.find_cached_prefix(partial)) == 1
+
+
+def test_lora_and_salt_separate_caches() -> None:
+    bm = BlockManager(32, BS, True, [])
+    ids = list(range(1, 14))
+    prefill(bm, seq_of("a", ids))
+    assert prefill(bm, seq_of("lora", ids, lora_name="adapter")) == 0
+    assert prefill(bm, seq_of("salt", ids, cache_salt="tenant")) == 0
+    assert prefill(bm, seq_of("salt2", ids, cache_salt="tenant")) == 12
+
+
+def test_match_never_ends_inside_image_and_leaves_one_token() -> None:
+    bm = BlockManager(32, BS, True, [])
+    img = MMItem("img", "image", offset=2, length=8)  # spans blocks 0..2
+    ids = [1, 2] + [7] * 8 + [3, 4, 5, 6, 8, 9]
+    first = seq_of("a", ids, (img,))
+    prefill(bm, first)
+    # Same image, same text: everything up to the last block boundary before the end.
+    assert prefill(bm, seq_of("b", ids, (img,))) == 12
+    # Only the first two blocks (inside the image) cached: the hit is rewound to 0.
+    bm2 = BlockManager(32, BS, True, [])
+    short = seq_of("s", ids, (img,))
+    hits = bm2.find_cached_prefix(short)
+    bm2.allocate(short, hits, 8)
+    short.num_computed_tokens = 8
+    bm2.cache_full_blocks(short)
+    assert len(bm2.pool.cached) == 2
+    assert bm2.find_cached_prefix(seq_of("t", ids, (img,))) == []
+    # An exact repeat of a block-aligned prompt still computes its last token.
+    exact = list(range(1, 9))
+    prefill(bm, seq_of("e", exact))
+    assert prefill(bm, seq_of("e2", exact)) == 4
+
+
+def test_ref_counts_with_shared_prefix() -> None:
+    bm = BlockManager(16, BS, True, [])
+    a, b = seq_of("a", list(range(1, 11))), seq_of("b", list(range(1, 9)) + [50, 51, 52])
+    prefill(bm, a)
+    assert prefill(bm, b) == 8
+    shared = [bm.pool.blocks[i] for i in a.block_table[:2]]
+    assert b.block_table[:2] == a.block_table[:2]
+    assert [blk.ref_count for blk in shared] == [2, 2]
+    bm.free(a)
+    assert [blk.ref_count for blk in shared] == [1, 1]
+    assert not any(bm.pool.free_queue.contains(blk) for blk in shared)
+    bm.free(b)
+    assert all(bm.pool.free_queue.contains(blk) for blk in shared)
+    assert bm.num_free_blocks == 16 and len(bm.pool.cached) == 2  # cached, evictable
+
+
+def test_lru_evicts_oldest_and_tail_first() -> None:
+    sink: list = []
+    bm = BlockManager(6, BS, True, sink)
+    a, b = seq_of("a", list(range(1, 10))), seq_of("b", list(range(100, 109)))
+    prefill(bm, a)
+    prefill(bm, b)
+    a_keys, b_keys = list(a.block_keys), list(b.block_keys)
+    bm.free(a)
+    bm.free(b)
+    sink.clear()
+    c = seq_of("c", list(range(200, 209)))  # needs 3 blocks: a's tail first, then a's head
+    prefill(bm, c)
+    removed = [h for ev in sink if isinstance(ev, BlockRemoved) for h in ev.block_hashes]
+    assert removed == [a_keys[1], a_keys[0]]
+    assert set(bm.pool.cached) == set(b_keys) | set(c.block_keys)
+    # A hit on b pulls its blocks out of the LRU, so the next eviction takes c's.
+    assert prefill(bm, seq_of("b2", list(range(100, 109)))) == 8
+
+
+def test_events_describe_stored_blocks() -> None:
+    sink: list = []
+    bm = BlockManager(16, BS, True, sink)
+    img = MMItem("pic", "image", offset=3, length=2)
+    s = seq_of("a", [1, 2, 3, 9, 9, 6, 7, 8, 10], (img,), lora_name="lo")
+    prefill(bm, s)
+    (ev,) = sink
+    assert isinstance(ev, BlockStored)
+    assert ev.block_hashes == s.block_keys and ev.parent_block_hash is None
+    assert ev.token_ids == [1, 2, 3, 9, 9, 6, 7, 8] and ev.block_size == BS
+    assert ev.lora_name == "lo"
+    assert ev.extra_keys == [("lo", ("pic", 3)), ("lo", ("pic", -1))]
+    snap = bm.snapshot()
+    assert [b.key for b in snap] == s.block_keys
+    assert snap[1].parent == s.block_keys[0]
+
+
+def test_no_prefix_caching_caches_and_publishes_nothing() -> None:
+    sink: list = []
+    bm = BlockManager(16, BS, False, sink)
+    prefill(bm, seq_of("a", list(range(1, 14))))
+    assert prefill(bm, seq_of("b", list(range(1, 14)))) == 0
+    assert sink == [] and bm.snapshot() == []
+
+
+def test_reset_clears_only_when_idle() -> None:
+    sink: list = []
+    bm = BlockManager(16, BS, True, sink)
+    a = seq_of("a", list(range(1, 14)))
+    prefill(bm, a)
+    assert not bm.reset()
+    bm.free(a)
+    assert bm.reset()
+    assert bm.snapshot() == [] and type(sink[-1]).__name__ == "AllBlocksCleared"
+    assert prefill(bm, seq_of("b", list(range(1, 14)))) == 0
+
+
+def test_abort_frees_blocks_of_running_and_waiting() -> None:
+    bm = BlockManager(8, BS, True, [])
+    sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64)
+    run, wait = seq_of("r", list(range(1, 20))), seq_of("w", list(range(30, 50)))
+    sched.add(run)
+    sched.add(wait)
+    batch = sched.schedule()
+    assert [item.seq for item in batch] == [run]  # w does not fit next to r
+    assert bm.num_free_blocks == 3
+    sched.finish(run, "abort")
+    assert bm.num_free_blocks == 8 and run.status is SequenceStatus.FINISHED
+    sched.finish(wait, "abort")
+    assert not sched.has_unfinished()
+
+
+def test_preemption_keeps_generated_tokens() -> None:
+    bm = BlockManager(4, BS, True, [])
+    sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64)
+    a, b = seq_of("a", list(range(1, 9))), seq_of("b", list(range(20, 28)))
+    sched.add(a)
+    sched.add(b)
+    batch = sched.schedule()
+    assert len(batch) == 2
+    sched.update(batch)
+    a.append_token(5, NS)
+    b.append_token(6, NS)  # both need a third block for their next token: only one can grow
+    batch = sched.schedule()
+    a.append_token(9, NS)
+    assert [item.seq for item in batch] == [a]
+    assert b.status is SequenceStatus.WAITING and b.block_table == [] and b.num_tokens == 9
+    assert sched.counters.num_preemptions == 1
+
+
+def test_block_keys_extend_incrementally() -> None:
+    s = seq_of("a", list(range(1, 8)))
+    assert len(s.block_keys) == 1
+    s.append_token(8, NS)
+    full = seq_of("b", list(range(1, 9)))
+    assert s.block_keys == full.block_keys and s.block_extra == full.block_extra
+    assert isinstance(s.block_keys[0], bytes) and len(BlockKey(s.block_keys[1])) == 16

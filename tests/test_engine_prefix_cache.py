@@ -1,0 +1,156 @@
+"""Prefix caching changes nothing but speed: text and image prompts, the ATOM #1358 regression."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from test_engine_utils import generate, image_chat, make_engine, png_bytes, run_all, tokens
+
+from cachekey import Prompt
+from worker.engine.llm_engine import LLMEngine
+from worker.engine.sampling_params import SamplingParams
+
+BS = 16
+LONG_TEXT = "The quick brown fox jumps over the lazy dog while the cat watches. " * 4
+
+
+@pytest.fixture(scope="module")
+def cached(demo_model_dir: Path) -> LLMEngine:
+    return make_engine(demo_model_dir, block_size=BS)
+
+
+@pytest.fixture(scope="module")
+def reference(demo_model_dir: Path) -> LLMEngine:
+    return make_engine(demo_model_dir, block_size=BS, enable_prefix_caching=False)
+
+
+def prompt_logits(engine: LLMEngine, request_id: str) -> torch.Tensor:
+    return engine.runner.logits[request_id][0]
+
+
+def assert_same(
+    cached: LLMEngine, reference: LLMEngine, prompt: Prompt, tag: str, min_cached: int
+) -> int:
+    """Run prompt on both engines; equal greedy tokens and prompt logits. The cached tokens."""
+    hot = generate(cached, f"{tag}-hot", prompt)
+    cold = generate(reference, f"{tag}-cold", prompt)
+    assert tokens(hot) == tokens(cold) and len(tokens(hot)) == 8
+    torch.testing.assert_close(
+        prompt_logits(cached, f"{tag}-hot"),
+        prompt_logits(reference, f"{tag}-cold"),
+        atol=1e-4,
+        rtol=1e-4,
+    )
+    assert cold[-1].num_cached_tokens == 0
+    hit = hot[-1].num_cached_tokens
+    assert min_cached <= hit < len(prompt.token_ids) and hit % BS == 0
+    return hit
+
+
+def test_text_prefix_hit_is_exact(cached: LLMEngine, reference: LLMEngine) -> None:
+    first = cached.renderer.render_completion(LONG_TEXT + "What does the fox do?")
+    second = cached.renderer.render_completion(LONG_TEXT + "Who is watching the dog?")
+    generate(cached, "warm-text", first)
+    shared = next(
+        i for i, (a, b) in enumerate(zip(first.token_ids, second.token_ids, strict=False)) if a != b
+    )
+    hit = assert_same(cached, reference, second, "text", min_cached=(shared // BS) * BS)
+    assert hit == (shared // BS) * BS
+
+
+@pytest.mark.parametrize("shared_after", [True, False])
+@pytest.mark.parametrize("pad", [0, 5, 11])
+def test_image_prefix_hit_is_exact(
+    cached: LLMEngine, reference: LLMEngine, pad: int, shared_after: bool
+) -> None:
+    """Block boundaries fall before, inside and after the image span depending on `pad`.
+
+    With text shared after the image the hit covers the whole span; without, the match ends
+    inside the span's last block and is clamped back to the span start.
+    """
+    image = png_bytes(seed=100 + pad)
+    before = "Look" + " at this" * pad
+    common = "Take your time and consider every part of the picture. " if shared_after else ""
+    first = image_chat(cached, before, image, common + "What colour dominates?")
+    second = image_chat(cached, before, image, common + "Describe the picture in detail.")
+    (item,) = second.mm_items
+    generate(cached, f"warm-img-{pad}-{shared_after}", first)
+    floor_start = (item.offset // BS) * BS
+    tag = f"img-{pad}-{shared_after}"
+    hit = assert_same(cached, reference, second, tag, min_cached=floor_start)
+    shared = next(
+        i for i, (a, b) in enumerate(zip(first.token_ids, second.token_ids, strict=False)) if a != b
+    )
+    matched = (shared // BS) * BS
+    # A match ending inside the span is rewound to the block holding the span start.
+    assert hit == (matched if matched <= item.offset or matched >= item.end else floor_start)
+    if shared_after:
+        assert hit >= item.end
+
+
+def test_different_images_same_text_atom_1358(demo_model_dir: Path, reference: LLMEngine) -> None:
+    engine = make_engine(demo_model_dir, block_size=BS)
+    text_before = "Please look carefully."
+    # Long enough that whole blocks follow the image, so a repeat can hit past its span.
+    text_after = "What is in this image? Answer in one short sentence and be precise about it."
+    images = [png_bytes(seed) for seed in (1, 2, 3)]
+    answers = []
+    for i, image in enumerate(images):
+        prompt = image_chat(engine, text_before, image, text_after)
+        (item,) = prompt.mm_items
+        out = generate(engine, f"atom-{i}", prompt)
+        cold = generate(reference, f"atom-cold-{i}", prompt)
+        assert tokens(out) == tokens(cold), f"image {i} got another image's answer"
+        assert out[-1].num_cached_tokens <= (item.offset // BS) * BS
+        if i:
+            assert out[-1].num_cached_tokens > 0  # the text before the image is shared
+        answers.append(tokens(out))
+    assert len({tuple(a) for a in answers}) > 1  # the images really do change the answer
+    assert engine.stats().vision_tower_runs == 3
+    # The same image again: the hit covers the span, nothing visual is recomputed.
+    before = engine.stats()
+    prompt = image_chat(engine, text_before, images[1], text_after)
+    again = generate(engine, "atom-again", prompt)
+    after = engine.stats()
+    assert tokens(again) == answers[1]
+    assert again[-1].num_cached_tokens >= prompt.mm_items[0].end
+    assert after.vision_tower_runs == before.vision_tower_runs
+    assert after.images_processed == before.images_processed
+    assert not engine.has_unfinished_requests()
+
+
+def test_chunked_prefill_aborted_inside_image_is_clamped(
+    demo_model_dir: Path, reference: LLMEngine
+) -> None:
+    """Blocks cached up to the middle of an image never serve a partial-image hit."""
+    engine = make_engine(demo_model_dir, block_size=BS, max_num_batched_tokens=BS * 2)
+    prompt = image_chat(engine, "Hi", png_bytes(7), "Tell me about it.")
+    (item,) = prompt.mm_items
+    engine.add_request("partial", prompt, SamplingParams(temperature=0.0, max_tokens=8))
+    while engine.block_manager.pool.cached.__len__() * BS <= item.offset + BS:
+        assert engine.step() == []  # still prefilling
+    engine.abort_request("partial")
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    out = generate(engine, "full", prompt)
+    cold = generate(reference, "full-cold", prompt)
+    assert tokens(out) == tokens(cold)
+    assert out[-1].num_cached_tokens == (item.offset // BS) * BS
+    torch.testing.assert_close(
+        prompt_logits(engine, "full"), prompt_logits(reference, "full-cold"), atol=1e-4, rtol=1e-4
+    )
+
+
+def test_batched_requests_match_sequential(cached: LLMEngine, reference: LLMEngine) -> None:
+    prompts = [
+        cached.renderer.render_completion(f"Story number {i}: " + LONG_TEXT[: 40 + 17 * i])
+        for i in range(5)
+    ]
+    image_prompt = image_chat(cached, "See", png_bytes(42), "and answer")
+    prompts.append(image_prompt)
+    for i, p in enumerate(prompts):
+        cached.add_request(f"batch-{i}", p, SamplingParams(temperature=0.0, max_tokens=8))
+    batched = run_all(cached)
+    for i, p in enumerate(prompts):
+        assert tokens(batched[f"batch-{i}"]) == tokens(generate(reference, f"seq-{i}", p))

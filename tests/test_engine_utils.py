@@ -1,0 +1,67 @@
+"""Helpers shared by the engine tests (no tests here)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import random
+from pathlib import Path
+
+from cachekey import Prompt
+from worker.engine.config import EngineConfig
+from worker.engine.llm_engine import LLMEngine, RequestOutput
+from worker.engine.sampling_params import SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+
+
+def make_engine(model_dir: Path, **overrides: object) -> LLMEngine:
+    settings: dict[str, object] = {"dtype": "float32", "device": "cpu", "num_blocks": 256}
+    settings.update(overrides)
+    engine = LLMEngine(EngineConfig(model=str(model_dir), **settings))  # type: ignore[arg-type]
+    engine.runner.keep_logits = True
+    return engine
+
+
+def run_all(engine: LLMEngine, max_steps: int = 10_000) -> dict[str, list[RequestOutput]]:
+    outputs: dict[str, list[RequestOutput]] = {}
+    for _ in range(max_steps):
+        if not engine.has_unfinished_requests():
+            return outputs
+        for out in engine.step():
+            outputs.setdefault(out.request_id, []).append(out)
+    raise AssertionError("engine did not finish")
+
+
+def generate(
+    engine: LLMEngine, request_id: str, prompt: Prompt, params: SamplingParams = GREEDY
+) -> list[RequestOutput]:
+    engine.add_request(request_id, prompt, params)
+    return run_all(engine)[request_id]
+
+
+def tokens(outputs: list[RequestOutput]) -> list[int]:
+    return [t for out in outputs for t in out.new_token_ids]
+
+
+def png_bytes(seed: int, size: int = 48) -> bytes:
+    from PIL import Image
+
+    rng = random.Random(seed)
+    img = Image.new("RGB", (size, size))
+    img.putdata([(rng.randrange(256), rng.randrange(256), rng.randrange(256))] * (size * size))
+    for _ in range(200):
+        img.putpixel((rng.randrange(size), rng.randrange(size)), (rng.randrange(256),) * 3)
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def image_chat(engine: LLMEngine, text_before: str, image: bytes, text_after: str) -> Prompt:
+    url = "data:image/png;base64," + base64.b64encode(image).decode()
+    content = [
+        {"type": "text", "text": text_before},
+        {"type": "image_url", "image_url": {"url": url}},
+        {"type": "text", "text": text_after},
+    ]
+    return engine.renderer.render_chat([{"role": "user", "content": content}])

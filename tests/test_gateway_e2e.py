@@ -1,0 +1,202 @@
+"""The gateway end to end: real `python -m worker --engine sim` processes and real gateways."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from bench.cluster import Cluster, ClusterSpec
+from bench.workload import Workload, WorkloadSpec
+
+GATEWAY_ARGS = ("--poll-interval", "0.2")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory):
+    spec = ClusterSpec(
+        workers=2,
+        engine="sim",
+        num_blocks=512,
+        gateways=2,
+        gateway_args=GATEWAY_ARGS,
+        log_dir=tmp_path_factory.mktemp("logs"),
+        startup_timeout=60,
+    )
+    with Cluster(spec) as c:
+        _wait_synced(c.gateways[0].url, 2)
+        _wait_synced(c.gateways[1].url, 2)
+        yield c
+
+
+def _wait_synced(gateway: str, n: int, timeout: float = 20.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        idx = httpx.get(f"{gateway}/kvgate/index").json()
+        reps = idx["replicas"].values()
+        if len(reps) == n and all(r["synced"] and r["healthy"] for r in reps):
+            return idx
+        time.sleep(0.1)
+    raise AssertionError(f"gateway {gateway} did not sync: {idx}")
+
+
+def _chat(url: str, messages: list[dict], headers: dict | None = None, **kw) -> httpx.Response:
+    body = {"model": "demo", "messages": messages, "max_tokens": 4, "temperature": 0.0, **kw}
+    return httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=60)
+
+
+def test_predicted_cached_tokens_equal_reported(cluster):
+    """Sequential multi-turn, multimodal traffic: the prediction is exact after events settle."""
+    gw = cluster.gateway_url
+    wl = Workload(WorkloadSpec(tenants=2, users_per_tenant=2, turns=3, system_words=200, seed=3))
+    histories: dict[str, list[dict]] = {}
+    exact = hits = n = 0
+    for turn in wl:
+        msgs = histories.setdefault(turn.conversation, wl.initial_messages(turn.tenant))
+        msgs.append({"role": "user", "content": turn.content})
+        r = _chat(gw, msgs)
+        assert r.status_code == 200, r.text
+        assert r.headers["x-kvgate-replica"] in cluster.worker_urls
+        cached = r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+        predicted = int(r.headers["x-kvgate-predicted-cached-tokens"])
+        exact += predicted == cached
+        hits += cached > 0
+        n += 1
+        msgs.append({"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]})
+        time.sleep(0.05)  # let the worker's events land
+    assert exact / n >= 0.99, (exact, n)
+    assert hits >= n // 2  # the workload does reuse prefixes: the equality is not vacuous
+    metrics = httpx.get(f"{gw}/metrics").text
+    assert "kvgate_reported_cached_tokens_total" in metrics
+
+
+def test_two_gateways_hold_the_same_index_and_choose_alike(cluster):
+    g0, g1 = (g.url for g in cluster.gateways)
+    system = {"role": "system", "content": "You review pull requests. " * 60}
+    first = _chat(g0, [system, {"role": "user", "content": "first question"}])
+    assert first.status_code == 200
+    deadline = time.monotonic() + 10
+    while True:
+        a, b = (httpx.get(f"{g}/kvgate/index").json()["replicas"] for g in (g0, g1))
+        same = {k: v["digest"] for k, v in a.items()} == {k: v["digest"] for k, v in b.items()}
+        if same and a[first.headers["x-kvgate-replica"]]["blocks"] > 0:
+            break
+        assert time.monotonic() < deadline, (a, b)
+        time.sleep(0.1)
+    # The workers' snapshots agree with the gateways' block counts.
+    for url in cluster.worker_urls:
+        snap = httpx.get(f"{url}/kv/snapshot").json()
+        assert len(snap["blocks"]) == a[url]["blocks"]
+    follow = [system, {"role": "user", "content": "second question"}]
+    c0 = _chat(g0, follow).headers["x-kvgate-replica"]
+    c1 = _chat(g1, follow).headers["x-kvgate-replica"]
+    assert c0 == c1 == first.headers["x-kvgate-replica"]
+
+
+def test_streaming_passthrough_and_usage(cluster):
+    gw = cluster.gateway_url
+    msgs = [{"role": "user", "content": "stream me a few tokens please"}]
+    for include_usage in (False, True):
+        body = {"model": "demo", "messages": msgs, "max_tokens": 6, "stream": True}
+        if include_usage:
+            body["stream_options"] = {"include_usage": True}
+        with httpx.stream("POST", f"{gw}/v1/chat/completions", json=body, timeout=60) as r:
+            assert r.status_code == 200
+            assert r.headers["x-kvgate-replica"] in cluster.worker_urls
+            assert "x-kvgate-predicted-cached-tokens" in r.headers
+            events = [ln for ln in r.iter_lines() if ln.startswith("data: ")]
+        assert events[-1] == "data: [DONE]"
+        chunks = [json.loads(e[6:]) for e in events[:-1]]
+        usage_chunks = [c for c in chunks if c.get("usage")]
+        assert bool(usage_chunks) == include_usage
+        assert any(c["choices"] for c in chunks)
+
+
+def test_completions_policy_override_and_models(cluster):
+    gw = cluster.gateway_url
+    seen = set()
+    for i in range(4):
+        r = httpx.post(
+            f"{gw}/v1/completions",
+            json={"model": "demo", "prompt": f"count {i}", "max_tokens": 2},
+            headers={"x-kvgate-routing-policy": "round_robin"},
+            timeout=30,
+        )
+        assert r.status_code == 200, r.text
+        seen.add(r.headers["x-kvgate-replica"])
+    assert seen == set(cluster.worker_urls)
+    models = httpx.get(f"{gw}/v1/models").json()
+    assert [m["id"] for m in models["data"]] == ["demo"]
+    assert httpx.get(f"{gw}/health").status_code == 200
+
+
+def test_session_policy_is_sticky(cluster):
+    gw = cluster.gateway_url
+    hdr = {"x-kvgate-routing-policy": "session", "x-session-id": "user-42"}
+    chosen = {
+        _chat(gw, [{"role": "user", "content": f"turn {i}"}], hdr).headers["x-kvgate-replica"]
+        for i in range(4)
+    }
+    assert len(chosen) == 1
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "headers", "status", "param"),
+    [
+        ("/v1/chat/completions", b"{not json", {}, 400, None),
+        ("/v1/chat/completions", b'{"model": "demo"}', {}, 400, "messages"),
+        ("/v1/chat/completions", b'{"messages": []}', {}, 400, "messages"),
+        ("/v1/completions", b'{"prompt": 12}', {}, 400, "prompt"),
+        (
+            "/v1/chat/completions",
+            b'{"messages": [{"role": "user", "content": "hi"}]}',
+            {"x-kvgate-routing-policy": "fastest"},
+            400,
+            "x-kvgate-routing-policy",
+        ),
+        (
+            "/v1/chat/completions",
+            json.dumps(
+                {
+                    "messages": [
+                        {
+                            "role": "user",
+                            "content": [
+                                {
+                                    "type": "image_url",
+                                    "image_url": {"url": "data:image/png;base64,!!"},
+                                }
+                            ],
+                        }
+                    ]
+                }
+            ).encode(),
+            {},
+            400,
+            None,
+        ),
+    ],
+)
+def test_bad_requests_get_openai_errors(cluster, path, body, headers, status, param):
+    r = httpx.post(
+        f"{cluster.gateway_url}{path}",
+        content=body,
+        headers={"content-type": "application/json", **headers},
+        timeout=30,
+    )
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    if param is not None:
+        assert param in (err["param"] or "")
+
+
+def test_gateway_import_leaves_torch_out():
+    code = "import sys, gateway, gateway.app, gateway.cli; assert 'torch' not in sys.modules"
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run([sys.executable, "-c", code], cwd=root, check=True)

@@ -1,0 +1,210 @@
+"""KubernetesDiscovery driven through the real `kubernetes` client against a local API server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from k8s_fake_api import FakeApi, FakeApiServer, make_slice
+
+from gateway.discovery.k8s import (
+    Backoff,
+    KubernetesDiscovery,
+    build_selector,
+    default_namespace,
+    endpoint_urls,
+)
+
+WAIT_S = 10.0
+
+
+class Recorder:
+    """Collects every set the discovery emits."""
+
+    def __init__(self) -> None:
+        self.sets: list[frozenset[str]] = []
+        self.changed = asyncio.Event()
+
+    async def __call__(self, urls: frozenset[str]) -> None:
+        self.sets.append(urls)
+        self.changed.set()
+
+    async def until(self, expected: set[str]) -> None:
+        deadline = time.monotonic() + WAIT_S
+        while not (self.sets and self.sets[-1] == expected):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"wanted {sorted(expected)}, last sets {self.sets[-3:]}")
+            self.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), timeout=left)
+
+
+async def until(cond: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+def url(ip: str) -> str:
+    return f"http://{ip}:8000"
+
+
+def test_endpoint_urls_ready_only_and_named_port() -> None:
+    sl = make_slice("a", [("10.0.0.1", True), ("10.0.0.2", None), ("10.0.0.3", False)])
+    assert endpoint_urls([sl], "http") == {url("10.0.0.1"), url("10.0.0.2")}
+    assert endpoint_urls([sl], "kv-events") == {"http://10.0.0.1:5557", "http://10.0.0.2:5557"}
+    assert endpoint_urls([sl], "metrics") == frozenset()
+    v6 = make_slice("b", [("fd00::7", True)])
+    v6["addressType"] = "IPv6"
+    assert endpoint_urls([v6], "http") == {"http://[fd00::7]:8000"}
+    fqdn = make_slice("c", [("w-0.workers", True)])
+    fqdn["addressType"] = "FQDN"
+    assert endpoint_urls([fqdn], "http") == frozenset()
+    empty = make_slice("d", [])
+    empty["endpoints"] = None  # what the API sends for a Service with no pods
+    assert endpoint_urls([empty], "http") == frozenset()
+
+
+def test_selector_and_config_validation() -> None:
+    assert build_selector(None, "kvgate-worker") == "kubernetes.io/service-name=kvgate-worker"
+    assert build_selector("app=w", "s") == "app=w,kubernetes.io/service-name=s"
+    with pytest.raises(ValueError):
+        build_selector(None, None)
+    with pytest.raises(ValueError):
+        KubernetesDiscovery("ns", "app=w", watch_timeout_s=0)
+    assert KubernetesDiscovery(None, "app=w").namespace == default_namespace()
+    with pytest.raises(ValueError):
+        Backoff(initial_s=2.0, max_s=1.0)
+
+
+def test_backoff_grows_is_capped_and_jittered() -> None:
+    b = Backoff(initial_s=0.1, max_s=1.0)
+    delays = [b.next_delay() for _ in range(10)]
+    assert 0.05 <= delays[0] <= 0.1
+    assert all(0.5 <= d <= 1.0 for d in delays[5:])
+    assert len(set(delays)) > 1
+    b.reset()
+    assert b.next_delay() <= 0.1
+
+
+def test_discovery_follows_list_watch_410_and_drops(tmp_path: Path) -> None:
+    api = FakeApi()
+    api.put(make_slice("w-a", [("10.0.0.1", True), ("10.0.0.2", None), ("10.0.0.3", False)]))
+    # Another Service's slice in the same namespace must be ignored.
+    api.put(make_slice("other-x", [("10.9.9.9", True)], service="other"))
+    with FakeApiServer(api) as server:
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(server.kubeconfig())
+        disc = KubernetesDiscovery(
+            "ns",
+            None,
+            kubeconfig=str(kubeconfig),
+            service="workers",
+            backoff_initial_s=0.05,
+            backoff_max_s=0.2,
+        )
+        asyncio.run(_scenario(api, disc))
+        # Cancelling run() stops the watch thread too (its blocked read is cut).
+        deadline = time.monotonic() + WAIT_S
+        while any(t.name == "kvgate-k8s-discovery" for t in threading.enumerate()):
+            assert time.monotonic() < deadline, "discovery thread still running"
+            time.sleep(0.05)
+
+
+async def _scenario(api: FakeApi, disc: KubernetesDiscovery) -> None:
+    rec = Recorder()
+    list_rv = str(api.rv)
+    task = asyncio.create_task(disc.run(rec))
+    try:
+        # Initial list: ready or unset readiness only.
+        await rec.until({url("10.0.0.1"), url("10.0.0.2")})
+        assert api.lists()[0].label_selector == "kubernetes.io/service-name=workers"
+        await until(lambda: len(api.watches()) == 1, "the first watch")
+        # A list is a fresh read; the watch starts at the version the list answered with.
+        assert api.lists()[0].resource_version is None
+        assert api.watches()[0].resource_version == list_rv
+
+        # ADDED: a second slice of the same Service.
+        api.put(make_slice("w-b", [("10.0.1.1", True)]))
+        await rec.until({url("10.0.0.1"), url("10.0.0.2"), url("10.0.1.1")})
+
+        # MODIFIED: readiness flips both ways.
+        api.put(make_slice("w-a", [("10.0.0.1", True), ("10.0.0.2", False), ("10.0.0.3", True)]))
+        await rec.until({url("10.0.0.1"), url("10.0.0.3"), url("10.0.1.1")})
+
+        # A dropped connection: reconnect and resume from the last version, no relist.
+        seen_rv = str(api.rv)
+        lists_before = len(api.lists())
+        watches_before = len(api.watches())
+        api.drop()
+        await until(lambda: len(api.watches()) > watches_before, "a reconnect")
+        api.put(make_slice("w-b", [("10.0.1.1", True), ("10.0.1.2", True)]))
+        await rec.until({url("10.0.0.1"), url("10.0.0.3"), url("10.0.1.1"), url("10.0.1.2")})
+        assert api.watches()[watches_before].resource_version == seen_rv
+        assert len(api.lists()) == lists_before
+
+        # 410 Gone: a change made while history was compacted is only seen by relisting.
+        api.delete("w-b", quietly=True)
+        api.expire()
+        await rec.until({url("10.0.0.1"), url("10.0.0.3")})
+        assert len(api.lists()) == lists_before + 1
+
+        # DELETED after the relist: the watch resumed from the relist's version.
+        api.put(make_slice("w-c", [("10.0.2.1", True)]))
+        await rec.until({url("10.0.0.1"), url("10.0.0.3"), url("10.0.2.1")})
+        api.delete("w-a")
+        await rec.until({url("10.0.2.1")})
+
+        # Every emission is a real change.
+        assert all(a != b for a, b in zip(rec.sets, rec.sets[1:], strict=False))
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
+def test_discovery_retries_until_api_server_appears(tmp_path: Path) -> None:
+    """An unreachable API server is retried with backoff; the set arrives once it is up."""
+    api = FakeApi()
+    api.put(make_slice("w-a", [("10.0.0.1", True)]))
+    server = FakeApiServer(api)
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(server.kubeconfig())
+    port = server.port
+    server.httpd.server_close()  # the port is known but nothing listens yet
+
+    async def scenario() -> None:
+        rec = Recorder()
+        disc = KubernetesDiscovery(
+            "ns",
+            "app.kubernetes.io/component=worker",
+            kubeconfig=str(kubeconfig),
+            backoff_initial_s=0.05,
+            backoff_max_s=0.2,
+        )
+        task = asyncio.create_task(disc.run(rec))
+        await asyncio.sleep(0.5)
+        assert rec.sets == []
+        with FakeApiServer(api, port=port):
+            await rec.until(set())  # the selector matches no slice: an empty set is emitted
+            api.put(
+                make_slice(
+                    "w-b",
+                    [("10.0.3.1", True)],
+                    labels={"app.kubernetes.io/component": "worker"},
+                )
+            )
+            await rec.until({url("10.0.3.1")})
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+    asyncio.run(scenario())

@@ -1,0 +1,5 @@
+import sys
+
+from worker.cli import main
+
+sys.exit(main())

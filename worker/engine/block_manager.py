@@ -1,0 +1,148 @@
+"""BlockManager: maps sequences onto paged KV blocks and keeps the prefix cache honest.
+
+A cache hit must match the request's key chain AND, block by block, the stored token ids,
+extra keys (images, LoRA, salt) and parent: a key collision, forged or accidental, never
+serves another request's K/V. Matches are clamped so they never end inside an image span.
+"""
+
+from __future__ import annotations
+
+from cachekey import clamp_match
+from cachekey.events import BlockStored
+from worker.engine.block_pool import BlockPool, EventSink
+from worker.engine.free_queue import Block
+from worker.engine.outputs import CachedBlock
+from worker.engine.sequence import Sequence
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class BlockManager:
+    def __init__(
+        self, num_blocks: int, block_size: int, enable_prefix_caching: bool, sink: EventSink
+    ) -> None:
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.pool = BlockPool(num_blocks, block_size, sink if enable_prefix_caching else None)
+
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free
+
+    def usage(self) -> float:
+        return self.pool.usage()
+
+    # -- admission ---------------------------------------------------------------------------
+
+    def find_cached_prefix(self, seq: Sequence) -> list[Block]:
+        """The cached blocks usable as seq's prefix (after the equality guard and clamping)."""
+        if not self.enable_prefix_caching:
+            return []
+        hits: list[Block] = []
+        parent = None
+        for i, key in enumerate(seq.block_keys):
+            block = self.pool.lookup(key)
+            if block is None or not self._same_block(block, seq, i, parent):
+                break
+            hits.append(block)
+            parent = key
+        bs = self.block_size
+        matched = clamp_match(len(hits) * bs, seq.num_tokens, bs, seq.mm_items)
+        return hits[: matched // bs]
+
+    def _same_block(self, block: Block, seq: Sequence, index: int, parent: object) -> bool:
+        return (
+            block.parent == parent
+            and block.extra_keys == seq.block_extra[index]
+            and block.token_ids == seq.block_tokens(index, self.block_size)
+        )
+
+    def can_allocate(self, seq: Sequence, hits: list[Block], num_new_tokens: int) -> bool:
+        total_blocks = cdiv(len(hits) * self.block_size + num_new_tokens, self.block_size)
+        # Hits sitting in the free queue stop being free once we reference them.
+        revived = sum(1 for b in hits if b.ref_count == 0)
+        return total_blocks - len(hits) + revived <= self.pool.num_free
+
+    def allocate(self, seq: Sequence, hits: list[Block], num_new_tokens: int) -> None:
+        assert not seq.block_table, "allocate on a sequence that holds blocks"
+        self.pool.touch(hits)
+        seq.block_table = [b.block_id for b in hits]
+        seq.num_cached_blocks = len(hits)
+        seq.num_computed_tokens = len(hits) * self.block_size
+        self.append_slots(seq, num_new_tokens)
+
+    # -- growth ------------------------------------------------------------------------------
+
+    def _blocks_missing(self, seq: Sequence, num_new_tokens: int) -> int:
+        needed = cdiv(seq.num_computed_tokens + num_new_tokens, self.block_size)
+        return max(0, needed - len(seq.block_table))
+
+    def can_append_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
+        return self._blocks_missing(seq, num_new_tokens) <= self.pool.num_free
+
+    def append_slots(self, seq: Sequence, num_new_tokens: int) -> None:
+        missing = self._blocks_missing(seq, num_new_tokens)
+        if missing:
+            seq.block_table += [b.block_id for b in self.pool.take(missing)]
+
+    def free(self, seq: Sequence) -> None:
+        # Reverse order: a sequence's tail blocks are the least likely to be shared, so they
+        # reach the LRU head first and are evicted before the prefix.
+        self.pool.release([self.pool.blocks[i] for i in reversed(seq.block_table)])
+        seq.block_table = []
+        seq.num_cached_blocks = 0
+
+    # -- caching -----------------------------------------------------------------------------
+
+    def cache_full_blocks(self, seq: Sequence) -> None:
+        """Register the blocks whose K/V is now complete; publish them as BlockStored."""
+        if not self.enable_prefix_caching:
+            return
+        n_full = min(seq.num_computed_tokens // self.block_size, len(seq.block_keys))
+        run: list[Block] = []
+        for i in range(seq.num_cached_blocks, n_full):
+            block = self.pool.blocks[seq.block_table[i]]
+            key = seq.block_keys[i]
+            if block.key is not None or self.pool.lookup(key) is not None:
+                # Another sequence cached identical content first; ours stays private.
+                self._publish(run, seq)
+                run = []
+                continue
+            block.key = key
+            block.parent = seq.block_keys[i - 1] if i else None
+            block.token_ids = seq.block_tokens(i, self.block_size)
+            block.extra_keys = seq.block_extra[i]
+            block.depth = i
+            run.append(block)
+        self._publish(run, seq)
+        seq.num_cached_blocks = max(seq.num_cached_blocks, n_full)
+
+    def _publish(self, run: list[Block], seq: Sequence) -> None:
+        if not run:
+            return
+        stored = BlockStored(
+            block_hashes=[b.key for b in run],
+            parent_block_hash=run[0].parent,
+            token_ids=[t for b in run for t in b.token_ids],
+            block_size=self.block_size,
+            lora_name=seq.lora_name,
+            extra_keys=[b.extra_keys or None for b in run],
+        )
+        self.pool.cache(run, stored)
+
+    def reset(self) -> bool:
+        return self.pool.reset()
+
+    def snapshot(self) -> list[CachedBlock]:
+        blocks = sorted(self.pool.cached.values(), key=lambda b: b.depth)
+        return [
+            CachedBlock(key=b.key, parent=b.parent, token_ids=b.token_ids, extra_keys=b.extra_keys)
+            for b in blocks
+            if b.key is not None
+        ]

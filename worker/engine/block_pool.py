@@ -1,0 +1,87 @@
+"""BlockPool: the KV blocks, their ref counts, the key -> block map and the events it causes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from cachekey import BlockKey
+from cachekey.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from worker.engine.free_queue import Block, FreeBlockQueue
+
+EventSink = list[KVEvent]
+
+
+class BlockPool:
+    """Owns every block. A block is in exactly one of: in use (ref_count > 0) or the free queue.
+
+    A free block may still be cached (its key registered): it is evicted only when `take`
+    needs it, and every eviction is reported as BlockRemoved.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, sink: EventSink | None) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.blocks = [Block(block_id=i) for i in range(num_blocks)]
+        self.free_queue = FreeBlockQueue(self.blocks)
+        self.cached: dict[BlockKey, Block] = {}
+        # None: prefix caching is off, nothing is cached or published.
+        self.sink = sink
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free_queue)
+
+    def usage(self) -> float:
+        return 1.0 - self.num_free / self.num_blocks
+
+    def lookup(self, key: BlockKey) -> Block | None:
+        return self.cached.get(key)
+
+    def take(self, n: int) -> list[Block]:
+        if n > self.num_free:
+            raise RuntimeError(f"need {n} blocks, {self.num_free} free")
+        taken = [self.free_queue.popleft() for _ in range(n)]
+        evicted = [b.key for b in taken if b.key is not None]
+        for block in taken:
+            if block.key is not None:
+                del self.cached[block.key]
+                block.clear_key()
+            block.ref_count = 1
+        if evicted and self.sink is not None:
+            self.sink.append(BlockRemoved(block_hashes=list(evicted)))
+        return taken
+
+    def touch(self, blocks: Sequence[Block]) -> None:
+        """Take a reference on cache hits, pulling free ones out of the LRU."""
+        for block in blocks:
+            if block.ref_count == 0:
+                self.free_queue.remove(block)
+            block.ref_count += 1
+
+    def release(self, blocks: Sequence[Block]) -> None:
+        """Drop one reference each; callers pass tail blocks first so they are evicted first."""
+        for block in blocks:
+            block.ref_count -= 1
+            if block.ref_count < 0:
+                raise AssertionError(f"block {block.block_id} released twice")
+            if block.ref_count == 0:
+                self.free_queue.append(block)
+
+    def cache(self, blocks: Sequence[Block], stored: BlockStored | None) -> None:
+        """Register already keyed blocks; publish one BlockStored for them."""
+        for block in blocks:
+            assert block.key is not None
+            self.cached[block.key] = block
+        if stored is not None and self.sink is not None:
+            self.sink.append(stored)
+
+    def reset(self) -> bool:
+        """Forget every cached block. Refused while any block is in use (as vLLM does)."""
+        if self.num_free != self.num_blocks:
+            return False
+        for block in self.cached.values():
+            block.clear_key()
+        self.cached.clear()
+        if self.sink is not None:
+            self.sink.append(AllBlocksCleared())
+        return True

@@ -1,0 +1,185 @@
+"""LLMEngine: the synchronous engine API the worker service drives from one thread.
+
+add_request -> Scheduler (BlockManager) -> runner (torch ModelRunner or SimRunner) -> outputs.
+"""
+
+from __future__ import annotations
+
+from cachekey import HashNamespace, Prompt
+from cachekey.assets import ModelAssets
+from cachekey.errors import PromptTooLongError
+from cachekey.events import KVEvent
+from cachekey.render import Renderer
+from worker.engine.block_manager import BlockManager
+from worker.engine.config import EngineConfig
+from worker.engine.detokenizer import IncrementalDetokenizer
+from worker.engine.outputs import CachedBlock, EngineStats, RequestOutput
+from worker.engine.request_checks import check_prompt
+from worker.engine.sampling_params import SamplingParams
+from worker.engine.scheduler import Scheduler
+from worker.engine.sequence import Sequence
+from worker.engine.sim_runner import SimRunner
+
+__all__ = ["CachedBlock", "EngineStats", "LLMEngine", "RequestOutput"]
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.assets = ModelAssets.from_dir(config.model)
+        self.renderer = Renderer(self.assets)
+        assert config.served_model_name is not None
+        self.namespace = HashNamespace(
+            config.served_model_name, config.block_size, config.hash_seed
+        )
+        if config.engine == "torch":
+            from worker.engine.model_runner import ModelRunner  # torch only when needed
+
+            self.runner: ModelRunner | SimRunner = ModelRunner(config, self.assets)
+        else:
+            self.runner = SimRunner(config, self.assets)
+        model_limit = min(self.assets.max_model_len, self.runner.max_model_len)
+        if config.max_model_len is not None and config.max_model_len > model_limit:
+            raise ValueError(
+                f"max_model_len {config.max_model_len} exceeds the model's {model_limit}"
+            )
+        self.max_model_len = config.max_model_len or model_limit
+        self._events: list[KVEvent] = []
+        self.block_manager = BlockManager(
+            self.runner.num_blocks, config.block_size, config.enable_prefix_caching, self._events
+        )
+        self.scheduler = Scheduler(
+            self.block_manager, config.max_num_seqs, config.max_num_batched_tokens
+        )
+        # No sequence may outgrow the whole KV cache, or it could never be scheduled again.
+        self._max_seq_len = min(self.max_model_len, self.runner.num_blocks * config.block_size)
+        self._seqs: dict[str, Sequence] = {}
+        self._detok: dict[str, IncrementalDetokenizer] = {}
+        self._prompt_tokens_total = 0
+        self._generation_tokens_total = 0
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: Prompt,
+        params: SamplingParams,
+        *,
+        lora_name: str | None = None,
+        cache_salt: str | None = None,
+    ) -> None:
+        if request_id in self._seqs:
+            raise ValueError(f"duplicate request id {request_id!r}")
+        n = len(prompt.token_ids)
+        if n > self.max_model_len:
+            raise PromptTooLongError(
+                f"the prompt has {n} tokens; this model's maximum context length is "
+                f"{self.max_model_len}",
+                param="messages",
+            )
+        if n >= self._max_seq_len:
+            raise PromptTooLongError(
+                f"the prompt has {n} tokens; the KV cache holds at most {self._max_seq_len} "
+                "tokens per request including the first generated one",
+                param="messages",
+            )
+        check_prompt(prompt, self.assets.image, self.runner.vocab_size)
+        seq = Sequence(
+            request_id, prompt, params, self.namespace, lora_name=lora_name, cache_salt=cache_salt
+        )
+        self.runner.register(seq)
+        self._seqs[request_id] = seq
+        self._detok[request_id] = IncrementalDetokenizer(
+            self.assets.tokenizer, prompt.token_ids, params.stop
+        )
+        self.scheduler.add(seq)
+
+    def abort_request(self, request_id: str) -> None:
+        seq = self._seqs.get(request_id)
+        if seq is not None:
+            self._finish(seq, "abort")
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # -- the step loop -----------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        batch = self.scheduler.schedule()
+        if not batch:
+            return []
+        tokens = self.runner.execute(batch)
+        self.scheduler.update(batch)
+        outputs = []
+        for item, token in zip(batch, tokens, strict=True):
+            if token is not None:
+                outputs.append(self._on_token(item.seq, token))
+        return outputs
+
+    def _on_token(self, seq: Sequence, token: int) -> RequestOutput:
+        seq.append_token(token, self.namespace)
+        self._generation_tokens_total += 1
+        if seq.num_output_tokens == 1:
+            self._prompt_tokens_total += seq.num_prompt_tokens
+        params = seq.params
+        detok = self._detok[seq.request_id]
+        reason = None
+        if token in params.stop_token_ids or (
+            not params.ignore_eos and token in self.assets.eos_token_ids
+        ):
+            reason = "stop"  # the stop token itself adds no text
+        elif detok.add_tokens((token,)):
+            reason = "stop"
+        elif seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self._max_seq_len:
+            reason = "length"
+        out = RequestOutput(
+            request_id=seq.request_id,
+            new_token_ids=[token],
+            text_delta=detok.take_delta(finished=reason is not None),
+            finished=reason is not None,
+            finish_reason=reason,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_cached_tokens=seq.num_cached_tokens or 0,
+            num_output_tokens=seq.num_output_tokens,
+        )
+        if reason is not None:
+            self._finish(seq, reason)
+        return out
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        self.scheduler.finish(seq, reason)
+        self.runner.release(seq.request_id)
+        del self._seqs[seq.request_id]
+        del self._detok[seq.request_id]
+
+    # -- cache state -------------------------------------------------------------------------
+
+    def drain_events(self) -> list[KVEvent]:
+        events = list(self._events)
+        self._events.clear()  # the block manager appends to this very list
+        return events
+
+    def snapshot_blocks(self) -> list[CachedBlock]:
+        return self.block_manager.snapshot()
+
+    def reset_prefix_cache(self) -> bool:
+        return self.block_manager.reset()
+
+    def stats(self) -> EngineStats:
+        vision = self.runner.vision_counters
+        counters = self.scheduler.counters
+        return EngineStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            kv_cache_usage=self.block_manager.usage(),
+            num_blocks=self.block_manager.num_blocks,
+            block_size=self.config.block_size,
+            prefix_queries_tokens=counters.prefix_queries_tokens,
+            prefix_hits_tokens=counters.prefix_hits_tokens,
+            encoder_cache_hits=vision.encoder_cache_hits,
+            images_processed=vision.images_processed,
+            vision_tower_runs=vision.vision_tower_runs,
+            prompt_tokens_total=self._prompt_tokens_total,
+            generation_tokens_total=self._generation_tokens_total,
+        )

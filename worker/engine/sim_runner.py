@@ -1,0 +1,91 @@
+"""SimRunner: the `sim` engine's forward pass, a timing model that emits plausible tokens.
+
+The scheduler, block manager, prefix cache and events are the real ones; only the model is
+replaced: each step sleeps `prefill_s_per_token * prefill tokens + decode_s_per_step` and each
+sequence gets tokens derived from its prompt (and seed), so identical requests get identical
+answers and routing experiments are reproducible. No torch.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+
+import xxhash
+
+from cachekey.assets import ModelAssets
+from cachekey.keys import pack_tokens
+from worker.engine.config import SIM_DEFAULT_NUM_BLOCKS, EngineConfig
+from worker.engine.outputs import VisionCounters
+from worker.engine.scheduler import ScheduledSeq
+from worker.engine.sequence import Sequence
+
+# How many word-like vocabulary entries the sim draws its tokens from.
+_VOCAB_SAMPLE = 2048
+
+
+def _word_token_ids(assets: ModelAssets) -> list[int]:
+    """Ids of tokens that read as plain words, so sim output looks like text."""
+    vocab = assets.tokenizer.get_vocab()
+    words = []
+    for piece, token_id in vocab.items():
+        core = piece.lstrip("Ġ▁")
+        if (
+            core.isascii()
+            and core.isalpha()
+            and core != piece
+            and token_id not in assets.eos_token_ids
+        ):
+            words.append(token_id)
+    if not words:  # tiny or unusual vocabularies: any non-EOS id will do
+        words = [i for i in sorted(vocab.values()) if i not in assets.eos_token_ids]
+    return sorted(words)[:_VOCAB_SAMPLE]
+
+
+class SimRunner:
+    def __init__(self, config: EngineConfig, assets: ModelAssets) -> None:
+        self.num_blocks = config.num_blocks or SIM_DEFAULT_NUM_BLOCKS
+        self.max_model_len = assets.max_model_len
+        self.vocab_size = assets.tokenizer.get_vocab_size(with_added_tokens=True)
+        self.prefill_s_per_token = config.sim_prefill_s_per_token
+        self.decode_s_per_step = config.sim_decode_s_per_step
+        self._words = _word_token_ids(assets)
+        self._seeds: dict[str, int] = {}
+        self._counters = VisionCounters()
+
+    @property
+    def vision_counters(self) -> VisionCounters:
+        return self._counters
+
+    def register(self, seq: Sequence) -> None:
+        digest = xxhash.xxh64(pack_tokens(seq.token_ids[: seq.num_prompt_tokens]))
+        for item in seq.mm_items:
+            digest.update(item.identifier.encode())
+        if seq.params.seed is not None:
+            digest.update(struct.pack("<q", seq.params.seed))
+        self._seeds[seq.request_id] = digest.intdigest()
+
+    def release(self, request_id: str) -> None:
+        self._seeds.pop(request_id, None)
+
+    def execute(self, batch: list[ScheduledSeq]) -> list[int | None]:
+        prefill_tokens = 0
+        tokens: list[int | None] = []
+        for item in batch:
+            seq = item.seq
+            start = seq.num_computed_tokens
+            if start < seq.num_prompt_tokens:
+                prefill_tokens += item.num_new_tokens
+            end = start + item.num_new_tokens
+            self._counters.images_processed += sum(start < m.end <= end for m in seq.mm_items)
+            tokens.append(self._token(seq) if item.completes_prompt else None)
+        delay = self.prefill_s_per_token * prefill_tokens + self.decode_s_per_step
+        if delay > 0:
+            time.sleep(delay)
+        return tokens
+
+    def _token(self, seq: Sequence) -> int:
+        mixed = xxhash.xxh64_intdigest(
+            struct.pack("<QQ", self._seeds[seq.request_id], seq.num_tokens)
+        )
+        return self._words[mixed % len(self._words)]

@@ -1,0 +1,122 @@
+"""load_model: a local Hugging Face directory (config.json + safetensors) -> a ready nn.Module.
+
+No transformers at runtime: config.json is read as a dict, weights with safetensors' torch API.
+The model is built on the meta device and materialised once at its final device and dtype, so
+no memory or time goes to random initialisation.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from worker.models.llama import LlamaForCausalLM, ignored_checkpoint_weight
+from worker.models.llava import LlavaForConditionalGeneration
+from worker.models.registry import ModelInfo, model_info, resolve_architecture
+from worker.models.weights import iter_checkpoint, load_weights
+
+_DTYPES = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "half": torch.float16,
+}
+
+# Newer llava-hf checkpoints nest everything under `model.`; our modules use the classic names.
+_LLAVA_RENAMES = (
+    ("model.language_model.", "language_model.model."),
+    ("model.vision_tower.", "vision_tower."),
+    ("model.multi_modal_projector.", "multi_modal_projector."),
+    ("lm_head.", "language_model.lm_head."),
+)
+
+
+def read_config(model_dir: Path) -> dict[str, Any]:
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"no config.json in {model_dir}")
+    return json.loads(path.read_text())
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(
+    dtype: str | torch.dtype, config: dict[str, Any], device: torch.device
+) -> torch.dtype:
+    """ "auto": float32 on CPU; on GPU the checkpoint's half dtype, else bfloat16 (or float16)."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype != "auto":
+        if dtype not in _DTYPES:
+            raise ValueError(f"unsupported dtype {dtype!r}; use auto, float32, bfloat16 or float16")
+        return _DTYPES[dtype]
+    if device.type == "cpu":
+        return torch.float32
+    saved = _DTYPES.get(str(config.get("torch_dtype") or config.get("dtype") or ""))
+    if saved in (torch.bfloat16, torch.float16):
+        return saved
+    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
+def llava_checkpoint_name(name: str) -> str:
+    """Map either llava-hf weight layout onto the classic one our module tree uses."""
+    for new, classic in _LLAVA_RENAMES:
+        if name.startswith(new):
+            return classic + name[len(new) :]
+    return name
+
+
+def load_model(
+    model_dir: str | Path,
+    device: str | torch.device = "cpu",
+    dtype: str | torch.dtype = "auto",
+) -> nn.Module:
+    """Build the model of a local HF directory and load its weights strictly.
+
+    The returned module is in eval mode and carries `.info` (a ModelInfo).
+    """
+    model_dir = Path(model_dir)
+    config = read_config(model_dir)
+    target_device = resolve_device(device)
+    target_dtype = resolve_dtype(dtype, config, target_device)
+    cls = resolve_architecture(config)
+    with torch.device("meta"):
+        model = cls.from_hf_config(config)
+    model = model.to(dtype=target_dtype).to_empty(device=target_device)
+    model.tie_weights()
+
+    if isinstance(model, LlavaForConditionalGeneration):
+        text_config = model.config.text
+
+        def ignore(name: str) -> bool:
+            # Checkpoints from older transformers saved CLIP's position_ids buffer.
+            if name.endswith("embeddings.position_ids"):
+                return True
+            return ignored_checkpoint_weight(name, text_config)
+
+        load_weights(model, iter_checkpoint(model_dir), rename=llava_checkpoint_name, ignore=ignore)
+    else:
+        assert isinstance(model, LlamaForCausalLM)
+        llama_config = model.config
+        load_weights(
+            model,
+            iter_checkpoint(model_dir),
+            ignore=lambda name: ignored_checkpoint_weight(name, llama_config),
+        )
+    model.eval()
+    model.info = model_info(config, target_dtype)
+    return model
+
+
+def read_model_info(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> ModelInfo:
+    """ModelInfo without loading weights (the sim engine and KV sizing)."""
+    return model_info(read_config(Path(model_dir)), dtype)

@@ -1,0 +1,320 @@
+"""AsyncEngine: one thread owns the synchronous LLMEngine; asyncio code talks to it by queue.
+
+The engine thread takes commands (add, abort, snapshot, reset, fault), steps while there is
+work, hands each RequestOutput to its request's asyncio queue with one `call_soon_threadsafe`
+per step, and publishes the engine's KV events as one batch per iteration. Because batches get
+their seq in this thread, a snapshot taken here between steps knows exactly which seq it
+reflects. If anything escapes `step()`, the engine is dead: pending requests fail, `/health`
+turns 503 and new requests are refused at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from cachekey.types import Prompt
+from worker.engine.llm_engine import CachedBlock, EngineStats, LLMEngine, RequestOutput
+from worker.engine.sampling_params import SamplingParams
+from worker.server.errors import EngineDeadError
+from worker.server.kv_publisher import KVEventPublisher
+
+logger = logging.getLogger(__name__)
+
+_IDLE_WAIT_S = 0.2
+_STATS_EVERY_S = 0.1
+
+Command = Callable[[LLMEngine], Any]
+
+
+class _InjectedCrash(RuntimeError):
+    """Raised inside the loop by fault injection to prove the dead-engine path."""
+
+
+@dataclass(slots=True)
+class Health:
+    ok: bool
+    reason: str | None
+    last_iteration_age_s: float
+
+
+@dataclass(slots=True)
+class SnapshotResult:
+    seq: int | None
+    blocks: list[CachedBlock]
+
+
+class AsyncEngine:
+    def __init__(
+        self,
+        engine: LLMEngine,
+        publisher: KVEventPublisher | None = None,
+        *,
+        stall_timeout_s: float = 30.0,
+    ) -> None:
+        self.engine = engine
+        self.publisher = publisher
+        self.stall_timeout_s = stall_timeout_s
+        self._commands: queue.SimpleQueue[tuple[Command, Future | None]] = queue.SimpleQueue()
+        self._sinks: dict[str, asyncio.Queue] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self._stop = threading.Event()
+        self._release_stall = threading.Event()
+        self._dead_reason: str | None = None
+        self._beat = time.monotonic()
+        self._stats: EngineStats = engine.stats()
+        self._stats_at = 0.0
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._beat = time.monotonic()
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self._release_stall.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    # -- state seen by the HTTP layer -------------------------------------------------------------
+
+    def health(self) -> Health:
+        age = time.monotonic() - self._beat
+        if self._dead_reason is not None:
+            return Health(False, self._dead_reason, age)
+        if not self._thread.is_alive():
+            return Health(False, "engine thread is not running", age)
+        if age > self.stall_timeout_s:
+            return Health(False, f"engine loop stalled for {age:.1f}s", age)
+        return Health(True, None, age)
+
+    def stats(self) -> EngineStats:
+        """The stats the engine thread last recorded (refreshed every ~100 ms and when idle)."""
+        return self._stats
+
+    def check_alive(self) -> None:
+        h = self.health()
+        if not h.ok:
+            raise EngineDeadError(h.reason or "unknown")
+
+    # -- requests ------------------------------------------------------------------------------
+
+    async def add(
+        self,
+        request_ids: Sequence[str],
+        prompt: Prompt,
+        params: Sequence[SamplingParams],
+        *,
+        lora_name: str | None = None,
+        cache_salt: str | None = None,
+    ) -> RequestStream:
+        """Add len(request_ids) engine requests sharing `prompt`; bad input raises here.
+
+        The caller iterates the returned stream and must `close()` it (aborting what is left).
+        """
+        sink: asyncio.Queue = asyncio.Queue()
+        for rid in request_ids:
+            self._sinks[rid] = sink
+        try:
+            # One command adds all n, so siblings enter the same step and share the prompt blocks.
+            await self._call(_add_all(request_ids, prompt, params, lora_name, cache_salt))
+        except BaseException:
+            self._forget(request_ids)
+            raise
+        return RequestStream(self, request_ids, sink)
+
+    async def snapshot(self) -> SnapshotResult:
+        return await self._call(self._snapshot)
+
+    async def reset_prefix_cache(self) -> bool:
+        return await self._call(lambda engine: engine.reset_prefix_cache())
+
+    def inject_fault(self, kind: str) -> None:
+        if kind == "crash_engine":
+            self._submit(_crash, None)
+        elif kind == "stall_engine":
+            self._submit(self._stall, None)
+        else:
+            raise ValueError(f"unknown fault kind {kind!r}; use crash_engine or stall_engine")
+
+    def fail_all_pending(self, reason: str) -> None:
+        """Fail every in-flight request (watchdog: the engine stalled while they waited)."""
+        err = EngineDeadError(reason)
+        for sink in set(self._sinks.values()):
+            sink.put_nowait(err)
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    async def _call(self, command: Command) -> Any:
+        self.check_alive()
+        fut: Future = Future()
+        self._submit(command, fut)
+        return await asyncio.wrap_future(fut)
+
+    def _submit(self, command: Command, fut: Future | None) -> None:
+        self._commands.put((command, fut))
+        # The loop may have died between the check and the put: its drain may have missed us.
+        if self._dead_reason is not None and fut is not None and not fut.done():
+            fut.set_exception(EngineDeadError(self._dead_reason))
+
+    def _forget(self, request_ids: Sequence[str]) -> None:
+        for rid in request_ids:
+            self._sinks.pop(rid, None)
+
+    def _abort(self, request_ids: list[str]) -> None:
+        self._forget(request_ids)
+        if request_ids and self._dead_reason is None:
+            self._submit(_abort(request_ids), None)
+
+    def _snapshot(self, engine: LLMEngine) -> SnapshotResult:
+        # Publish what is pending first, so the snapshot reflects exactly the last seq.
+        self._publish_events()
+        return SnapshotResult(
+            self.publisher.last_seq if self.publisher else None, engine.snapshot_blocks()
+        )
+
+    def _stall(self, _: LLMEngine) -> None:
+        self._release_stall.wait()
+
+    # -- engine thread -------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self._loop_forever()
+        except BaseException as e:  # anything escaping the loop means the engine is gone
+            logger.exception("engine loop died")
+            self._die(f"engine loop died: {type(e).__name__}: {e}")
+
+    def _loop_forever(self) -> None:
+        engine = self.engine
+        while not self._stop.is_set():
+            self._beat = time.monotonic()
+            busy = engine.has_unfinished_requests()
+            self._run_commands(block=not busy)
+            if engine.has_unfinished_requests():
+                self._deliver(engine.step())
+            self._publish_events()
+            now = time.monotonic()
+            if not engine.has_unfinished_requests() or now - self._stats_at > _STATS_EVERY_S:
+                self._stats = engine.stats()
+                self._stats_at = now
+
+    def _run_commands(self, block: bool) -> None:
+        try:
+            item = (
+                self._commands.get(timeout=_IDLE_WAIT_S) if block else self._commands.get_nowait()
+            )
+        except queue.Empty:
+            return
+        while True:
+            command, fut = item
+            if fut is None:
+                command(self.engine)  # aborts, faults: errors here are the loop's own
+            elif fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(command(self.engine))
+                except Exception as e:  # one bad request fails alone
+                    fut.set_exception(e)
+            try:
+                item = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        routed = [(self._sinks.get(o.request_id), o) for o in outputs]
+        routed = [(s, o) for s, o in routed if s is not None]
+        if routed and self._loop is not None:
+            self._loop.call_soon_threadsafe(_put_all, routed)
+
+    def _publish_events(self) -> None:
+        events = self.engine.drain_events()
+        if events and self.publisher is not None:
+            self.publisher.publish(events)
+
+    def _die(self, reason: str) -> None:
+        self._dead_reason = reason
+        err = EngineDeadError(reason)
+        while True:
+            try:
+                _, fut = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            if fut is not None and fut.set_running_or_notify_cancel():
+                fut.set_exception(err)
+        if self._loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody is waiting
+                self._loop.call_soon_threadsafe(self.fail_all_pending, reason)
+
+
+class RequestStream:
+    """Outputs of the engine requests of one API request, in arrival order."""
+
+    def __init__(self, engine: AsyncEngine, request_ids: Sequence[str], sink: asyncio.Queue):
+        self._engine = engine
+        self._sink = sink
+        self.request_ids = list(request_ids)
+        self._unfinished = set(request_ids)
+
+    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        while self._unfinished:
+            item = await self._sink.get()
+            if isinstance(item, BaseException):
+                raise item
+            if item.finished:
+                self._unfinished.discard(item.request_id)
+            yield item
+
+    def close(self) -> None:
+        """Forget the requests; abort those not finished (client gone, error, cancellation)."""
+        self._engine._abort(sorted(self._unfinished))
+        self._engine._forget(self.request_ids)
+        self._unfinished.clear()
+
+
+def _put_all(routed: list[tuple[asyncio.Queue, RequestOutput]]) -> None:
+    for sink, output in routed:
+        sink.put_nowait(output)
+
+
+def _add_all(
+    rids: Sequence[str],
+    prompt: Prompt,
+    params: Sequence[SamplingParams],
+    lora: str | None,
+    salt: str | None,
+) -> Command:
+    def command(engine: LLMEngine) -> None:
+        added: list[str] = []
+        try:
+            for rid, p in zip(rids, params, strict=True):
+                engine.add_request(rid, prompt, p, lora_name=lora, cache_salt=salt)
+                added.append(rid)
+        except BaseException:
+            for rid in added:
+                engine.abort_request(rid)
+            raise
+
+    return command
+
+
+def _abort(rids: list[str]) -> Command:
+    def command(engine: LLMEngine) -> None:
+        for rid in rids:
+            engine.abort_request(rid)  # a no-op for one that finished meanwhile
+
+    return command
+
+
+def _crash(_: LLMEngine) -> None:
+    raise _InjectedCrash("fault injection: crash_engine")

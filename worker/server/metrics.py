@@ -1,0 +1,148 @@
+"""Prometheus metrics with vLLM's names, on a registry owned by one app (never the global one).
+
+Engine-side numbers (queues, KV usage, cumulative token counters) are read from the stats the
+engine thread last recorded, at scrape time; request latencies are observed by the handlers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from worker.engine.llm_engine import EngineStats
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+_E2E_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+)
+
+
+class _EngineCollector(Collector):
+    def __init__(self, stats: Callable[[], EngineStats], model_name: str, info: dict[str, str]):
+        self._stats = stats
+        self._model = model_name
+        self._info = info
+
+    def collect(self) -> Iterator:
+        s = self._stats()
+        labels = ["model_name"]
+        values = [self._model]
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(name, doc, labels=labels)
+            g.add_metric(values, value)
+            return g
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            c = CounterMetricFamily(name, doc, labels=labels)
+            c.add_metric(values, value)
+            return c
+
+        yield gauge("vllm:num_requests_running", "Requests in the running batch.", s.num_running)
+        yield gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.", s.num_waiting)
+        yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage (1 = full).", s.kv_cache_usage)
+        yield counter(
+            "vllm:prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache.",
+            s.prefix_queries_tokens,
+        )
+        yield counter(
+            "vllm:prefix_cache_hits",
+            "Prompt tokens found in the prefix cache.",
+            s.prefix_hits_tokens,
+        )
+        yield counter("vllm:prompt_tokens", "Prompt tokens processed.", s.prompt_tokens_total)
+        yield counter("vllm:generation_tokens", "Tokens generated.", s.generation_tokens_total)
+        yield counter(
+            "kvgate_worker_encoder_cache_hits",
+            "Images whose embeddings came from the encoder cache.",
+            s.encoder_cache_hits,
+        )
+        yield counter(
+            "kvgate_worker_images_processed", "Images in admitted requests.", s.images_processed
+        )
+        yield counter(
+            "kvgate_worker_vision_tower_runs", "Vision-tower forward passes.", s.vision_tower_runs
+        )
+        info = GaugeMetricFamily(
+            "vllm:cache_config_info", "KV-cache configuration.", labels=list(self._info)
+        )
+        info.add_metric(list(self._info.values()), 1.0)
+        yield info
+
+
+class WorkerMetrics:
+    def __init__(
+        self,
+        stats: Callable[[], EngineStats],
+        model_name: str,
+        *,
+        block_size: int,
+        num_gpu_blocks: int,
+        enable_prefix_caching: bool,
+    ) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        info = {
+            "block_size": str(block_size),
+            "num_gpu_blocks": str(num_gpu_blocks),
+            "enable_prefix_caching": str(enable_prefix_caching),
+        }
+        self.registry.register(_EngineCollector(stats, model_name, info))
+        self.ttft = Histogram(
+            "vllm:time_to_first_token_seconds",
+            "Time to first token.",
+            ["model_name"],
+            buckets=_TTFT_BUCKETS,
+            registry=self.registry,
+        ).labels(model_name)
+        self.e2e = Histogram(
+            "vllm:e2e_request_latency_seconds",
+            "End-to-end request latency.",
+            ["model_name"],
+            buckets=_E2E_BUCKETS,
+            registry=self.registry,
+        ).labels(model_name)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,258 @@
+"""The part of chat and completions that is the same: checks, sampling params, running the
+engine requests, usage, SSE streaming, and aborting when the client goes away."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import msgspec
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+
+from cachekey.errors import PromptTooLongError
+from cachekey.types import Prompt
+from worker.engine.sampling_params import SamplingParams
+from worker.server.engine_client import AsyncEngine, RequestStream
+from worker.server.errors import APIError, as_api_error, error_body
+from worker.server.metrics import WorkerMetrics
+from worker.server.protocol import SamplingFields
+
+_json = msgspec.json.Encoder()
+_DONE = b"data: [DONE]\n\n"
+
+
+@dataclass(slots=True)
+class ServingContext:
+    engine: AsyncEngine
+    model_name: str
+    max_model_len: int
+    metrics: WorkerMetrics
+    data_parallel_rank: int | None
+
+
+@dataclass(slots=True)
+class _Choice:
+    text: list[str]
+    finish_reason: str | None = None
+    num_output_tokens: int = 0
+
+
+class OpenAIServing:
+    """Subclasses say how to render a request and how their choices and chunks look."""
+
+    object_name = "text_completion"
+    chunk_object_name = "text_completion"
+    id_prefix = "cmpl"
+    default_max_tokens_is_remaining = False
+
+    def __init__(self, ctx: ServingContext) -> None:
+        self.ctx = ctx
+
+    # -- checks --------------------------------------------------------------------------------
+
+    def check_request(self, raw: Request, body: SamplingFields) -> None:
+        if body.model is not None and body.model != self.ctx.model_name:
+            raise APIError(
+                f"The model `{body.model}` does not exist; this worker serves "
+                f"`{self.ctx.model_name}`.",
+                404,
+                param="model",
+                code="model_not_found",
+            )
+        check_rank_header(raw, self.ctx.data_parallel_rank)
+        self.ctx.engine.check_alive()
+
+    def sampling_params(self, body: SamplingFields, max_tokens: int | None, prompt_len: int):
+        limit = self.ctx.max_model_len
+        if prompt_len >= limit:
+            raise PromptTooLongError(
+                f"This model's maximum context length is {limit} tokens; the prompt has "
+                f"{prompt_len} tokens. Please shorten it.",
+                param="messages" if self.object_name == "chat.completion" else "prompt",
+            )
+        if max_tokens is None:
+            max_tokens = limit - prompt_len
+        elif prompt_len + max_tokens > limit:
+            raise APIError(
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{prompt_len + max_tokens} tokens ({prompt_len} in the prompt, {max_tokens} for "
+                "the completion). Please reduce the prompt or max_tokens.",
+                400,
+                param="max_tokens",
+            )
+        top_k = body.top_k if body.top_k is not None and body.top_k > 0 else None
+        return [
+            SamplingParams(
+                temperature=1.0 if body.temperature is None else body.temperature,
+                top_p=1.0 if body.top_p is None else body.top_p,
+                top_k=top_k,
+                # Siblings of one request must not sample the same tokens.
+                seed=None if body.seed is None else body.seed + i,
+                max_tokens=max_tokens,
+                stop=body.stop_strings(),
+                stop_token_ids=tuple(body.stop_token_ids or ()),
+                ignore_eos=body.ignore_eos,
+            )
+            for i in range(body.n)
+        ]
+
+    # -- running -------------------------------------------------------------------------------
+
+    async def generate(
+        self,
+        raw: Request,
+        body: SamplingFields,
+        prompt: Prompt,
+        max_tokens: int | None,
+        arrived: float,
+    ) -> Response:
+        params = self.sampling_params(body, max_tokens, len(prompt))
+        request_id = f"{self.id_prefix}-{uuid.uuid4().hex}"
+        sub_ids = [f"{request_id}-{i}" for i in range(body.n)]
+        stream = await self.ctx.engine.add(sub_ids, prompt, params, cache_salt=body.cache_salt)
+        if body.stream:
+            return StreamingResponse(
+                self._sse(stream, body, request_id, arrived), media_type="text/event-stream"
+            )
+        return await self._complete(raw, stream, body, request_id, arrived)
+
+    async def _complete(
+        self, raw: Request, stream: RequestStream, body: SamplingFields, rid: str, arrived: float
+    ) -> Response:
+        collect = asyncio.ensure_future(self._collect(stream, arrived))
+        gone = asyncio.ensure_future(_wait_disconnect(raw))
+        try:
+            await asyncio.wait((collect, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not collect.done():
+                collect.cancel()
+            stream.close()
+        if not collect.done() or collect.cancelled():
+            return Response(status_code=499)  # nobody is listening any more
+        choices, prompt_tokens, cached = collect.result()
+        payload = {
+            "id": rid,
+            "object": self.object_name,
+            "created": int(time.time()),
+            "model": self.ctx.model_name,
+            "choices": [
+                self.final_choice(i, "".join(c.text), c.finish_reason)
+                for i, c in enumerate(choices)
+            ],
+            "usage": _usage(prompt_tokens, sum(c.num_output_tokens for c in choices), cached),
+        }
+        return Response(_json.encode(payload), media_type="application/json")
+
+    async def _collect(self, stream: RequestStream, arrived: float):
+        index = {rid: i for i, rid in enumerate(stream.request_ids)}
+        choices = [_Choice([]) for _ in stream.request_ids]
+        prompt_tokens = cached = 0
+        first = True
+        async for out in stream:
+            if first:
+                self.ctx.metrics.ttft.observe(time.perf_counter() - arrived)
+                first = False
+            c = choices[index[out.request_id]]
+            c.text.append(out.text_delta)
+            c.num_output_tokens = out.num_output_tokens
+            if out.finished:
+                c.finish_reason = out.finish_reason
+            if index[out.request_id] == 0:
+                prompt_tokens, cached = out.num_prompt_tokens, out.num_cached_tokens
+        self.ctx.metrics.e2e.observe(time.perf_counter() - arrived)
+        return choices, prompt_tokens, cached
+
+    async def _sse(
+        self, stream: RequestStream, body: SamplingFields, rid: str, arrived: float
+    ) -> AsyncIterator[bytes]:
+        index = {r: i for i, r in enumerate(stream.request_ids)}
+        outputs = [0] * len(index)
+        started = [False] * len(index)
+        prompt_tokens = cached = 0
+        usage_on = body.include_usage()
+        created = int(time.time())
+        first = True
+        try:
+            async for out in stream:
+                if first:
+                    self.ctx.metrics.ttft.observe(time.perf_counter() - arrived)
+                    first = False
+                i = index[out.request_id]
+                outputs[i] = out.num_output_tokens
+                if i == 0:
+                    prompt_tokens, cached = out.num_prompt_tokens, out.num_cached_tokens
+                if started[i] and not out.text_delta and not out.finished:
+                    continue
+                choice = self.chunk_choice(i, out.text_delta, out.finish_reason, not started[i])
+                started[i] = True
+                yield self._chunk(rid, created, [choice], None if usage_on else _OMIT)
+            self.ctx.metrics.e2e.observe(time.perf_counter() - arrived)
+            if usage_on:
+                usage = _usage(prompt_tokens, sum(outputs), cached)
+                yield self._chunk(rid, created, [], usage)
+        except Exception as e:  # the client already has a 200: report in-band, as vLLM does
+            err = as_api_error(e)
+            body_ = error_body(err.message, err.status_code, param=err.param, code=err.code)
+            yield b"data: " + _json.encode(body_) + b"\n\n"
+        finally:
+            stream.close()
+        yield _DONE
+
+    def _chunk(self, rid: str, created: int, choices: list, usage) -> bytes:
+        payload = {
+            "id": rid,
+            "object": self.chunk_object_name,
+            "created": created,
+            "model": self.ctx.model_name,
+            "choices": choices,
+        }
+        if usage is not _OMIT:
+            payload["usage"] = usage
+        return b"data: " + _json.encode(payload) + b"\n\n"
+
+    # -- shapes (subclasses) -------------------------------------------------------------------
+
+    def final_choice(self, index: int, text: str, finish_reason: str | None) -> dict:
+        raise NotImplementedError
+
+    def chunk_choice(self, index: int, text: str, finish_reason: str | None, first: bool) -> dict:
+        raise NotImplementedError
+
+
+_OMIT = object()
+
+
+def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+async def _wait_disconnect(raw: Request) -> None:
+    # After the body is read, the only message left on the ASGI channel is the disconnect.
+    while True:
+        message = await raw.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def check_rank_header(raw: Request, rank: int | None) -> None:
+    value = raw.headers.get("x-data-parallel-rank")
+    if value is None:
+        return
+    try:
+        asked = int(value)
+    except ValueError:
+        raise APIError(f"X-data-parallel-rank must be an integer, got {value!r}", 400) from None
+    if asked != (rank or 0):
+        raise APIError(
+            f"X-data-parallel-rank {asked} does not match this worker's rank {rank or 0}", 400
+        )
