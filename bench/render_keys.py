@@ -1,6 +1,6 @@
 """Render + block-key throughput of the gateway's per-request path (cachekey only, no network).
 
-For chat prompts of about 1k, 8k and 32k tokens, with and without one image, it times:
+For chat prompts of about 128, 1k, 8k and 32k tokens, with and without one image, it times:
   cold: a fresh Renderer (empty segment cache) renders the request and keys its blocks;
   warm: a second request sharing the long system prompt, with a new user turn, on the same Renderer.
 The demo model's tokenizer and template are used, with its context limit raised to 64k tokens.
@@ -26,7 +26,7 @@ from PIL import Image
 from cachekey import HashNamespace, ModelAssets, Renderer, block_keys
 from cachekey.demo import write_demo_model
 
-SIZES = (1024, 8192, 32768)
+SIZES = (128, 1024, 8192, 32768)
 WORDS = "the cache block token router gateway replica prefix image model request worker".split()
 SYLLABLES = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]
 

@@ -147,7 +147,7 @@ class Renderer:
         if not isinstance(msg, dict):
             raise UnsupportedContentError(f"{where} must be an object", param=where)
         role = msg.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:
             raise UnsupportedContentError(
                 f"{where}.role {role!r} is not one of {sorted(ROLES)}", param=f"{where}.role"
             )
@@ -175,7 +175,7 @@ class Renderer:
             if not isinstance(part.get("text"), str):
                 raise UnsupportedContentError(f"{where}.text must be a string", param=where)
             return {"type": "text", "text": part["text"]}
-        if kind not in IMAGE_PART_TYPES:
+        if not isinstance(kind, str) or kind not in IMAGE_PART_TYPES:
             raise UnsupportedContentError(
                 f"{where}: content part type {kind!r} is not supported; use 'text' or 'image_url'",
                 param=f"{where}.type",

@@ -41,7 +41,6 @@ class NoReplicaError(Exception):
 
 
 async def send_with_retries(
-    http: httpx.AsyncClient,
     ranked: list[Replica],
     path: str,
     body: bytes,
@@ -58,9 +57,10 @@ async def send_with_retries(
         headers = {"content-type": "application/json"}
         if rep.dp_rank is not None:
             headers["X-data-parallel-rank"] = str(rep.dp_rank)
-        req = http.build_request("POST", f"{rep.url}{path}", content=body, headers=headers)
+        assert rep.client is not None
+        req = rep.client.build_request("POST", f"{rep.url}{path}", content=body, headers=headers)
         try:
-            resp = await http.send(req, stream=stream)
+            resp = await rep.client.send(req, stream=stream)
         except httpx.TransportError as e:
             last_err = f"{rep.id}: {type(e).__name__}"
             on_fail(rep)

@@ -191,7 +191,6 @@ class OpenAIServing:
         payload = json.dumps(body).encode()
         try:
             attempt = await send_with_retries(
-                st.http,
                 ranked,
                 path,
                 payload,

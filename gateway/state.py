@@ -30,10 +30,10 @@ class GatewayState:
     replicas: ReplicaSet
     policies: dict[str, Policy]
     fetcher: ImageFetcher
-    # One render thread: the renderer's segment cache is not shared across threads, and the
-    # event loop never waits on tokenization.
+    # Rendering (tokenization, image decode, remote fetches) runs here, never on the event
+    # loop; a few threads so one slow image fetch does not hold up every other request.
     render_pool: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="kvgate-render")
+        default_factory=lambda: ThreadPoolExecutor(4, thread_name_prefix="kvgate-render")
     )
     renderer: object | None = None
     _assets_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -42,9 +42,8 @@ class GatewayState:
     def build(cls, config: GatewayConfig) -> GatewayState:
         metrics = GatewayMetrics()
         index = BlockIndex(config.index_max_blocks, config.speculative_ttl)
-        limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
-        timeout = httpx.Timeout(config.request_timeout, connect=config.connect_timeout)
-        http = httpx.AsyncClient(limits=limits, timeout=timeout)
+        # Control traffic (polls, snapshots, assets); requests use each replica's own pool.
+        http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=config.connect_timeout))
         return cls(
             config=config,
             metrics=metrics,
@@ -66,8 +65,26 @@ class GatewayState:
                 urls = [r.url for r in self.replicas.replicas.values() if r.instance_id]
                 assets = await load_assets(self.config.model_dir, urls, self.http)
                 self.renderer = Renderer(assets, fetcher=self.fetcher)
-                log.info("render assets loaded (fingerprint %s)", assets.fingerprint())
+                self._check_assets(assets.fingerprint())
         return self.renderer
+
+    def _check_assets(self, fingerprint: str) -> None:
+        """Local --model-dir assets must be the workers' assets, or no key would ever match."""
+        theirs = {
+            (r.info or {}).get("fingerprint_parts", {}).get("assets")
+            for r in self.replicas.replicas.values()
+            if r.info is not None
+        } - {None}
+        ok = not theirs or fingerprint in theirs
+        self.metrics.parity_mismatch.labels("gateway").set(0 if ok else 1)
+        if ok:
+            log.info("render assets loaded (fingerprint %s)", fingerprint)
+        else:
+            log.error(
+                "render assets fingerprint %s differs from the workers' %s: predictions will miss",
+                fingerprint,
+                sorted(theirs),
+            )
 
     def namespace_for(self, candidates: list[Replica]) -> HashNamespace | None:
         """The hash namespace of the parity-consistent replicas (they all agree on it)."""

@@ -62,7 +62,6 @@ def test_ensure_demo_model_is_atomic_under_races(tmp_path, monkeypatch, demo_mod
     assert ensure_demo_model(tmp_path / "explicit") == tmp_path / "explicit"
 
 
-@pytest.mark.slow
 def test_transformers_loads_it_with_no_missing_keys_and_runs_an_image(demo_model_dir):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")

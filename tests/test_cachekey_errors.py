@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import io
+import struct
+import zlib
 from pathlib import Path
 
 import pytest
@@ -55,6 +57,25 @@ def test_probe_reads_every_supported_format(fmt):
     assert probe_image(encoded(fmt, (20, 10)))[:2] == (20, 10)
 
 
+def png_header(width: int, height: int) -> bytes:
+    """A PNG whose IHDR claims a size its empty IDAT never backs: only a header probe takes it."""
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return (
+            struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+        )
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", b"") + chunk(b"IEND", b"")
+
+
+@pytest.mark.parametrize("side", [5000, 40000])  # over our limit; over Pillow's bomb limit too
+def test_huge_images_are_refused_from_the_header_alone(side):
+    with pytest.raises(ImageTooLargeError, match="pixels"):
+        probe_image(png_header(side, side), max_pixels=4096 * 4096)
+    assert probe_image(png_header(300, 200))[:2] == (300, 200)
+
+
 def test_data_url_errors():
     with pytest.raises(InvalidImageError, match="base64"):
         decode_data_url("data:image/png;base64,@@not base64@@")
@@ -95,6 +116,15 @@ UCE = UnsupportedContentError
             "input_audio",
         ),
         ([{"role": "wizard", "content": "hi"}], UCE, 400, "messages[0].role", "wizard"),
+        ([{"role": ["user"], "content": "hi"}], UCE, 400, "messages[0].role", "role"),
+        (
+            [{"role": "user", "content": [{"type": {}}]}],
+            UCE,
+            400,
+            "messages[0].content[0].type",
+            "{}",
+        ),
+        ([{"role": "user", "content": ["text"]}], UCE, 400, "messages[0].content[0].type", "None"),
         ([{"role": "user", "content": None}], UCE, 400, "messages[0].content", "required"),
         ([{"role": "user", "content": 5}], UCE, 400, "messages[0].content", "string"),
         (["not a message"], UCE, 400, "messages[0]", "object"),

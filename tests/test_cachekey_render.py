@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
 import json
 import os
@@ -77,7 +78,7 @@ def test_several_images_keep_part_order(renderer):
             "content": [
                 {"type": "image_url", "image_url": {"url": data_url(a)}},
                 {"type": "text", "text": "and"},
-                {"type": "image_url", "image_url": data_url(b)},
+                {"type": "input_image", "image_url": data_url(b)},
             ],
         }
     ]
@@ -221,3 +222,17 @@ def test_remote_images_use_the_injected_fetcher(assets):
     assert seen == ["https://x/a.png"]
     assert prompt.mm_items[0].identifier == image_identifier(raw)
     assert prompt.mm_data[image_identifier(raw)] == raw
+
+
+# Frozen once: the demo model's render assets and a rendered prompt's keys. A change here means
+# every gateway and worker built from this revision disagrees with older ones (or the demo model
+# is no longer byte-identical, e.g. after a tokenizers upgrade changed BPE training).
+GOLDEN_DEMO_FINGERPRINT = "b09dedf85a1eb65c52f88bec48d7eb42b24025ace89681f78f3ff5be18f0a878"
+GOLDEN_DEMO_KEYS = "733335dcd26d1f3a25e01254b37f7415f9c1198a74744e4abc5b574d604a3a71"
+
+
+def test_golden_demo_render_and_keys(renderer, assets):
+    prompt = renderer.render_chat(chat(png((12, 34, 56)), uuid="golden-image"))
+    digest = hashlib.sha256(b"".join(keys_of(prompt))).hexdigest()
+    assert assets.fingerprint() == GOLDEN_DEMO_FINGERPRINT
+    assert (len(prompt), digest) == (156, GOLDEN_DEMO_KEYS)

@@ -46,12 +46,12 @@ def test_hit_requires_same_tokens_and_extra_keys() -> None:
     assert prefill(bm, a) == 0
     assert prefill(bm, seq_of("same", list(range(1, 14)))) == 12
     # Forged collision: identical keys, different token ids -> not a hit.
-    forged = seq_of("forged", [99] + list(range(2, 14)))
+    forged = seq_of("forged", [99, *list(range(2, 14))])
     forged.block_keys = list(a.block_keys)
     assert bm.find_cached_prefix(forged) == []
     # Same keys and tokens but different extra keys (say, another image) -> not a hit.
     other = seq_of("other", list(range(1, 14)))
-    other.block_extra = [(("img-b", 0),)] + other.block_extra[1:]
+    other.block_extra = [(("img-b", 0),), *other.block_extra[1:]]
     assert bm.find_cached_prefix(other) == []
     # A forged second block stops the match after the first.
     partial = seq_of("partial", [1, 2, 3, 4, 0, 0, 0, 0, 9, 10, 11, 12, 13])
@@ -93,7 +93,7 @@ def test_match_never_ends_inside_image_and_leaves_one_token() -> None:
 
 def test_ref_counts_with_shared_prefix() -> None:
     bm = BlockManager(16, BS, True, [])
-    a, b = seq_of("a", list(range(1, 11))), seq_of("b", list(range(1, 9)) + [50, 51, 52])
+    a, b = seq_of("a", list(range(1, 11))), seq_of("b", [*list(range(1, 9)), 50, 51, 52])
     prefill(bm, a)
     assert prefill(bm, b) == 8
     shared = [bm.pool.blocks[i] for i in a.block_table[:2]]

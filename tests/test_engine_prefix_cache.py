@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 
 import pytest
@@ -154,3 +155,42 @@ def test_batched_requests_match_sequential(cached: LLMEngine, reference: LLMEngi
     batched = run_all(cached)
     for i, p in enumerate(prompts):
         assert tokens(batched[f"batch-{i}"]) == tokens(generate(reference, f"seq-{i}", p))
+
+
+@pytest.mark.parametrize("encoder_cache_bytes", [0, 1 << 24])
+def test_images_split_across_chunks(
+    demo_model_dir: Path, reference: LLMEngine, encoder_cache_bytes: int
+) -> None:
+    """Chunks of 24 tokens cut both images (one shown twice) mid-span; output is unchanged."""
+    engine = make_engine(
+        demo_model_dir, max_num_batched_tokens=24, encoder_cache_bytes=encoder_cache_bytes
+    )
+    a, b = png_bytes(31), png_bytes(32)
+    url = "data:image/png;base64,"
+    content = [
+        {"type": "text", "text": "First"},
+        {"type": "image_url", "image_url": {"url": url + base64.b64encode(a).decode()}},
+        {"type": "text", "text": "then"},
+        {"type": "image_url", "image_url": {"url": url + base64.b64encode(b).decode()}},
+        {"type": "text", "text": "and again"},
+        {"type": "image_url", "image_url": {"url": url + base64.b64encode(a).decode()}},
+        {"type": "text", "text": "compare them."},
+    ]
+    prompt = engine.renderer.render_chat([{"role": "user", "content": content}])
+    assert len(prompt.mm_items) == 3
+    out = generate(engine, "multi", prompt)
+    cold = generate(reference, f"multi-cold-{encoder_cache_bytes}", prompt)
+    assert tokens(out) == tokens(cold)
+    torch.testing.assert_close(
+        prompt_logits(engine, "multi"),
+        prompt_logits(reference, f"multi-cold-{encoder_cache_bytes}"),
+        atol=1e-4,
+        rtol=1e-4,
+    )
+    stats = engine.stats()
+    assert stats.images_processed == 3
+    if encoder_cache_bytes:
+        assert stats.vision_tower_runs == 2  # a and b once each, then served from the cache
+        assert stats.encoder_cache_hits > 0
+    else:  # no cache: every chunk that touches an image re-encodes it
+        assert stats.vision_tower_runs > 3 and stats.encoder_cache_hits == 0

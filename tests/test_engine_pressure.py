@@ -6,7 +6,7 @@ import random
 from pathlib import Path
 
 import pytest
-from test_engine_utils import generate, make_engine, png_bytes, image_chat, run_all, tokens
+from test_engine_utils import generate, image_chat, make_engine, png_bytes, run_all, tokens
 
 from cachekey import Prompt
 from cachekey.events import AllBlocksCleared, BlockRemoved, BlockStored

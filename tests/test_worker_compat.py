@@ -129,3 +129,11 @@ def test_models_and_health(worker):
     assert models["data"][0]["max_model_len"] == 4096
     assert httpx.get(worker.url + "/health").status_code == 200
     assert "kvgate worker ready: http://127.0.0.1:" in worker.log()
+
+
+def test_model_demo_generates_the_model_into_the_cache_dir(tmp_path):
+    with WorkerProcess("demo", events=False, env={"KVGATE_CACHE_DIR": str(tmp_path)}) as w:
+        info = _get(w, "/get_model_info")
+        assert Path(info["model_path"]).parent == tmp_path
+        assert (Path(info["model_path"]) / "config.json").is_file()
+        assert _get(w, "/kvgate/info")["kv_events"]["enabled"] is False

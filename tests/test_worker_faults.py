@@ -61,7 +61,7 @@ def test_dead_engine_fails_health_and_requests_fast(demo_model_dir, kind):
     args = (*SLOW, "--engine-stall-timeout", "1.0")
     with WorkerProcess(demo_model_dir, *args, events=False) as w:
         t, result = _stream_in_background(w.url)
-        assert _metric(w.url, "vllm:num_requests_running") == 1
+        _wait_for(lambda: _metric(w.url, "vllm:num_requests_running") == 1, 3)
         r = httpx.post(w.url + "/debug/fault", params={"kind": kind})
         assert r.status_code == 200
         injected = time.monotonic()
@@ -100,7 +100,7 @@ def test_client_disconnect_aborts_stream_and_plain_requests(demo_model_dir):
             lines = r.iter_lines()
             for _ in range(3):
                 next(lines)
-            assert _metric(w.url, "vllm:num_requests_running") == 1
+            _wait_for(lambda: _metric(w.url, "vllm:num_requests_running") == 1, 3)
             assert _metric(w.url, "vllm:kv_cache_usage_perc") > 0
         _wait_for(lambda: _metric(w.url, "vllm:num_requests_running") == 0, 3)
         _wait_for(lambda: _metric(w.url, "vllm:kv_cache_usage_perc") == 0, 3)

@@ -191,3 +191,37 @@ def test_extra_fields_from_peer_routers_are_ignored(client):
     )
     assert out.usage.completion_tokens == 2
     assert out.choices[0].finish_reason == "length"
+
+
+def test_cache_salt_isolates_prefix_cache(client):
+    messages = _chat("Salted question.")
+    plain = client.chat.completions.create(model="demo", messages=messages, max_tokens=1)
+    p = plain.usage.prompt_tokens
+    salted = [
+        client.chat.completions.create(
+            model="demo", messages=messages, max_tokens=1, extra_body={"cache_salt": "tenant-a"}
+        )
+        for _ in range(2)
+    ]
+    assert salted[0].usage.prompt_tokens_details.cached_tokens == 0
+    assert salted[1].usage.prompt_tokens_details.cached_tokens == expected_hit(p)
+    other = client.chat.completions.create(
+        model="demo", messages=messages, max_tokens=1, extra_body={"cache_salt": "tenant-b"}
+    )
+    assert other.usage.prompt_tokens_details.cached_tokens == 0
+
+
+def test_stop_string_truncates_and_reports_stop(client):
+    kwargs = dict(
+        model="demo",
+        prompt="Stop strings end the text",
+        max_tokens=12,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    full = client.completions.create(**kwargs).choices[0].text
+    assert len(full) > 4
+    stop = full[len(full) // 2 :][:3]
+    cut = client.completions.create(**kwargs, stop=[stop]).choices[0]
+    assert cut.finish_reason == "stop"
+    assert cut.text == full[: full.index(stop)]

@@ -16,7 +16,15 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 class WorkerProcess:
-    def __init__(self, model_dir: Path, *args: str, engine: str = "sim", events: bool = True):
+    def __init__(
+        self,
+        model_dir: Path | str,
+        *args: str,
+        engine: str = "sim",
+        events: bool = True,
+        env: dict[str, str] | None = None,
+    ):
+        self.env = env or {}
         self.port = free_port()
         self.events_port = free_port() if events else 0
         self.replay_port = free_port() if events else 0
@@ -49,7 +57,7 @@ class WorkerProcess:
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 120.0) -> WorkerProcess:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
         self.proc = subprocess.Popen(
             self.argv, cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT
         )

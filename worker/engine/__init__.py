@@ -1,1 +1,14 @@
-"""The engine core: LLMEngine -> Scheduler -> BlockManager, and ModelRunner -> model."""
+"""The engine core: LLMEngine -> Scheduler -> BlockManager, and ModelRunner -> model.
+
+config / sampling_params      what to run and how to sample
+sequence                      one request: tokens, block table, block keys
+free_queue / block_pool       blocks, ref counts, O(1) LRU, key -> block map, KV events
+block_manager                 admission with the prefix cache (equality guard, clamping)
+scheduler                     continuous batching, chunked prefill, preemption by recompute
+model_runner / input_batch    the torch step: inputs, paged attention, logits, sampling
+paged_attention               attention over block tables (CPU and CUDA)
+mm_inputs / encoder_cache     image embeddings merged by position, LRU of encoder outputs
+sampler / detokenizer         token choice; streaming text with stop strings
+sim_runner                    the `sim` engine's timing model (no torch)
+llm_engine                    the synchronous API the worker service drives
+"""

@@ -65,10 +65,12 @@ class VisionInputs:
 
     def step_embeddings(
         self, batch: list[ScheduledSeq], q_starts: list[int], input_ids: Tensor
-    ) -> Tensor | None:
+    ) -> Tensor:
+        """Input embeddings of the step, image rows merged by position (never by token id:
+        the model may generate the placeholder id itself, and that is just text)."""
         needs = _needs(batch, q_starts)
         if not needs:
-            return None
+            return self.model.embed_tokens(input_ids)
         embeds = self._image_embeddings(needs)
         ids = input_ids.clone()
         for need in needs:

@@ -59,13 +59,12 @@ class PagedAttentionContext:
         out = torch.empty_like(q)
         for span in self.spans:
             rows = slice(span.q_start, span.q_start + span.num_q)
-            out[rows] = causal_attention(
-                q[rows],
-                k_cache[span.slots],
-                v_cache[span.slots],
-                scale,
-                q_start=span.context_len - span.num_q,
-            )
+            start = span.context_len - span.num_q
+            if start == 0:  # nothing cached before this chunk: its own k/v are the context
+                keys, values = k[rows], v[rows]
+            else:
+                keys, values = k_cache[span.slots], v_cache[span.slots]
+            out[rows] = causal_attention(q[rows], keys, values, scale, q_start=start)
         return out
 
     def _attend_decode(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, scale: float) -> Tensor:

@@ -23,6 +23,10 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
             raise ValueError(f"top_k must be a positive integer or None, got {self.top_k!r}")
+        if self.seed is not None and (
+            not isinstance(self.seed, int) or isinstance(self.seed, bool)
+        ):
+            raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
         if isinstance(self.stop, str):

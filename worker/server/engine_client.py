@@ -17,7 +17,7 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Any
 
@@ -130,7 +130,8 @@ class AsyncEngine:
             # One command adds all n, so siblings enter the same step and share the prompt blocks.
             await self._call(_add_all(request_ids, prompt, params, lora_name, cache_salt))
         except BaseException:
-            self._forget(request_ids)
+            # Cancelled while the add was running: the requests may exist, with nobody to read.
+            self._abort(list(request_ids))
             raise
         return RequestStream(self, request_ids, sink)
 
@@ -165,8 +166,8 @@ class AsyncEngine:
     def _submit(self, command: Command, fut: Future | None) -> None:
         self._commands.put((command, fut))
         # The loop may have died between the check and the put: its drain may have missed us.
-        if self._dead_reason is not None and fut is not None and not fut.done():
-            fut.set_exception(EngineDeadError(self._dead_reason))
+        if self._dead_reason is not None and fut is not None:
+            _fail(fut, EngineDeadError(self._dead_reason))
 
     def _forget(self, request_ids: Sequence[str]) -> None:
         for rid in request_ids:
@@ -201,22 +202,25 @@ class AsyncEngine:
         while not self._stop.is_set():
             self._beat = time.monotonic()
             busy = engine.has_unfinished_requests()
-            self._run_commands(block=not busy)
+            changed = self._run_commands(block=not busy)
             if engine.has_unfinished_requests():
-                self._deliver(engine.step())
+                outputs = engine.step()
+                self._deliver(outputs)
+                changed = changed or any(o.finished for o in outputs)
             self._publish_events()
+            # Stats follow every admission and exit at once; token counters may lag ~100 ms.
             now = time.monotonic()
-            if not engine.has_unfinished_requests() or now - self._stats_at > _STATS_EVERY_S:
+            if changed or not busy or now - self._stats_at > _STATS_EVERY_S:
                 self._stats = engine.stats()
                 self._stats_at = now
 
-    def _run_commands(self, block: bool) -> None:
+    def _run_commands(self, block: bool) -> bool:
         try:
             item = (
                 self._commands.get(timeout=_IDLE_WAIT_S) if block else self._commands.get_nowait()
             )
         except queue.Empty:
-            return
+            return False
         while True:
             command, fut = item
             if fut is None:
@@ -229,7 +233,7 @@ class AsyncEngine:
             try:
                 item = self._commands.get_nowait()
             except queue.Empty:
-                return
+                return True
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         routed = [(self._sinks.get(o.request_id), o) for o in outputs]
@@ -250,8 +254,8 @@ class AsyncEngine:
                 _, fut = self._commands.get_nowait()
             except queue.Empty:
                 break
-            if fut is not None and fut.set_running_or_notify_cancel():
-                fut.set_exception(err)
+            if fut is not None:
+                _fail(fut, err)
         if self._loop is not None:
             with contextlib.suppress(RuntimeError):  # the loop closed: nobody is waiting
                 self._loop.call_soon_threadsafe(self.fail_all_pending, reason)
@@ -280,6 +284,13 @@ class RequestStream:
         self._engine._abort(sorted(self._unfinished))
         self._engine._forget(self.request_ids)
         self._unfinished.clear()
+
+
+def _fail(fut: Future, err: Exception) -> None:
+    # Either side may get there first; the loser finds the future already taken.
+    with contextlib.suppress(InvalidStateError, RuntimeError):
+        if fut.set_running_or_notify_cancel():
+            fut.set_exception(err)
 
 
 def _put_all(routed: list[tuple[asyncio.Queue, RequestOutput]]) -> None:

@@ -1,0 +1,132 @@
+"""Acceptance with real clusters: hit rate vs round_robin and one big worker; worker SIGKILL."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+
+import httpx
+import pytest
+
+from bench.cluster import Cluster, ClusterSpec
+from bench.routing import compare
+from bench.workload import WorkloadSpec
+
+pytestmark = pytest.mark.slow
+
+
+def test_cache_aware_hit_rate_acceptance(tmp_path):
+    # 12 groups with long system prompts; each worker's cache holds about a third of the
+    # workload's ~2,600 distinct blocks (860 of them).
+    spec = WorkloadSpec(tenants=12, users_per_tenant=3, turns=3, system_words=1200, seed=0)
+    rows = {
+        r.policy: r
+        for r in compare(
+            spec,
+            ["cache_aware", "round_robin", "single_worker"],
+            workers=4,
+            num_blocks=860,
+            log_dir=tmp_path,
+        )
+    }
+    ca, rr, one = rows["cache_aware"], rows["round_robin"], rows["single_worker"]
+    assert ca.failed == rr.failed == one.failed == 0
+    assert ca.hit_rate >= 2 * rr.hit_rate, (ca.hit_rate, rr.hit_rate)
+    assert ca.hit_rate >= 0.9 * one.hit_rate, (ca.hit_rate, one.hit_rate)
+    assert ca.max_over_mean <= 1.5, ca.requests_per_replica
+    assert len(ca.requests_per_replica) == 4
+    assert ca.exact_predictions is not None and ca.exact_predictions >= 0.99
+
+
+async def _load(gateway: str, n: int, concurrency: int) -> list[httpx.Response | Exception]:
+    sem = asyncio.Semaphore(concurrency)
+    async with httpx.AsyncClient(timeout=60) as client:
+
+        async def one(i: int):
+            body = {
+                "model": "demo",
+                "messages": [
+                    {"role": "system", "content": f"Group {i % 5} assistant. " * 30},
+                    {"role": "user", "content": f"question number {i}"},
+                ],
+                "max_tokens": 8,
+            }
+            async with sem:
+                try:
+                    return await client.post(f"{gateway}/v1/chat/completions", json=body)
+                except httpx.HTTPError as e:
+                    return e
+
+        return await asyncio.gather(*(one(i) for i in range(n)))
+
+
+def _index(gateway: str) -> dict:
+    return httpx.get(f"{gateway}/kvgate/index").json()["replicas"]
+
+
+def _wait(cond, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.1)
+
+
+def test_sigkill_worker_under_load_loses_nothing_and_restart_reloads(tmp_path):
+    spec = ClusterSpec(
+        workers=3,
+        engine="sim",
+        num_blocks=512,
+        gateway_args=("--poll-interval", "0.2", "--retries", "2"),
+        worker_args=("--sim-prefill-s-per-token", "0.0002", "--sim-decode-s-per-step", "0.01"),
+        log_dir=tmp_path,
+        startup_timeout=60,
+    )
+    with Cluster(spec) as c:
+        gw, victim = c.gateway_url, c.workers[0]
+        _wait(lambda: all(r["synced"] for r in _index(gw).values()))
+        old_instance = _index(gw)[victim.url]["instance_id"]
+
+        async def run() -> list:
+            load = asyncio.create_task(_load(gw, 60, 12))
+            await asyncio.sleep(0.6)
+            victim.kill(signal.SIGKILL)
+            return await load
+
+        results = asyncio.run(run())
+        bad = [r for r in results if isinstance(r, Exception) or r.status_code != 200]
+        assert not bad, bad[:3]
+        served = {r.headers["x-kvgate-replica"] for r in results}
+        assert len(served) >= 2
+        metrics = httpx.get(f"{gw}/metrics").text.splitlines()
+        retries = next(ln for ln in metrics if ln.startswith("kvgate_retries_total"))
+        assert float(retries.split()[-1]) >= 1  # some requests did hit the dead worker
+        _wait(lambda: _index(gw)[victim.url]["blocks"] == 0)
+        assert not _index(gw)[victim.url]["healthy"]
+
+        victim.start()
+        victim.wait_healthy(60)
+        _wait(lambda: _index(gw)[victim.url]["instance_id"] not in (None, old_instance))
+        _wait(lambda: _index(gw)[victim.url]["synced"] and _index(gw)[victim.url]["healthy"])
+        # Traffic to the new instance is indexed again from its events.
+        _chat_to(gw, victim.url)
+        _wait(lambda: _index(gw)[victim.url]["blocks"] > 0)
+
+
+def _chat_to(gateway: str, worker: str) -> None:
+    """Send requests until one lands on `worker` (session hashing picks the replica)."""
+    for i in range(64):
+        r = httpx.post(
+            f"{gateway}/v1/chat/completions",
+            json={
+                "model": "demo",
+                "messages": [{"role": "user", "content": "fresh conversation " * 10}],
+                "max_tokens": 2,
+            },
+            headers={"x-kvgate-routing-policy": "session", "x-session-id": f"s{i}"},
+            timeout=30,
+        )
+        assert r.status_code == 200
+        if r.headers["x-kvgate-replica"] == worker:
+            return
+    raise AssertionError("no session hashed to the restarted worker")

@@ -1,0 +1,51 @@
+"""Parity: a worker whose key fingerprint differs from its model's majority is load-only."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+
+from bench.cluster import Cluster, ClusterSpec, Proc, free_port
+
+
+def test_mismatching_worker_is_flagged_and_routed_by_load_only(tmp_path):
+    good = ClusterSpec(workers=2, engine="sim", gateways=0, log_dir=tmp_path / "a")
+    odd = ClusterSpec(
+        workers=1,
+        engine="sim",
+        gateways=0,
+        worker_args=("--hash-seed", "another-seed"),
+        log_dir=tmp_path / "b",
+    )
+    with Cluster(good) as a, Cluster(odd) as b:
+        urls = [*a.worker_urls, *b.worker_urls]
+        port = free_port()
+        args = ["-m", "gateway", "--workers", ",".join(urls), "--port", str(port)]
+        gw = Proc("gateway", [*args, "--poll-interval", "0.2"], port, tmp_path / "gw.log")
+        gw.start()
+        try:
+            gw.wait_healthy(60)
+            deadline = time.monotonic() + 15
+            while True:
+                reps = httpx.get(f"{gw.url}/kvgate/index").json()["replicas"]
+                if len(reps) == 3 and all(r["healthy"] for r in reps.values()):
+                    break
+                assert time.monotonic() < deadline, reps
+                time.sleep(0.1)
+            assert [reps[u]["parity_ok"] for u in urls] == [True, True, False]
+            metrics = httpx.get(f"{gw.url}/metrics").text
+            assert f'kvgate_parity_mismatch{{replica="{b.worker_urls[0]}"}} 1.0' in metrics
+            assert f'kvgate_parity_mismatch{{replica="{a.worker_urls[0]}"}} 0.0' in metrics
+            # The odd worker still serves traffic (by load), and never gets a prediction.
+            body = {"model": "demo", "prompt": "hello " * 40, "max_tokens": 2}
+            hdr = {"x-kvgate-routing-policy": "round_robin"}
+            seen = {}
+            for _ in range(6):
+                r = httpx.post(f"{gw.url}/v1/completions", json=body, headers=hdr, timeout=30)
+                assert r.status_code == 200, r.text
+                seen[r.headers["x-kvgate-replica"]] = r.headers["x-kvgate-predicted-cached-tokens"]
+                time.sleep(0.1)
+            assert seen[b.worker_urls[0]] == "0"
+        finally:
+            gw.kill()

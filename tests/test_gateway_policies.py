@@ -1,0 +1,142 @@
+"""Policies, config validation, the SSE relay and the /metrics load parser (pure parts)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from cachekey.keys import HashNamespace, block_keys
+from gateway.config import CostWeights, GatewayConfig
+from gateway.index import ReplicaId
+from gateway.policies import POLICIES, RouteContext
+from gateway.proxy import SSERelay
+from gateway.replicas import Replica, parse_load
+
+NS = HashNamespace("demo", 16)
+
+
+def _reps(n: int = 4) -> list[Replica]:
+    return [Replica(ReplicaId(f"http://w{i}"), f"http://w{i}", healthy=True) for i in range(n)]
+
+
+def _ctx(reps, tokens, matched=None, headers=None) -> RouteContext:
+    keys = block_keys(tokens, NS)
+    seed = keys[0] if keys else b"x"
+    return RouteContext(reps, keys, len(tokens), 16, matched or {}, headers or {}, seed)
+
+
+def _rank(name: str, ctx: RouteContext, config: GatewayConfig | None = None) -> list[Replica]:
+    return asyncio.run(POLICIES[name](config or GatewayConfig()).rank(ctx))
+
+
+def test_cache_aware_prefers_the_longest_prefix_until_load_outweighs_it():
+    reps = _reps()
+    tokens = list(range(320))  # 20 blocks
+    ctx = _ctx(reps, tokens, {reps[2].id: 18, reps[1].id: 5})
+    assert _rank("cache_aware", ctx)[0] is reps[2]
+    # The same replica with a deep queue loses to a cold, idle one.
+    reps[2].waiting = 10
+    assert _rank("cache_aware", ctx)[0] is reps[1]
+    reps[2].waiting = 0
+    reps[2].in_flight, reps[2].in_flight_prefill_tokens = 4, 16 * 40
+    assert _rank("cache_aware", ctx)[0] is not reps[2]
+
+
+def test_ties_are_reproducible_per_request_and_spread_across_requests():
+    reps = _reps()
+    firsts = set()
+    for g in range(40):
+        tokens = [g * 1000 + t for t in range(64)]
+        a = _rank("cache_aware", _ctx(reps, tokens))[0]
+        b = _rank("cache_aware", _ctx(reps, tokens))[0]  # a second gateway, same inputs
+        assert a is b
+        firsts.add(a.id)
+    assert len(firsts) == 4
+
+
+def test_softmax_temperature_samples_near_ties():
+    reps = _reps(2)
+    cfg = GatewayConfig(softmax_temperature=5.0)
+    policy = POLICIES["cache_aware"](cfg)
+    ctx = _ctx(reps, list(range(64)), {reps[0].id: 1})
+    picks = {asyncio.run(policy.rank(ctx))[0].id for _ in range(200)}
+    assert picks == {reps[0].id, reps[1].id}
+
+
+def test_round_robin_rotates_and_session_sticks_with_fallback():
+    reps = _reps(3)
+    policy = POLICIES["round_robin"](GatewayConfig())
+    ctx = _ctx(reps, list(range(40)))
+    assert [asyncio.run(policy.rank(ctx))[0].id for _ in range(3)] == [r.id for r in reps]
+    hdr = {"x-session-id": "alice"}
+    home = _rank("session", _ctx(reps, list(range(40)), headers=hdr))
+    assert home[0] is _rank("session", _ctx(reps, list(range(99)), headers=hdr))[0]
+    # Its replica is gone: the session moves to the next in its own order, not a random one.
+    others = [r for r in reps if r is not home[0]]
+    assert _rank("session", _ctx(others, list(range(40)), headers=hdr))[0] is home[1]
+
+
+def test_least_loaded_and_random_rank_everyone():
+    reps = _reps()
+    reps[0].in_flight, reps[1].waiting, reps[3].in_flight = 3, 1, 2
+    ranked = _rank("least_loaded", _ctx(reps, list(range(40))))
+    assert [r.id for r in ranked] == [reps[2].id, reps[1].id, reps[3].id, reps[0].id]
+    assert sorted(r.id for r in _rank("random", _ctx(reps, list(range(40))))) == sorted(
+        r.id for r in reps
+    )
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"policy": "fastest"},
+        {"workers": ("10.0.0.1:8000",)},
+        {"port": 0},
+        {"index_max_blocks": 0},
+        {"retries": -1},
+        {"softmax_temperature": -1.0},
+        {"connect_timeout": 0},
+        {"discovery": "k8s"},
+    ],
+)
+def test_config_rejects_bad_values(kwargs):
+    with pytest.raises(ValueError):
+        GatewayConfig(**kwargs)
+
+
+def test_cost_weights_reject_negative():
+    with pytest.raises(ValueError):
+        CostWeights(prefill=-1)
+
+
+def test_sse_relay_strips_unrequested_usage_across_chunk_boundaries():
+    chunk = {"choices": [{"delta": {"content": "hi"}}], "usage": None}
+    usage = {
+        "choices": [],
+        "usage": {"prompt_tokens": 5, "prompt_tokens_details": {"cached_tokens": 4}},
+    }
+    stream = (
+        b"data: " + json.dumps(chunk).encode() + b"\n\n"
+        b"data: " + json.dumps(usage).encode() + b"\n\ndata: [DONE]\n\n"
+    )
+    for keep_usage in (False, True):
+        relay = SSERelay(strip_usage=not keep_usage)
+        out = b"".join(relay.feed(stream[i : i + 7]) for i in range(0, len(stream), 7))
+        out += relay.flush()
+        assert relay.usage["prompt_tokens_details"]["cached_tokens"] == 4
+        assert relay.saw_done and out.endswith(b"data: [DONE]\n\n")
+        assert (b'"prompt_tokens": 5' in out) == keep_usage
+        assert b'"content": "hi"' in out
+
+
+def test_parse_load_reads_vllm_gauges():
+    text = (
+        "# HELP vllm:num_requests_waiting x\n"
+        'vllm:num_requests_waiting{model_name="demo"} 3.0\n'
+        'vllm:num_requests_running{model_name="demo"} 2.0\n'
+        'vllm:kv_cache_usage_perc{model_name="demo"} 0.25\n'
+        "vllm:prefix_cache_hits_total 7.0\n"
+    )
+    assert parse_load(text) == {"waiting": 3.0, "running": 2.0, "kv_usage": 0.25}
