@@ -130,3 +130,36 @@ def _chat_to(gateway: str, worker: str) -> None:
         if r.headers["x-kvgate-replica"] == worker:
             return
     raise AssertionError("no session hashed to the restarted worker")
+
+
+def test_stream_broken_after_first_byte_ends_with_error_and_done(tmp_path):
+    spec = ClusterSpec(
+        workers=2,
+        engine="sim",
+        gateway_args=("--poll-interval", "0.2"),
+        worker_args=("--sim-decode-s-per-step", "0.02"),
+        log_dir=tmp_path,
+        startup_timeout=60,
+    )
+    with Cluster(spec) as c:
+        body = {
+            "model": "demo",
+            "messages": [{"role": "user", "content": "tell me a long story"}],
+            "max_tokens": 300,
+            "ignore_eos": True,
+            "stream": True,
+        }
+        t0 = time.monotonic()
+        with httpx.stream(
+            "POST", f"{c.gateway_url}/v1/chat/completions", json=body, timeout=30
+        ) as r:
+            assert r.status_code == 200
+            serving = next(w for w in c.workers if w.url == r.headers["x-kvgate-replica"])
+            lines = r.iter_lines()
+            first = next(ln for ln in lines if ln.startswith("data: "))
+            assert '"choices"' in first
+            serving.kill(signal.SIGKILL)
+            rest = [ln for ln in lines if ln.startswith("data: ")]
+        assert time.monotonic() - t0 < 20
+        assert rest[-1] == "data: [DONE]"
+        assert any('"error"' in ln for ln in rest[:-1])
