@@ -146,7 +146,7 @@ class ReplicaSet:
     async def close(self) -> None:
         for rid in list(self.replicas):
             await self._remove(rid)
-        self._zmq.term()
+        self._zmq.destroy(linger=0)
 
     def _new_client(self) -> httpx.AsyncClient:
         c = self.config

@@ -38,6 +38,14 @@ class EventSource:
     topic: str
     snapshot_url: str | None
 
+    def endpoint(self, port: int) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"tcp://{host}:{port}"
+
+    @property
+    def ipv6(self) -> bool:
+        return ":" in self.host
+
 
 class KVEventSubscriber:
     def __init__(
@@ -71,8 +79,9 @@ class KVEventSubscriber:
         sub = self._ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.RCVHWM, 100_000)
+        sub.setsockopt(zmq.IPV6, self.source.ipv6)
         try:
-            sub.connect(f"tcp://{self.source.host}:{self.source.port}")
+            sub.connect(self.source.endpoint(self.source.port))
             sub.subscribe(self.source.topic.encode())
             await self.resync(current_seq=None)
             self.synced.set()
@@ -122,9 +131,10 @@ class KVEventSubscriber:
             return False
         dealer = self._ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
+        dealer.setsockopt(zmq.IPV6, self.source.ipv6)
         frames: list[tuple[int, bytes]] = []
         try:
-            dealer.connect(f"tcp://{self.source.host}:{self.source.replay_port}")
+            dealer.connect(self.source.endpoint(self.source.replay_port))
             await dealer.send_multipart([b"", seq_bytes(start)])
             while True:
                 msg = await asyncio.wait_for(dealer.recv_multipart(), self._replay_timeout)
