@@ -6,13 +6,14 @@ processes a user would (`python -m worker`, `python -m gateway`).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,6 +40,10 @@ class Proc:
     @property
     def url(self) -> str:
         return f"http://{HOST}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.popen.pid if self.alive() and self.popen is not None else None
 
     def start(self) -> None:
         log = self.log_path.open("ab")
@@ -100,6 +105,8 @@ class ClusterSpec:
     policy: str = "cache_aware"
     gateways: int = 1
     worker_args: Sequence[str] = ()
+    # Extra arguments for worker i only (fault tests give one worker a different setting).
+    per_worker_args: Sequence[Sequence[str]] = ()
     gateway_args: Sequence[str] = ()
     log_dir: Path = Path("bench/results/logs")
     startup_timeout: float = 120.0
@@ -146,6 +153,8 @@ class Cluster:
         if s.num_blocks is not None:
             args += ["--num-blocks", str(s.num_blocks)]
         args += list(s.worker_args)
+        if i < len(s.per_worker_args):
+            args += list(s.per_worker_args[i])
         log = s.log_dir / f"worker-{i}.log"
         log.write_bytes(b"")
         return Proc(f"worker-{i}", args, port, log, extra={"events": ev, "replay": rp})
@@ -203,3 +212,78 @@ class Cluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+# ---- observing a running cluster (soak, fault tests) --------------------------------------------
+
+
+def rss_bytes(pid: int) -> int | None:
+    """Resident set size of a live process from /proc (Linux), None when it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except (FileNotFoundError, ProcessLookupError, ValueError):
+        return None
+    return None
+
+
+def snapshot_digest(worker_url: str) -> tuple[str, int]:
+    """(digest, blocks) of a worker's `/kv/snapshot`, computed like the gateway's index digest.
+
+    kvgate workers key blocks exactly as the gateway does, so equal digests mean the gateway's
+    index holds exactly the worker's cached blocks.
+    """
+    snap = httpx.get(f"{worker_url}/kv/snapshot", timeout=10).json()
+    keys = sorted({bytes.fromhex(b["key"]) for b in snap["blocks"]})
+    h = hashlib.sha256()
+    for key in keys:
+        h.update(key)
+    return h.hexdigest(), len(keys)
+
+
+def index_mismatches(gateway_url: str, worker_urls: Sequence[str]) -> dict[str, str]:
+    """Workers whose gateway index entry differs from their snapshot (empty: converged)."""
+    replicas = httpx.get(f"{gateway_url}/kvgate/index", timeout=10).json()["replicas"]
+    bad: dict[str, str] = {}
+    for url in worker_urls:
+        digest, blocks = snapshot_digest(url)
+        entry = replicas.get(url)
+        if entry is None:
+            bad[url] = "not in the gateway's index"
+        elif entry["digest"] != digest or entry["blocks"] != blocks:
+            bad[url] = f"gateway {entry['blocks']} blocks vs worker {blocks}"
+    return bad
+
+
+def wait_index_converged(
+    gateway_url: str, worker_urls: Sequence[str], timeout: float = 15.0
+) -> None:
+    """Poll until the gateway's index equals every worker's snapshot; raise with the diff."""
+    deadline = time.monotonic() + timeout
+    while True:
+        bad = index_mismatches(gateway_url, worker_urls)
+        if not bad:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gateway index did not converge: {bad}")
+        time.sleep(0.2)
+
+
+def metric_total(url: str, name: str) -> float:
+    """Sum of every sample of one Prometheus metric at `url`/metrics (0 when absent)."""
+    total = 0.0
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line.split("{")[0].split(" ")[0] == name:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def wait_until(cond: Callable[[], bool], timeout: float, what: str = "condition") -> float:
+    """Poll `cond` every 0.1 s; returns the seconds it took, raises AssertionError on timeout."""
+    start = time.monotonic()
+    while not cond():
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.1)
+    return time.monotonic() - start

@@ -37,8 +37,13 @@ def _cached(usage: object) -> int:
 
 
 async def _send(
-    client: AsyncOpenAI, model: str, messages: list[dict], max_tokens: int, headers: dict[str, str]
-) -> tuple[str, str, int, int, int | None, float]:
+    client: AsyncOpenAI,
+    model: str,
+    messages: list[dict],
+    max_tokens: int,
+    headers: dict[str, str],
+    stream: bool = False,
+) -> tuple[str, str, int, int, int | None, float, float | None]:
     t0 = time.perf_counter()
     raw = await client.chat.completions.with_raw_response.create(
         model=model,
@@ -46,17 +51,35 @@ async def _send(
         max_tokens=max_tokens,
         temperature=0.0,
         extra_headers=headers,
+        **({"stream": True, "stream_options": {"include_usage": True}} if stream else {}),
     )
-    latency = time.perf_counter() - t0
-    resp = raw.parse()
     predicted = raw.headers.get("x-kvgate-predicted-cached-tokens")
+    replica = raw.headers.get("x-kvgate-replica", "direct")
+    ttft = None
+    if stream:
+        # TTFT is the time to the first chunk that carries content, as a user would see it.
+        parts: list[str] = []
+        usage = None
+        async for chunk in raw.parse():
+            if chunk.choices and chunk.choices[0].delta.content:
+                if ttft is None:
+                    ttft = time.perf_counter() - t0
+                parts.append(chunk.choices[0].delta.content)
+            if chunk.usage is not None:
+                usage = chunk.usage
+        text = "".join(parts)
+    else:
+        resp = raw.parse()
+        text, usage = resp.choices[0].message.content or "", resp.usage
+    latency = time.perf_counter() - t0
     return (
-        resp.choices[0].message.content or "",
-        raw.headers.get("x-kvgate-replica", "direct"),
-        resp.usage.prompt_tokens if resp.usage else 0,
-        _cached(resp.usage),
+        text,
+        replica,
+        usage.prompt_tokens if usage else 0,
+        _cached(usage),
         int(predicted) if predicted is not None else None,
         latency,
+        ttft,
     )
 
 
@@ -69,7 +92,10 @@ async def run_workload(
     headers: dict[str, str] | None = None,
     on_result: Callable[[Result], None] | None = None,
     timeout: float = 120.0,
+    headers_for: Callable[[Turn], dict[str, str]] | None = None,
+    stream: bool = False,
 ) -> list[Result]:
+    """`headers_for` adds per-turn headers (e.g. a session id); `stream` measures TTFT."""
     client = AsyncOpenAI(
         base_url=f"{base_url}/v1", api_key="kvgate-demo", timeout=timeout, max_retries=0
     )
@@ -86,10 +112,11 @@ async def run_workload(
         msgs.append({"role": "user", "content": turn.content})
         async with sem:
             try:
-                text, replica, pt, ct, pred, lat = await _send(
-                    client, model, msgs, workload.spec.max_tokens, headers or {}
+                hdrs = {**(headers or {}), **(headers_for(turn) if headers_for else {})}
+                text, replica, pt, ct, pred, lat, ttft = await _send(
+                    client, model, msgs, workload.spec.max_tokens, hdrs, stream
                 )
-                res = Result(turn.conversation, turn.turn, replica, pt, ct, pred, lat, None, True)
+                res = Result(turn.conversation, turn.turn, replica, pt, ct, pred, lat, ttft, True)
             except Exception as e:  # a failed request is a result too: it is counted, not hidden
                 text = ""
                 res = Result(

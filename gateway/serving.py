@@ -1,4 +1,4 @@
-"""The request path: parse -> render + block keys -> score -> proxy, plus the accounting."""
+"""The request path: parse -> render + block keys -> score -> proxy."""
 
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import ValidationError
 
 from cachekey.errors import RenderError
-from cachekey.keys import block_keys, clamp_match
-from cachekey.types import Prompt
-from gateway.policies import RouteContext
+from cachekey.keys import HashNamespace, block_keys
+from cachekey.types import BlockKey, Prompt
+from gateway.accounting import RequestLedger
+from gateway.policies import Policy, RouteContext
 from gateway.protocol import ChatCompletionRequest, CompletionRequest, error_response
 from gateway.proxy import NoReplicaError, SSERelay, relay_stream, send_with_retries
 from gateway.replicas import Replica
@@ -27,6 +28,16 @@ log = logging.getLogger(__name__)
 
 POLICY_HEADER = "x-kvgate-routing-policy"
 _IMAGE_MAGIC = ((b"\x89PNG", "image/png"), (b"\xff\xd8", "image/jpeg"), (b"GIF8", "image/gif"))
+
+OpenAIRequest = ChatCompletionRequest | CompletionRequest
+
+
+class RequestError(Exception):
+    """A request the gateway answers itself, with an OpenAI error body."""
+
+    def __init__(self, response: Response) -> None:
+        super().__init__()
+        self.response = response
 
 
 def _mime(data: bytes) -> str:
@@ -60,6 +71,23 @@ def pin_images(messages: list[dict[str, Any]], prompt: Prompt) -> None:
         part["uuid"] = item.identifier
 
 
+def render_request(renderer, req: OpenAIRequest, ns: HashNamespace) -> tuple[Prompt, list]:
+    """Prompt and block keys of a request (runs in the render thread pool)."""
+    if isinstance(req, ChatCompletionRequest):
+        prompt = renderer.render_chat(
+            req.messages,
+            add_generation_prompt=req.add_generation_prompt,
+            tools=req.tools,
+            chat_template_kwargs=req.chat_template_kwargs,
+        )
+    else:
+        p = req.prompt
+        if isinstance(p, list) and p and not isinstance(p[0], int):
+            p = p[0]  # a batch is routed by its first prompt
+        prompt = renderer.render_completion(p)
+    return prompt, block_keys(prompt.token_ids, ns, prompt.mm_items, None, req.cache_salt)
+
+
 class OpenAIServing:
     def __init__(self, state: GatewayState) -> None:
         self.state = state
@@ -71,124 +99,97 @@ class OpenAIServing:
         return await self._handle(request, "/v1/completions", CompletionRequest)
 
     async def _handle(self, request: Request, path: str, model_cls: type) -> Response:
-        st = self.state
+        try:
+            body, req = await self._parse(request, model_cls)
+            policy_name, policy = self._policy(request)
+            candidates, ns = self._candidates(req)
+            prompt, keys = await self._render(req, ns)
+            ranked, ledger = await self._route(
+                request, policy, policy_name, candidates, ns, prompt, keys
+            )
+        except RequestError as e:
+            return e.response
+        if isinstance(req, ChatCompletionRequest):
+            pin_images(body["messages"], prompt)
+        wants_usage = bool((req.stream_options or {}).get("include_usage"))
+        if req.stream:
+            body["stream_options"] = {**(req.stream_options or {}), "include_usage": True}
+        return await self._forward(
+            path, json.dumps(body).encode(), ranked, ledger, req.stream, wants_usage
+        )
+
+    async def _parse(self, request: Request, model_cls: type) -> tuple[dict, OpenAIRequest]:
         try:
             body = json.loads(await request.body())
-            req = model_cls.model_validate(body)
+            return body, model_cls.model_validate(body)
         except ValueError as e:  # JSONDecodeError and ValidationError are ValueErrors
             param = None
             if isinstance(e, ValidationError) and e.errors():
                 param = ".".join(str(x) for x in e.errors()[0]["loc"])
-            return error_response(400, f"invalid request: {e}", param=param)
-        policy_name = request.headers.get(POLICY_HEADER) or st.config.policy
-        policy = st.policies.get(policy_name)
-        if policy is None:
-            return error_response(
-                400, f"unknown routing policy {policy_name!r}", param=POLICY_HEADER
-            )
-        candidates = st.replicas.available()
-        if req.model:
-            same_model = [r for r in candidates if r.model == req.model]
-            candidates = same_model or candidates
-        ns = st.namespace_for(candidates)
-        if not candidates or ns is None:
-            return error_response(503, "no healthy worker", "service_unavailable")
+            raise RequestError(error_response(400, f"invalid request: {e}", param=param)) from e
 
+    def _policy(self, request: Request) -> tuple[str, Policy]:
+        name = request.headers.get(POLICY_HEADER) or self.state.config.policy
+        policy = self.state.policies.get(name)
+        if policy is None:
+            msg = f"unknown routing policy {name!r}"
+            raise RequestError(error_response(400, msg, param=POLICY_HEADER))
+        return name, policy
+
+    def _candidates(self, req: OpenAIRequest) -> tuple[list[Replica], HashNamespace]:
+        candidates = self.state.replicas.available()
+        if req.model:
+            candidates = [r for r in candidates if r.model == req.model] or candidates
+        ns = self.state.namespace_for(candidates)
+        if not candidates or ns is None:
+            raise RequestError(error_response(503, "no healthy worker", "service_unavailable"))
+        return candidates, ns
+
+    async def _render(self, req: OpenAIRequest, ns: HashNamespace) -> tuple[Prompt, list]:
+        st = self.state
         t0 = time.perf_counter()
         try:
             renderer = await st.get_renderer()
-            prompt, keys = await asyncio.get_running_loop().run_in_executor(
-                st.render_pool, self._render, renderer, req, ns
-            )
+            loop = asyncio.get_running_loop()
+            out = await loop.run_in_executor(st.render_pool, render_request, renderer, req, ns)
         except RenderError as e:
-            return error_response(e.status_code, e.message, e.error_type, e.param, type(e).__name__)
-        except RuntimeError as e:  # assets could not be loaded
-            return error_response(503, str(e), "service_unavailable")
+            resp = error_response(e.status_code, e.message, e.error_type, e.param, type(e).__name__)
+            raise RequestError(resp) from e
+        except RuntimeError as e:  # the render assets could not be loaded
+            raise RequestError(error_response(503, str(e), "service_unavailable")) from e
         st.metrics.render_seconds.observe(time.perf_counter() - t0)
+        return out
 
-        t1 = time.perf_counter()
+    async def _route(
+        self,
+        request: Request,
+        policy: Policy,
+        policy_name: str,
+        candidates: list[Replica],
+        ns: HashNamespace,
+        prompt: Prompt,
+        keys: list[BlockKey],
+    ) -> tuple[list[Replica], RequestLedger]:
+        st = self.state
+        t0 = time.perf_counter()
         bs = ns.block_size
-        usable = [r.id for r in candidates if r.parity_ok]
-        matched = st.index.match(keys, usable)
-        seed = keys[0] if keys else xxhash.xxh3_128_digest(str(prompt.token_ids[:bs]).encode())
+        matched = st.index.match(keys, [r.id for r in candidates if r.parity_ok])
+        seed = keys[0] if keys else xxhash.xxh3_128_digest(repr(prompt.token_ids[:bs]).encode())
         ctx = RouteContext(candidates, keys, len(prompt), bs, matched, request.headers, seed)
         ranked = await policy.rank(ctx)
-        st.metrics.routing_seconds.observe(time.perf_counter() - t1)
-
-        if isinstance(req, ChatCompletionRequest):
-            pin_images(body["messages"], prompt)
-        client_wants_usage = bool((req.stream_options or {}).get("include_usage"))
-        if req.stream:
-            body["stream_options"] = {**(req.stream_options or {}), "include_usage": True}
-        return await self._forward(
-            path,
-            body,
-            prompt,
-            keys,
-            ranked,
-            matched,
-            policy_name,
-            bs,
-            req.stream,
-            client_wants_usage,
-        )
-
-    @staticmethod
-    def _render(renderer, req, ns) -> tuple[Prompt, list]:
-        if isinstance(req, ChatCompletionRequest):
-            prompt = renderer.render_chat(
-                req.messages,
-                add_generation_prompt=req.add_generation_prompt,
-                tools=req.tools,
-                chat_template_kwargs=req.chat_template_kwargs,
-            )
-        else:
-            p = req.prompt
-            if isinstance(p, list) and p and not isinstance(p[0], int):
-                p = p[0]  # a batch is routed by its first prompt
-            prompt = renderer.render_completion(p)
-        keys = block_keys(prompt.token_ids, ns, prompt.mm_items, None, req.cache_salt)
-        return prompt, keys
+        st.metrics.routing_seconds.observe(time.perf_counter() - t0)
+        return ranked, RequestLedger(st, prompt, keys, matched, bs, policy_name)
 
     async def _forward(
         self,
         path: str,
-        body: dict,
-        prompt: Prompt,
-        keys: list,
+        payload: bytes,
         ranked: list[Replica],
-        matched: dict,
-        policy_name: str,
-        bs: int,
+        ledger: RequestLedger,
         stream: bool,
-        client_wants_usage: bool,
+        wants_usage: bool,
     ) -> Response:
         st = self.state
-        n_tokens = len(prompt)
-        predicted: dict[str, int] = {}
-
-        def on_try(rep: Replica) -> None:
-            cached = clamp_match(matched.get(rep.id, 0) * bs, n_tokens, bs, prompt.mm_items)
-            predicted[rep.id] = cached if rep.parity_ok else 0
-            rep.in_flight += 1
-            rep.in_flight_prefill_tokens += n_tokens - cached
-            rep.add_recent_prefill(n_tokens - cached, time.monotonic(), st.config.recent_half_life)
-            st.metrics.in_flight.labels(rep.id).set(rep.in_flight)
-            if rep.parity_ok:
-                st.index.add_speculative(rep.id, keys)
-
-        def release(rep: Replica) -> None:
-            rep.in_flight -= 1
-            rep.in_flight_prefill_tokens -= n_tokens - predicted[rep.id]
-            st.metrics.in_flight.labels(rep.id).set(rep.in_flight)
-
-        def on_fail(rep: Replica) -> None:
-            release(rep)
-            st.replicas.record_failure(rep)
-            st.metrics.requests.labels(rep.id, policy_name, "retried").inc()
-            st.metrics.retries.inc()
-
-        payload = json.dumps(body).encode()
         try:
             attempt = await send_with_retries(
                 ranked,
@@ -196,11 +197,11 @@ class OpenAIServing:
                 payload,
                 stream=stream,
                 max_attempts=st.config.retries + 1,
-                on_try=on_try,
-                on_fail=on_fail,
+                on_try=ledger.begin,
+                on_fail=ledger.fail,
             )
         except NoReplicaError as e:
-            st.metrics.requests.labels("none", policy_name, "error").inc()
+            st.metrics.requests.labels("none", ledger.policy, "error").inc()
             if e.last_status is not None:
                 return Response(e.last_body, e.last_status, media_type="application/json")
             return error_response(502, f"all replicas failed: {e}", "bad_gateway")
@@ -208,38 +209,20 @@ class OpenAIServing:
         st.replicas.record_success(rep)
         headers = {
             "x-kvgate-replica": rep.id,
-            "x-kvgate-predicted-cached-tokens": str(predicted[rep.id]),
+            "x-kvgate-predicted-cached-tokens": str(ledger.predicted[rep.id]),
         }
-
-        def finish(status: str, usage: dict | None) -> None:
-            release(rep)
-            st.metrics.requests.labels(rep.id, policy_name, status).inc()
-            self._account(rep, n_tokens, predicted[rep.id], usage)
-
-        if not stream or resp.status_code != 200:
-            content = await resp.aread() if stream else resp.content
-            if stream:
-                await resp.aclose()
-            usage = None
-            if resp.status_code == 200:
-                try:
-                    usage = json.loads(content).get("usage")
-                except ValueError:
-                    usage = None
-            finish(str(resp.status_code), usage)
-            media = resp.headers.get("content-type", "application/json")
-            return Response(content, resp.status_code, headers=headers, media_type=media)
-
-        relay = SSERelay(strip_usage=not client_wants_usage)
-        gen = relay_stream(resp, relay, lambda status: finish(status, relay.usage))
-        return StreamingResponse(gen, media_type="text/event-stream", headers=headers)
-
-    def _account(self, rep: Replica, n_tokens: int, predicted: int, usage: dict | None) -> None:
-        m = self.state.metrics
-        m.prompt_tokens.labels(rep.id).inc(n_tokens)
-        m.predicted_cached.labels(rep.id).inc(predicted)
-        details = (usage or {}).get("prompt_tokens_details") or {}
-        reported = details.get("cached_tokens")
-        if reported is not None:
-            m.reported_cached.labels(rep.id).inc(reported)
-            m.prediction_error.observe(abs(predicted - reported))
+        if stream and resp.status_code == 200:
+            relay = SSERelay(strip_usage=not wants_usage)
+            gen = relay_stream(resp, relay, lambda status: ledger.finish(rep, status, relay.usage))
+            return StreamingResponse(gen, media_type="text/event-stream", headers=headers)
+        content = await resp.aread()
+        await resp.aclose()
+        usage = None
+        if resp.status_code == 200:
+            try:
+                usage = json.loads(content).get("usage")
+            except (ValueError, AttributeError):
+                usage = None
+        ledger.finish(rep, str(resp.status_code), usage)
+        media = resp.headers.get("content-type", "application/json")
+        return Response(content, resp.status_code, headers=headers, media_type=media)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -88,10 +89,19 @@ def test_two_gateways_hold_the_same_index_and_choose_alike(cluster):
             break
         assert time.monotonic() < deadline, (a, b)
         time.sleep(0.1)
-    # The workers' snapshots agree with the gateways' block counts.
-    for url in cluster.worker_urls:
-        snap = httpx.get(f"{url}/kv/snapshot").json()
-        assert len(snap["blocks"]) == a[url]["blocks"]
+
+    # The gateways' recomputed keys are exactly the keys in each worker's own snapshot.
+    def snapshot_digest(url: str) -> str:
+        blocks = httpx.get(f"{url}/kv/snapshot").json()["blocks"]
+        return hashlib.sha256(b"".join(sorted(bytes.fromhex(b["key"]) for b in blocks))).hexdigest()
+
+    deadline = time.monotonic() + 5
+    while True:
+        ours = httpx.get(f"{g0}/kvgate/index").json()["replicas"]
+        if all(snapshot_digest(u) == ours[u]["digest"] for u in cluster.worker_urls):
+            break
+        assert time.monotonic() < deadline, ours
+        time.sleep(0.1)
     follow = [system, {"role": "user", "content": "second question"}]
     c0 = _chat(g0, follow).headers["x-kvgate-replica"]
     c1 = _chat(g1, follow).headers["x-kvgate-replica"]
@@ -200,3 +210,65 @@ def test_gateway_import_leaves_torch_out():
     code = "import sys, gateway, gateway.app, gateway.cli; assert 'torch' not in sys.modules"
     root = Path(__file__).resolve().parents[1]
     subprocess.run([sys.executable, "-c", code], cwd=root, check=True)
+
+
+class _ImageServer:
+    """A real HTTP server with one PNG, counting fetches."""
+
+    def __init__(self, png: bytes) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        outer = self
+        self.hits = 0
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                outer.hits += 1
+                self.send_response(200)
+                self.send_header("content-type", "image/png")
+                self.send_header("content-length", str(len(png)))
+                self.end_headers()
+                self.wfile.write(png)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/cat.png"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_remote_image_fetched_once_inlined_and_keyed_alike(cluster):
+    from bench.workload import make_image
+
+    images = _ImageServer(make_image(77))
+    try:
+        msgs = [
+            {"role": "system", "content": "You describe pictures carefully. " * 20},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image_url", "image_url": {"url": images.url}},
+                    {"type": "text", "text": "What is in this picture?"},
+                ],
+            },
+        ]
+        first = _chat(cluster.gateway_url, msgs)
+        assert first.status_code == 200, first.text
+        assert images.hits == 1  # the gateway fetched it; the worker got it inline
+        time.sleep(0.3)
+        second = _chat(cluster.gateway_url, msgs)
+        assert second.status_code == 200
+        assert images.hits == 2
+        cached = second.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert second.headers["x-kvgate-replica"] == first.headers["x-kvgate-replica"]
+        assert int(second.headers["x-kvgate-predicted-cached-tokens"]) == cached
+        # The image's 64 placeholder tokens are inside the cached prefix.
+        assert cached > first.json()["usage"]["prompt_tokens"] - 16
+    finally:
+        images.close()

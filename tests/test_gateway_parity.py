@@ -49,3 +49,25 @@ def test_mismatching_worker_is_flagged_and_routed_by_load_only(tmp_path):
             assert seen[b.worker_urls[0]] == "0"
         finally:
             gw.kill()
+
+
+def test_local_model_dir_assets_match_the_workers(tmp_path):
+    from cachekey.demo import ensure_demo_model
+
+    spec = ClusterSpec(
+        workers=1,
+        engine="sim",
+        gateway_args=("--poll-interval", "0.2", "--model-dir", str(ensure_demo_model())),
+        log_dir=tmp_path,
+    )
+    with Cluster(spec) as c:
+        body = {"model": "demo", "prompt": "a local tokenizer " * 30, "max_tokens": 2}
+        first = httpx.post(f"{c.gateway_url}/v1/completions", json=body, timeout=30)
+        assert first.status_code == 200, first.text
+        time.sleep(0.3)
+        second = httpx.post(f"{c.gateway_url}/v1/completions", json=body, timeout=30)
+        cached = second.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert cached > 0
+        assert int(second.headers["x-kvgate-predicted-cached-tokens"]) == cached
+        metrics = httpx.get(f"{c.gateway_url}/metrics").text
+        assert 'kvgate_parity_mismatch{replica="gateway"} 0.0' in metrics

@@ -140,3 +140,29 @@ def test_parse_load_reads_vllm_gauges():
         "vllm:prefix_cache_hits_total 7.0\n"
     )
     assert parse_load(text) == {"waiting": 3.0, "running": 2.0, "kv_usage": 0.25}
+
+
+def test_circuit_breaker_ejects_after_repeated_failures():
+    from gateway.index import BlockIndex
+    from gateway.metrics import GatewayMetrics
+    from gateway.replicas import ReplicaSet
+
+    cfg = GatewayConfig(eject_after_failures=3, eject_seconds=30.0)
+    replicas = ReplicaSet(cfg, BlockIndex(), GatewayMetrics(), http=None)
+    try:
+        a, b = _reps(2)
+        replicas.replicas = {a.id: a, b.id: b}
+        replicas.record_failure(a)
+        replicas.record_failure(a)
+        replicas.record_success(a)  # a success resets the streak
+        replicas.record_failure(a)
+        assert {r.id for r in replicas.available()} == {a.id, b.id}
+        replicas.record_failure(a)
+        replicas.record_failure(a)
+        assert [r.id for r in replicas.available()] == [b.id]
+        a.healthy = True  # even a good probe does not end the ejection early
+        assert [r.id for r in replicas.available()] == [b.id]
+        a.ejected_until = 0.0
+        assert {r.id for r in replicas.available()} == {a.id, b.id}
+    finally:
+        asyncio.run(replicas.close())

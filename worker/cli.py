@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--enable-fault-injection",
         action="store_true",
-        help="serve POST /debug/fault?kind=crash_engine|stall_engine (tests only)",
+        help="serve POST /debug/fault?kind=crash_engine|stall_engine|drop_events&count=N (tests)",
     )
     p.add_argument(
         "--log-level", default="info", choices=("critical", "error", "warning", "info", "debug")

@@ -84,9 +84,9 @@ def attach_routes(app: FastAPI, state: AppState) -> None:
     if state.config.enable_fault_injection:
 
         @app.post("/debug/fault")
-        async def fault(kind: str = Query(...)) -> dict:
+        async def fault(kind: str = Query(...), count: int = Query(1)) -> dict:
             try:
-                state.engine.inject_fault(kind)
+                state.engine.inject_fault(kind, count)
             except ValueError as e:
                 raise APIError(str(e), 400, param="kind") from None
             return {"injected": kind}

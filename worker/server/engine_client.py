@@ -141,13 +141,19 @@ class AsyncEngine:
     async def reset_prefix_cache(self) -> bool:
         return await self._call(lambda engine: engine.reset_prefix_cache())
 
-    def inject_fault(self, kind: str) -> None:
+    def inject_fault(self, kind: str, count: int = 1) -> None:
         if kind == "crash_engine":
             self._submit(_crash, None)
         elif kind == "stall_engine":
             self._submit(self._stall, None)
+        elif kind == "drop_events":
+            if self.publisher is None:
+                raise ValueError("drop_events needs KV events enabled")
+            self.publisher.drop_next(count)
         else:
-            raise ValueError(f"unknown fault kind {kind!r}; use crash_engine or stall_engine")
+            raise ValueError(
+                f"unknown fault kind {kind!r}; use crash_engine, stall_engine or drop_events"
+            )
 
     def fail_all_pending(self, reason: str) -> None:
         """Fail every in-flight request (watchdog: the engine stalled while they waited)."""

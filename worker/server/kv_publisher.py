@@ -63,6 +63,8 @@ class KVEventPublisher:
             self._router.bind(f"tcp://{config.host}:{config.replay_port}")
         self._thread = threading.Thread(target=self._run, name="kv-publisher", daemon=True)
         self._stopped = False
+        # Fault injection only: batches still to withhold from PUB (they stay replayable).
+        self._drop_remaining = 0
 
     @property
     def last_seq(self) -> int | None:
@@ -78,6 +80,12 @@ class KVEventPublisher:
         self._next_seq += 1
         self._outbox.put((seq, encode_batch(events, self.config.data_parallel_rank)))
         return seq
+
+    def drop_next(self, n: int) -> None:
+        """Fault injection: do not send the next n batches on PUB (they stay in the buffer)."""
+        if n <= 0:
+            raise ValueError(f"drop count must be positive, got {n}")
+        self._drop_remaining = n
 
     def close(self) -> None:
         if self._stopped:
@@ -121,6 +129,10 @@ class KVEventPublisher:
 
     def _send(self, seq: int, payload: bytes) -> None:
         self._buffer.append((seq, payload))
+        if self._drop_remaining > 0:
+            self._drop_remaining -= 1
+            logger.warning("fault injection: kv-events batch %d not sent", seq)
+            return
         try:
             self._pub.send_multipart([self._topic, seq_bytes(seq), payload], flags=zmq.NOBLOCK)
         except zmq.Again:

@@ -1,0 +1,303 @@
+"""Soak: a bounded-in-time run through the gateway over `sim` workers at a fixed concurrency.
+
+Every request is accounted for: `ok` (200 with a complete body, or a stream ending in [DONE]
+without an error event), `failed` (a clear error: an HTTP error status with an OpenAI error body,
+or an in-band stream error followed by [DONE]) or `lost` (no answer: a timeout, a dropped
+connection, a stream that stops without [DONE]). The workers' caches are small, so blocks are
+evicted all the time and the gateway's index churns. RSS of every process is sampled every few
+seconds; at the end the gateway's index is compared with the workers' snapshots.
+
+    python -m bench.soak                       # 10 minutes, concurrency 16, 3 workers
+    python -m bench.soak --duration 60 --concurrency 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+
+from bench.cluster import Cluster, ClusterSpec, index_mismatches, rss_bytes
+
+_WORDS = (
+    "cache block prefix route model token replica gateway worker latency memory tenant answer "
+    "policy system prompt scheduler batch decode prefill event index hash layer attention queue"
+).split()
+
+
+@dataclass(slots=True)
+class SoakConfig:
+    duration_s: float = 600.0
+    concurrency: int = 16
+    workers: int = 3
+    num_blocks: int = 160  # small: forces evictions (and BlockRemoved events) all the time
+    groups: int = 24  # shared system prompts
+    stream_fraction: float = 0.25
+    sample_every_s: float = 5.0
+    request_timeout_s: float = 60.0
+    seed: int = 0
+    out_dir: Path = Path("bench/results")
+
+    def __post_init__(self) -> None:
+        if self.duration_s <= 0 or self.concurrency <= 0 or self.workers <= 0:
+            raise ValueError("duration, concurrency and workers must be positive")
+        if not 0.0 <= self.stream_fraction <= 1.0:
+            raise ValueError("stream_fraction must be in [0, 1]")
+
+
+@dataclass(slots=True)
+class Tally:
+    ok: int = 0
+    failed: int = 0
+    lost: int = 0
+    failed_reasons: dict[str, int] = field(default_factory=dict)
+    lost_reasons: dict[str, int] = field(default_factory=dict)
+    latencies: list[float] = field(default_factory=list)
+
+    def fail(self, reason: str) -> None:
+        self.failed += 1
+        self.failed_reasons[reason] = self.failed_reasons.get(reason, 0) + 1
+
+    def lose(self, reason: str) -> None:
+        self.lost += 1
+        self.lost_reasons[reason] = self.lost_reasons.get(reason, 0) + 1
+
+
+def make_body(rng: random.Random, groups: int) -> dict:
+    g = rng.randrange(groups)
+    system = " ".join(_WORDS[(g * 7 + i) % len(_WORDS)] for i in range(120 + 10 * g))
+    user = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(5, 60)))
+    return {
+        "model": "demo",
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+        "max_tokens": rng.randint(1, 24),
+        "stream": False,
+    }
+
+
+async def one_request(client: httpx.AsyncClient, url: str, body: dict, tally: Tally) -> None:
+    t0 = time.monotonic()
+    try:
+        if body["stream"]:
+            await _stream(client, url, body, tally)
+        else:
+            r = await client.post(url, json=body)
+            if r.status_code == 200 and r.json().get("choices"):
+                tally.ok += 1
+            elif r.status_code >= 400 and "error" in r.json():
+                tally.fail(str(r.status_code))
+            else:
+                tally.lose(f"bad answer {r.status_code}")
+    except httpx.TimeoutException:
+        tally.lose("timeout")
+    except (httpx.HTTPError, ValueError) as e:
+        tally.lose(type(e).__name__)
+    tally.latencies.append(time.monotonic() - t0)
+
+
+async def _stream(client: httpx.AsyncClient, url: str, body: dict, tally: Tally) -> None:
+    async with client.stream("POST", url, json=body) as r:
+        if r.status_code != 200:
+            await r.aread()
+            tally.fail(str(r.status_code))
+            return
+        data = [ln async for ln in r.aiter_lines() if ln.startswith("data: ")]
+    if not data or data[-1] != "data: [DONE]":
+        tally.lose("stream without [DONE]")
+    elif any('"error"' in ln for ln in data[:-1]):
+        tally.fail("stream error event")
+    else:
+        tally.ok += 1
+
+
+async def drive(cfg: SoakConfig, gateway_url: str, tally: Tally) -> None:
+    deadline = time.monotonic() + cfg.duration_s
+    url = f"{gateway_url}/v1/chat/completions"
+    limits = httpx.Limits(max_connections=cfg.concurrency * 2)
+    async with httpx.AsyncClient(timeout=cfg.request_timeout_s, limits=limits) as client:
+
+        async def client_loop(i: int) -> None:
+            rng = random.Random(cfg.seed * 1000 + i)
+            while time.monotonic() < deadline:
+                body = make_body(rng, cfg.groups)
+                body["stream"] = rng.random() < cfg.stream_fraction
+                await one_request(client, url, body, tally)
+
+        await asyncio.gather(*(client_loop(i) for i in range(cfg.concurrency)))
+
+
+async def run_load(
+    gateway_url: str,
+    n: int,
+    *,
+    concurrency: int,
+    stream_fraction: float = 0.25,
+    seed: int = 0,
+    groups: int = 6,
+    timeout: float = 30.0,
+    headers: dict[str, str] | None = None,
+) -> Tally:
+    """Send n requests (a fixed count, for the fault tests) and account for every one."""
+    tally = Tally()
+    url = f"{gateway_url}/v1/chat/completions"
+    rng = random.Random(seed)
+    bodies = []
+    for _ in range(n):
+        body = make_body(rng, groups)
+        body["stream"] = rng.random() < stream_fraction
+        bodies.append(body)
+    sem = asyncio.Semaphore(concurrency)
+    async with httpx.AsyncClient(timeout=timeout, headers=headers) as client:
+
+        async def one(body: dict) -> None:
+            async with sem:
+                await one_request(client, url, body, tally)
+
+        await asyncio.gather(*(one(b) for b in bodies))
+    return tally
+
+
+async def sample_rss(cluster: Cluster, every: float, out: list[dict], stop: asyncio.Event) -> None:
+    t0 = time.monotonic()
+    while True:
+        row: dict = {"t": round(time.monotonic() - t0, 1)}
+        for p in [*cluster.gateways, *cluster.workers]:
+            row[p.name] = rss_bytes(p.pid) if p.pid is not None else None
+        out.append(row)
+        try:
+            await asyncio.wait_for(stop.wait(), every)
+            return
+        except TimeoutError:
+            pass
+
+
+async def soak(cfg: SoakConfig, cluster: Cluster) -> tuple[Tally, list[dict], float]:
+    tally, samples, stop = Tally(), [], asyncio.Event()
+    sampler = asyncio.create_task(sample_rss(cluster, cfg.sample_every_s, samples, stop))
+    t0 = time.monotonic()
+    await drive(cfg, cluster.gateway_url, tally)
+    elapsed = time.monotonic() - t0
+    stop.set()
+    await sampler
+    return tally, samples, elapsed
+
+
+def rss_summary(samples: list[dict]) -> dict[str, dict[str, float]]:
+    names = [k for k in samples[0] if k != "t"]
+    summary = {}
+    for name in names:
+        vals = [s[name] for s in samples if s.get(name) is not None]
+        if vals:
+            mib = 1024 * 1024
+            summary[name] = {
+                "start_mib": round(vals[0] / mib, 1),
+                "end_mib": round(vals[-1] / mib, 1),
+                "max_mib": round(max(vals) / mib, 1),
+            }
+    return summary
+
+
+def run(cfg: SoakConfig) -> dict:
+    spec = ClusterSpec(
+        workers=cfg.workers,
+        engine="sim",
+        num_blocks=cfg.num_blocks,
+        gateway_args=("--poll-interval", "0.5"),
+        worker_args=("--sim-prefill-s-per-token", "0.00005", "--sim-decode-s-per-step", "0.005"),
+        log_dir=cfg.out_dir / "logs" / "soak",
+        startup_timeout=120,
+    )
+    with Cluster(spec) as cluster:
+        tally, samples, elapsed = asyncio.run(soak(cfg, cluster))
+        # Idle now: the index must settle to exactly what the workers hold.
+        mismatches: dict[str, str] = {}
+        for _ in range(50):
+            mismatches = index_mismatches(cluster.gateway_url, cluster.worker_urls)
+            if not mismatches:
+                break
+            time.sleep(0.2)
+        metrics = httpx.get(f"{cluster.gateway_url}/metrics", timeout=10).text
+    lat = sorted(tally.latencies)
+    total = tally.ok + tally.failed + tally.lost
+    return {
+        "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()},
+        "elapsed_s": round(elapsed, 1),
+        "requests": total,
+        "ok": tally.ok,
+        "failed": tally.failed,
+        "lost": tally.lost,
+        "failed_reasons": tally.failed_reasons,
+        "lost_reasons": tally.lost_reasons,
+        "requests_per_s": round(total / elapsed, 1) if elapsed else 0.0,
+        "latency_p50_s": round(lat[len(lat) // 2], 3) if lat else None,
+        "latency_p99_s": round(lat[int(len(lat) * 0.99)], 3) if lat else None,
+        "index_converged": not mismatches,
+        "index_mismatches": mismatches,
+        "gateway_counters": _counters(metrics),
+        "rss": rss_summary(samples),
+        "rss_samples": samples,
+    }
+
+
+def _counters(metrics_text: str) -> dict[str, float]:
+    wanted = (
+        "kvgate_retries_total",
+        "kvgate_event_gaps_total",
+        "kvgate_event_replays_total",
+        "kvgate_event_resyncs_total",
+        "kvgate_index_blocks",
+    )
+    out: dict[str, float] = {}
+    for line in metrics_text.splitlines():
+        name = line.split("{")[0].split(" ")[0]
+        if name in wanted:
+            out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def print_report(res: dict) -> None:
+    print(
+        f"soak: {res['requests']} requests in {res['elapsed_s']} s "
+        f"({res['requests_per_s']}/s): ok {res['ok']}, failed {res['failed']}, lost {res['lost']}"
+    )
+    print(f"latency p50 {res['latency_p50_s']} s, p99 {res['latency_p99_s']} s")
+    print(f"index converged to the workers' snapshots: {res['index_converged']}")
+    print(f"{'process':<12}{'RSS start':>12}{'RSS end':>12}{'RSS max':>12}  (MiB)")
+    for name, r in res["rss"].items():
+        print(f"{name:<12}{r['start_mib']:>12}{r['end_mib']:>12}{r['max_mib']:>12}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__.split("\n")[0])
+    d = SoakConfig()
+    p.add_argument("--duration", type=float, default=d.duration_s, help="seconds")
+    p.add_argument("--concurrency", type=int, default=d.concurrency)
+    p.add_argument("--workers", type=int, default=d.workers)
+    p.add_argument("--num-blocks", type=int, default=d.num_blocks)
+    p.add_argument("--stream-fraction", type=float, default=d.stream_fraction)
+    p.add_argument("--out", type=Path, default=d.out_dir / "soak.json")
+    args = p.parse_args(argv)
+    cfg = SoakConfig(
+        duration_s=args.duration,
+        concurrency=args.concurrency,
+        workers=args.workers,
+        num_blocks=args.num_blocks,
+        stream_fraction=args.stream_fraction,
+        out_dir=args.out.parent,
+    )
+    res = run(cfg)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(res, indent=1))
+    print_report(res)
+    print(f"wrote {args.out}")
+    return 0 if res["lost"] == 0 and res["index_converged"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

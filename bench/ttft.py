@@ -1,0 +1,191 @@
+"""Time to first token and throughput per routing policy, with real compute (`torch` workers).
+
+One cluster of `--workers` torch workers running the demo model on the CPU and one gateway serves
+the same shared-prefix chat workload once per policy (chosen per request with the
+`x-kvgate-routing-policy` header; every worker's prefix cache is reset between policies). Requests
+stream; TTFT is the time to the first chunk with content, as the client sees it. Throughput is
+requests and tokens per second of wall time for the whole trace.
+
+    python -m bench.ttft                             # table + bench/results/ttft.json
+    python -m bench.ttft --workers 2 --policies cache_aware,round_robin,least_loaded
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import httpx
+
+from bench import worker_metrics as wm
+from bench.cluster import Cluster, ClusterSpec
+from bench.driver import Result, hit_rate, run_workload
+from bench.hit_rate import POLICY_HEADER, SETTLE_S, session_header
+from bench.workload import Workload, WorkloadSpec
+
+
+@dataclass(slots=True)
+class Row:
+    policy: str
+    requests: int
+    failed: int
+    hit_rate: float
+    ttft_p50_ms: float
+    ttft_p90_ms: float
+    latency_p50_ms: float
+    requests_per_s: float
+    prompt_tokens_per_s: float
+    output_tokens_per_s: float
+    max_over_mean: float
+    seconds: float
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else 0.0
+
+
+def make_row(policy: str, results: list[Result], per_worker, seconds: float) -> Row:
+    ok = [r for r in results if r.ok]
+    ttfts = [r.ttft_s * 1000 for r in ok if r.ttft_s is not None]
+    output_tokens = sum(c.generation_tokens for c in per_worker.values())
+    return Row(
+        policy=policy,
+        requests=len(results),
+        failed=len(results) - len(ok),
+        hit_rate=hit_rate(results),
+        ttft_p50_ms=round(_pct(ttfts, 0.5), 1),
+        ttft_p90_ms=round(_pct(ttfts, 0.9), 1),
+        latency_p50_ms=round(statistics.median([r.latency_s * 1000 for r in ok]), 1) if ok else 0,
+        requests_per_s=round(len(ok) / seconds, 3),
+        prompt_tokens_per_s=round(sum(r.prompt_tokens for r in ok) / seconds, 1),
+        output_tokens_per_s=round(output_tokens / seconds, 1),
+        max_over_mean=round(wm.max_over_mean([c.requests for c in per_worker.values()]), 2),
+        seconds=round(seconds, 2),
+    )
+
+
+def warm_up(urls: list[str]) -> None:
+    """One short request per worker, so first-call costs (allocator, kernels) are not measured."""
+    body = {"model": "demo", "messages": [{"role": "user", "content": "warm up"}], "max_tokens": 2}
+    for u in urls:
+        httpx.post(f"{u}/v1/chat/completions", json=body, timeout=120).raise_for_status()
+
+
+def run(args: argparse.Namespace) -> list[Row]:
+    spec = WorkloadSpec(
+        tenants=args.tenants,
+        users_per_tenant=args.users_per_tenant,
+        turns=args.turns,
+        system_words=args.system_words,
+        max_tokens=args.max_tokens,
+        seed=args.seed,
+    )
+    workload = Workload(spec)
+    # One torch thread per worker: the workers share the cores, and OpenMP spin-waiting on a
+    # busy host makes CPU timings swing wildly.
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+    cluster = ClusterSpec(
+        workers=args.workers,
+        engine="torch",
+        num_blocks=args.num_blocks,
+        gateway_args=("--poll-interval", "0.2"),
+        log_dir=args.log_dir,
+        startup_timeout=300.0,
+    )
+    rows: list[Row] = []
+    with Cluster(cluster) as c:
+        warm_up(c.worker_urls)
+        for policy in args.policies.split(","):
+            wm.reset_prefix_caches(c.worker_urls)
+            time.sleep(SETTLE_S)
+            before = wm.scrape_all(c.worker_urls)
+            t0 = time.perf_counter()
+            results = asyncio.run(
+                run_workload(
+                    c.gateway_url,
+                    workload,
+                    concurrency=args.concurrency,
+                    headers={POLICY_HEADER: policy},
+                    headers_for=session_header,
+                    stream=True,
+                    timeout=600.0,
+                )
+            )
+            seconds = time.perf_counter() - t0
+            per_worker = wm.deltas(before, wm.scrape_all(c.worker_urls))
+            rows.append(make_row(policy, results, per_worker, seconds))
+            print_rows(rows[-1:], header=len(rows) == 1)
+    return rows
+
+
+def print_rows(rows: list[Row], header: bool = True) -> None:
+    if header:
+        print(
+            f"{'policy':<13}{'reqs':>5}{'fail':>5}{'hit':>7}{'TTFT p50':>10}{'TTFT p90':>10}"
+            f"{'req/s':>7}{'prompt tok/s':>13}{'out tok/s':>10}{'max/mean':>9}"
+        )
+    for r in rows:
+        print(
+            f"{r.policy:<13}{r.requests:>5}{r.failed:>5}{r.hit_rate:>7.1%}"
+            f"{r.ttft_p50_ms:>8.0f}ms{r.ttft_p90_ms:>8.0f}ms{r.requests_per_s:>7.2f}"
+            f"{r.prompt_tokens_per_s:>13.0f}{r.output_tokens_per_s:>10.1f}{r.max_over_mean:>9.2f}",
+            flush=True,
+        )
+
+
+def ratios(rows: list[Row], base: str = "round_robin") -> dict[str, dict[str, float]]:
+    """Each policy against `base`: TTFT as a speedup (base / policy), throughput as a ratio."""
+    ref = next((r for r in rows if r.policy == base), None)
+    if ref is None:
+        return {}
+    out = {}
+    for r in rows:
+        if r.policy == base or not r.ttft_p50_ms or not ref.requests_per_s:
+            continue
+        out[r.policy] = {
+            "ttft_p50_speedup": round(ref.ttft_p50_ms / r.ttft_p50_ms, 2),
+            "ttft_p90_speedup": round(ref.ttft_p90_ms / r.ttft_p90_ms, 2),
+            "throughput_ratio": round(r.requests_per_s / ref.requests_per_s, 2),
+        }
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--policies", default="cache_aware,round_robin,least_loaded")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--num-blocks", type=int, default=430, help="KV blocks per worker")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    ap.add_argument("--tenants", type=int, default=6)
+    ap.add_argument("--users-per-tenant", type=int, default=2)
+    ap.add_argument("--turns", type=int, default=3)
+    ap.add_argument("--system-words", type=int, default=1200)
+    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--log-dir", type=Path, default=Path("bench/results/logs/ttft"))
+    ap.add_argument("--out", type=Path, default=Path("bench/results/ttft.json"))
+    args = ap.parse_args()
+    rows = run(args)
+    rel = ratios(rows)
+    for policy, entry in rel.items():
+        print(f"{policy} vs round_robin: " + ", ".join(f"{k} {v:.2f}x" for k, v in entry.items()))
+    summary = {
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "results": [asdict(r) for r in rows],
+        "vs_round_robin": rel,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""What the workers themselves say: counters scraped from each worker's /metrics, as deltas.
+
+The benchmark figures of routers other than kvgate (SGLang's, vllm-router, guidellm through the
+gateway) cannot rely on kvgate's response headers, so requests per replica and the token hit rate
+come from the workers' own Prometheus counters, read before and after a run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+_SAMPLES = {
+    "vllm:e2e_request_latency_seconds_count": "requests",
+    "vllm:prefix_cache_queries_total": "queried_tokens",
+    "vllm:prefix_cache_hits_total": "hit_tokens",
+    "vllm:prompt_tokens_total": "prompt_tokens",
+    "vllm:generation_tokens_total": "generation_tokens",
+}
+
+
+@dataclass(slots=True)
+class WorkerCounters:
+    requests: float = 0.0
+    queried_tokens: float = 0.0
+    hit_tokens: float = 0.0
+    prompt_tokens: float = 0.0
+    generation_tokens: float = 0.0
+
+    def minus(self, before: WorkerCounters) -> WorkerCounters:
+        return WorkerCounters(
+            *(getattr(self, f) - getattr(before, f) for f in WorkerCounters.__slots__)
+        )
+
+
+def scrape(url: str, timeout: float = 10.0) -> WorkerCounters:
+    text = httpx.get(f"{url}/metrics", timeout=timeout).text
+    out = WorkerCounters()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            field = _SAMPLES.get(sample.name)
+            if field is not None:
+                setattr(out, field, getattr(out, field) + sample.value)
+    return out
+
+
+def scrape_all(urls: list[str]) -> dict[str, WorkerCounters]:
+    return {u: scrape(u) for u in urls}
+
+
+def deltas(
+    before: dict[str, WorkerCounters], after: dict[str, WorkerCounters]
+) -> dict[str, WorkerCounters]:
+    return {u: after[u].minus(before[u]) for u in after}
+
+
+def hit_rate(per_worker: dict[str, WorkerCounters]) -> float:
+    """Prefix-cache hit tokens / looked-up tokens, summed over the workers."""
+    queried = sum(c.queried_tokens for c in per_worker.values())
+    return sum(c.hit_tokens for c in per_worker.values()) / queried if queried else 0.0
+
+
+def max_over_mean(counts: list[float]) -> float:
+    """Load balance: the busiest replica's requests over the mean (1.0 = perfectly even).
+
+    Replicas that served nothing count in the mean, so an idle replica shows as imbalance."""
+    mean = sum(counts) / len(counts) if counts else 0.0
+    return max(counts) / mean if mean else 0.0
+
+
+def reset_prefix_caches(urls: list[str]) -> None:
+    """Empty every worker's prefix cache (workers publish AllBlocksCleared to the gateway)."""
+    for u in urls:
+        r = httpx.post(f"{u}/reset_prefix_cache", timeout=30.0)
+        r.raise_for_status()
+        if not r.json().get("reset", False):
+            raise RuntimeError(f"{u} refused to reset its prefix cache (requests in flight?)")
