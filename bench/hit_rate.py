@@ -128,7 +128,9 @@ def run_replicas(replicas: int, policies: list[str], args: argparse.Namespace) -
         log_dir=log_dir / "upper",
     )
     with Cluster(big) as c:
-        res, per_worker, secs = drive(c.worker_urls[0], c.worker_urls, workload, {}, args.concurrency)
+        res, per_worker, secs = drive(
+            c.worker_urls[0], c.worker_urls, workload, {}, args.concurrency
+        )
         rows.append(make_row(replicas, "upper_bound", big.num_blocks or 0, res, per_worker, secs))
         print_rows(rows[-1:], header=False)
     return rows

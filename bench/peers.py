@@ -127,7 +127,10 @@ def hit_row(router: Router, workers: list[str], workload: Workload, conc: int) -
 
 def print_hits(rows: list[HitRow], header: bool = True) -> None:
     if header:
-        print(f"{'router':<15}{'policy':<13}{'reqs':>5}{'fail':>5}{'hit':>8}{'worker hit':>11}{'max/mean':>9}")
+        print(
+            f"{'router':<15}{'policy':<13}{'reqs':>5}{'fail':>5}{'hit':>8}"
+            f"{'worker hit':>11}{'max/mean':>9}"
+        )
     for r in rows:
         print(
             f"{r.router:<15}{r.policy:<13}{r.requests:>5}{r.failed:>5}{r.hit_rate:>8.1%}"
@@ -139,9 +142,7 @@ def print_hits(rows: list[HitRow], header: bool = True) -> None:
 def hit_rate_part(args: argparse.Namespace, peers: list[str], notes: dict) -> list[HitRow]:
     n = args.replicas
     workload = Workload(
-        WorkloadSpec(
-            tenants=3 * n, users_per_tenant=3, turns=3, system_words=1200, seed=args.seed
-        )
+        WorkloadSpec(tenants=3 * n, users_per_tenant=3, turns=3, system_words=1200, seed=args.seed)
     )
     spec = ClusterSpec(
         workers=n,

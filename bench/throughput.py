@@ -88,7 +88,10 @@ def measure(target: str, urls: list[str], n: int, concurrency: int) -> Load:
 
 def print_loads(rows: list[Load], header: bool = True) -> None:
     if header:
-        print(f"{'target':<24}{'clients':>8}{'reqs':>6}{'fail':>5}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}")
+        print(
+            f"{'target':<24}{'clients':>8}{'reqs':>6}{'fail':>5}{'req/s':>9}"
+            f"{'p50 ms':>9}{'p99 ms':>9}"
+        )
     for r in rows:
         print(
             f"{r.target:<24}{r.concurrency:>8}{r.requests:>6}{r.failed:>5}{r.requests_per_s:>9.1f}"
@@ -123,7 +126,10 @@ def main() -> None:
         for d, r in zip(rows[::2], rows[1::2], strict=True)
         if d.requests_per_s
     }
-    print("via gateway / direct req/s: " + ", ".join(f"{k} clients {v:.2f}" for k, v in ceiling.items()))
+    print(
+        "via gateway / direct req/s: "
+        + ", ".join(f"{k} clients {v:.2f}" for k, v in ceiling.items())
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     summary = {"args": vars(args) | {"out": str(args.out)}, "results": [asdict(r) for r in rows]}
     summary["gateway_over_direct_req_s"] = ceiling

@@ -39,6 +39,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--softmax-temperature", type=float, default=0.0)
     p.add_argument("--session-header", default="x-session-id")
     p.add_argument("--max-image-bytes", type=int, default=20 * 1024 * 1024)
+    p.add_argument(
+        "--vllm-kv-events-port",
+        type=int,
+        default=None,
+        help="events port of plain vLLM workers (no /kvgate/info)",
+    )
+    p.add_argument("--vllm-kv-events-replay-port", type=int, default=None)
+    p.add_argument("--vllm-kv-events-topic", default="")
     p.add_argument("--log-level", default="info")
     return p
 
@@ -70,6 +78,9 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         softmax_temperature=args.softmax_temperature,
         session_header=args.session_header,
         max_image_bytes=args.max_image_bytes,
+        vllm_kv_events_port=args.vllm_kv_events_port,
+        vllm_kv_events_replay_port=args.vllm_kv_events_replay_port,
+        vllm_kv_events_topic=args.vllm_kv_events_topic,
         discovery=args.discovery,
         k8s_namespace=args.k8s_namespace,
         k8s_selector=args.k8s_selector,

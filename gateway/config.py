@@ -45,6 +45,10 @@ class GatewayConfig:
     session_header: str = "x-session-id"
     max_image_bytes: int = 20 * 1024 * 1024
     image_fetch_timeout: float = 10.0
+    # Plain vLLM workers (no /kvgate/info): where their --kv-events-config publishes.
+    vllm_kv_events_port: int | None = None
+    vllm_kv_events_replay_port: int | None = None
+    vllm_kv_events_topic: str = ""
     discovery: str = "static"  # "static" (--workers) or "k8s"
     k8s_namespace: str | None = None
     k8s_selector: str | None = None

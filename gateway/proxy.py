@@ -122,7 +122,7 @@ async def relay_stream(
     resp: httpx.Response, relay: SSERelay, on_end: Callable[[str], None]
 ) -> AsyncIterator[bytes]:
     """Yield the worker's stream; on a break after the first byte, end with an error + DONE."""
-    status = "ok"
+    status = "200"
     try:
         async for chunk in resp.aiter_raw():
             out = relay.feed(chunk)

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
@@ -24,7 +23,9 @@ from cachekey.keys import HashNamespace
 from gateway.config import GatewayConfig
 from gateway.index import BlockIndex, ReplicaId
 from gateway.metrics import GatewayMetrics
+from gateway.parity import check_parity
 from gateway.subscriber import EventSource, KVEventSubscriber
+from gateway.vllm_compat import vllm_info
 
 log = logging.getLogger(__name__)
 
@@ -197,10 +198,12 @@ class ReplicaSet:
         except httpx.HTTPError:
             await self._mark_down(rep)
             return
-        if info_r.status_code != 200:
+        info = info_r.json() if info_r.status_code == 200 else None
+        if info is None and info_r.status_code == 404 and health_r.status_code == 200:
+            info = await vllm_info(self._http, rep.url, metrics_r.text, self.config)
+        if info is None:
             await self._mark_down(rep)
             return
-        info = info_r.json()
         if info.get("instance_id") != rep.instance_id:
             await self._new_instance(rep, info)
         if metrics_r.status_code == 200:
@@ -237,7 +240,7 @@ class ReplicaSet:
             block_size=int(info.get("block_size", 16)),
             seed=info.get("hash_seed", "kvgate-v1"),
         )
-        self._check_parity()
+        check_parity(self.replicas.values(), self.metrics)
         kv = info.get("kv_events") or {}
         if kv.get("enabled") and kv.get("port"):
             source = EventSource(
@@ -246,7 +249,7 @@ class ReplicaSet:
                 port=int(kv["port"]),
                 replay_port=int(kv["replay_port"]) if kv.get("replay_port") else None,
                 topic=kv.get("topic") or "",
-                snapshot_url=f"{rep.url}/kv/snapshot",
+                snapshot_url=f"{rep.url}/kv/snapshot" if info.get("snapshot", True) else None,
             )
             sub = KVEventSubscriber(
                 rep.id, source, rep.namespace, self.index, self._http, self._zmq, self.metrics
@@ -268,28 +271,3 @@ class ReplicaSet:
         rep.subscriber = None
         task, rep.sub_task = rep.sub_task, None
         await _cancel(task)
-
-    def _check_parity(self) -> None:
-        """Replicas of one model must agree on the key fingerprint; the minority is load-only."""
-        by_model: dict[str | None, Counter[str | None]] = {}
-        for r in self.replicas.values():
-            if r.instance_id is not None:
-                by_model.setdefault(r.model, Counter())[r.fingerprint] += 1
-        for r in self.replicas.values():
-            counts = by_model.get(r.model)
-            if counts is None:
-                continue
-            majority = counts.most_common(1)[0][0]
-            ok = r.fingerprint == majority
-            if ok != r.parity_ok:
-                if not ok:
-                    log.error(
-                        "replica %s fingerprint %s differs from model %s majority %s: "
-                        "its index is ignored (routed by load only)",
-                        r.id,
-                        r.fingerprint,
-                        r.model,
-                        majority,
-                    )
-                r.parity_ok = ok
-            self.metrics.parity_mismatch.labels(r.id).set(0 if ok else 1)

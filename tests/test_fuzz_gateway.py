@@ -17,6 +17,7 @@ import io
 import json
 import os
 import time
+from collections import Counter
 from collections.abc import Iterator
 
 import httpx
@@ -69,6 +70,13 @@ JSON = st.recursive(
     ),
     max_leaves=12,
 )
+
+
+def mostly(valid: st.SearchStrategy, junk: st.SearchStrategy) -> st.SearchStrategy:
+    """Three parts valid to one part junk, so bodies get past validation often enough."""
+    return st.one_of(valid, valid, valid, junk)
+
+
 # Numbers that break naive code: negatives, zero, past int32/int64, floats, strings.
 WEIRD_INT = (
     st.integers(min_value=-3, max_value=48)
@@ -80,47 +88,55 @@ TEXT = st.text(max_size=200) | st.sampled_from(
     ["", "\u0000", "<image>", "\ud7ff\U0010ffff", "é" * 300]
 )
 
-TEXT_PART = st.fixed_dictionaries({"type": st.just("text"), "text": TEXT | JSON})
+TEXT_PART = st.fixed_dictionaries({"type": st.just("text"), "text": mostly(TEXT, JSON)})
 IMAGE_PART = st.fixed_dictionaries(
-    {"type": st.just("image_url"), "image_url": st.fixed_dictionaries({"url": IMAGE_URLS}) | JSON},
-    optional={"uuid": st.text(max_size=10) | JSON},
+    {
+        "type": st.just("image_url"),
+        "image_url": mostly(st.fixed_dictionaries({"url": IMAGE_URLS}), JSON),
+    },
+    optional={"uuid": mostly(st.text(min_size=1, max_size=10), JSON)},
 )
-PART = TEXT_PART | IMAGE_PART | st.dictionaries(st.text(max_size=8), JSON, max_size=3)
-MESSAGE = (
+PART = mostly(TEXT_PART | IMAGE_PART, st.dictionaries(st.text(max_size=8), JSON, max_size=3))
+MESSAGE = mostly(
     st.fixed_dictionaries(
         {
-            "role": st.sampled_from(["system", "user", "assistant", "tool", "developer", "bogus"]),
-            "content": TEXT | st.lists(PART, max_size=3) | JSON,
+            "role": mostly(st.sampled_from(["system", "user", "assistant"]), st.text(max_size=8)),
+            "content": mostly(TEXT | st.lists(PART, min_size=1, max_size=3), JSON),
         }
-    )
-    | JSON
+    ),
+    JSON,
 )
 SAMPLING = {
-    "max_tokens": WEIRD_INT,
+    "max_tokens": mostly(st.integers(min_value=1, max_value=32), WEIRD_INT),
     "max_completion_tokens": WEIRD_INT,
-    "n": st.integers(min_value=-2, max_value=3) | st.sampled_from([2**31, 10**30]),
-    "temperature": WEIRD_INT,
-    "top_p": WEIRD_INT,
+    "n": mostly(st.integers(min_value=1, max_value=3), st.sampled_from([0, -1, 2**31, 10**30])),
+    "temperature": mostly(st.floats(min_value=0, max_value=2), WEIRD_INT),
+    "top_p": mostly(st.floats(min_value=0.01, max_value=1), WEIRD_INT),
     "top_k": WEIRD_INT,
-    "seed": WEIRD_INT,
-    "stream": st.booleans() | JSON,
-    "stream_options": JSON,
-    "stop": JSON,
-    "cache_salt": JSON,
+    "seed": mostly(st.integers(min_value=0, max_value=2**32), WEIRD_INT),
+    "stream": mostly(st.booleans(), JSON),
+    "stream_options": mostly(st.fixed_dictionaries({"include_usage": st.booleans()}), JSON),
+    "stop": mostly(st.lists(st.text(min_size=1, max_size=4), max_size=2), JSON),
+    "cache_salt": mostly(st.text(min_size=1, max_size=12), JSON),
     "logprobs": JSON,
-    "ignore_eos": JSON,
+    "ignore_eos": mostly(st.booleans(), JSON),
 }
 CHAT = st.fixed_dictionaries(
-    {"model": st.just("demo") | JSON, "messages": st.lists(MESSAGE, max_size=4) | JSON},
+    {
+        "model": mostly(st.just("demo"), JSON),
+        "messages": mostly(st.lists(MESSAGE, min_size=1, max_size=4), JSON),
+    },
     optional={**SAMPLING, "tools": JSON, "chat_template_kwargs": JSON, "junk": JSON},
 )
 COMPLETION = st.fixed_dictionaries(
     {
-        "model": st.just("demo") | JSON,
-        "prompt": TEXT
-        | st.lists(st.integers(min_value=-10, max_value=300_000), max_size=20)
-        | st.lists(st.lists(st.integers(min_value=0, max_value=100), max_size=5), max_size=3)
-        | JSON,
+        "model": mostly(st.just("demo"), JSON),
+        "prompt": mostly(
+            TEXT | st.lists(st.integers(min_value=0, max_value=500), min_size=1, max_size=20),
+            st.lists(st.integers(min_value=-10, max_value=300_000), max_size=20)
+            | st.lists(st.lists(st.integers(min_value=0, max_value=100), max_size=5), max_size=3)
+            | JSON,
+        ),
     },
     optional=SAMPLING,
 )
@@ -129,20 +145,60 @@ CONTENT_TYPES = st.sampled_from(
 )
 
 
+# Well-formed bodies (the content may still be bad: images, unicode, token ids), to mutate.
+VALID_MESSAGE = st.fixed_dictionaries(
+    {
+        "role": st.sampled_from(["system", "user", "assistant"]),
+        "content": TEXT | st.lists(TEXT_PART | IMAGE_PART, min_size=1, max_size=3),
+    }
+)
+VALID_SAMPLING = {
+    "max_tokens": st.integers(min_value=1, max_value=32),
+    "n": st.integers(min_value=1, max_value=3),
+    "temperature": st.floats(min_value=0, max_value=2),
+    "seed": st.integers(min_value=0, max_value=2**32),
+    "stream": st.booleans(),
+    "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
+    "cache_salt": st.text(min_size=1, max_size=12),
+    "ignore_eos": st.booleans(),
+}
+VALID_CHAT = st.fixed_dictionaries(
+    {"model": st.just("demo"), "messages": st.lists(VALID_MESSAGE, min_size=1, max_size=3)},
+    optional=VALID_SAMPLING,
+)
+VALID_COMPLETION = st.fixed_dictionaries(
+    {
+        "model": st.just("demo"),
+        "prompt": TEXT | st.lists(st.integers(min_value=0, max_value=500), min_size=1, max_size=20),
+    },
+    optional=VALID_SAMPLING,
+)
+MUTABLE_KEYS = [*SAMPLING, "model", "messages", "prompt", "tools", "top_k", "logprobs"]
+
+
 @st.composite
 def raw_requests(draw: st.DrawFn) -> tuple[str, bytes, str]:
-    """(path, body bytes, content type): valid-looking, truncated or binary bodies."""
-    path, body = draw(
-        st.tuples(st.just("/v1/chat/completions"), CHAT)
-        | st.tuples(st.just("/v1/completions"), COMPLETION)
+    """(path, body bytes, content type): valid, mutated, random, truncated or binary bodies."""
+    chat = draw(st.booleans())
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    shape = draw(
+        st.sampled_from(["valid", "mutated", "mutated", "random", "truncated", "binary", "other"])
     )
+    body = draw(VALID_CHAT if chat else VALID_COMPLETION)
+    if shape == "mutated":
+        key = draw(st.sampled_from(MUTABLE_KEYS) | st.text(max_size=6))
+        if draw(st.integers(0, 4)) == 0:
+            body.pop(key, None)
+        else:
+            body[key] = draw(WEIRD_INT | JSON)
+    elif shape == "random":
+        body = draw(CHAT if chat else COMPLETION)
     data = json.dumps(body).encode()
-    shape = draw(st.sampled_from(["json", "json", "json", "truncated", "binary", "not-object"]))
     if shape == "truncated":
         data = data[: draw(st.integers(min_value=0, max_value=max(len(data) - 1, 0)))]
     elif shape == "binary":
         data = draw(st.binary(max_size=200))
-    elif shape == "not-object":
+    elif shape == "other":
         data = json.dumps(draw(JSON)).encode()
     ctype = draw(CONTENT_TYPES) if draw(st.integers(0, 4)) == 0 else "application/json"
     return path, data, ctype
@@ -160,6 +216,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     )
     with Cluster(spec) as c:
         yield c
+
+
+@pytest.fixture(scope="module")
+def outcomes() -> Counter:
+    """Status codes seen by the fuzz (checked afterwards: the fuzz must reach both sides)."""
+    return Counter()
 
 
 def _check(resp: httpx.Response, body: bytes) -> None:
@@ -182,7 +244,9 @@ def _check(resp: httpx.Response, body: bytes) -> None:
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(req=raw_requests())
-def test_gateway_never_5xx_or_hangs(cluster: Cluster, req: tuple[str, bytes, str]) -> None:
+def test_gateway_never_5xx_or_hangs(
+    cluster: Cluster, outcomes: Counter, req: tuple[str, bytes, str]
+) -> None:
     path, data, ctype = req
     headers = {"content-type": ctype} if ctype else {}
     t0 = time.monotonic()
@@ -195,11 +259,15 @@ def test_gateway_never_5xx_or_hangs(cluster: Cluster, req: tuple[str, bytes, str
     ) as resp:
         body = resp.read()
     assert time.monotonic() - t0 < ANSWER_WITHIN_S
+    outcomes[resp.status_code] += 1
     _check(resp, body)
 
 
-def test_worker_survived_the_fuzz(cluster: Cluster) -> None:
+def test_worker_survived_the_fuzz(cluster: Cluster, outcomes: Counter) -> None:
     # Runs after the fuzz in file order: no input may have killed the engine or the gateway.
+    print("fuzz outcomes by status:", dict(sorted(outcomes.items())))
+    if outcomes:  # the fuzz ran in this session: it must have reached both outcomes
+        assert outcomes[200] > 0 and sum(n for s, n in outcomes.items() if s >= 400) > 0
     assert httpx.get(f"{cluster.workers[0].url}/health", timeout=5).status_code == 200
     assert httpx.get(f"{cluster.gateway_url}/health", timeout=5).status_code == 200
     r = httpx.post(

@@ -1,0 +1,67 @@
+"""The benchmark plumbing on a small real cluster: per-request policies, cache resets between
+runs, worker-counter deltas and streaming TTFT."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from bench import worker_metrics as wm
+from bench.cluster import Cluster, ClusterSpec
+from bench.driver import run_workload
+from bench.hit_rate import run_replicas
+from bench.workload import Workload, WorkloadSpec
+
+
+def test_max_over_mean_counts_idle_replicas():
+    assert wm.max_over_mean([5, 5, 5, 5]) == 1.0
+    assert wm.max_over_mean([10, 0]) == 2.0
+    assert wm.max_over_mean([]) == 0.0
+
+
+def test_hit_rate_runs_are_cold_and_counted_by_workers(tmp_path: Path):
+    args = argparse.Namespace(
+        tenants_per_replica=2,
+        users_per_tenant=2,
+        turns=2,
+        system_words=300,
+        seed=0,
+        num_blocks=120,
+        concurrency=2,
+        log_dir=tmp_path,
+    )
+    rows = {r.policy: r for r in run_replicas(2, ["cache_aware", "round_robin"], args)}
+    ca, rr, bound = rows["cache_aware"], rows["round_robin"], rows["upper_bound"]
+    for r in (ca, rr, bound):
+        assert r.failed == 0 and r.requests == 16
+        # Every request reached a worker, and the workers' counters agree with the responses.
+        assert sum(r.requests_per_replica) == 16
+        assert r.worker_hit_rate == pytest.approx(r.hit_rate, abs=1e-9)
+    # round_robin alternates strictly; reset caches mean it did not inherit cache_aware's blocks.
+    assert rr.requests_per_replica == [8, 8] and rr.max_over_mean == 1.0
+    assert ca.hit_rate > rr.hit_rate
+    assert bound.hit_rate >= ca.hit_rate * 0.9
+    assert bound.blocks_per_replica == 240 and bound.max_over_mean is None
+
+
+def test_streaming_driver_measures_ttft_and_cached_tokens(tmp_path: Path):
+    spec = ClusterSpec(workers=1, engine="sim", gateways=1, log_dir=tmp_path)
+    workload = Workload(WorkloadSpec(tenants=1, users_per_tenant=1, turns=2, system_words=200))
+    with Cluster(spec) as c:
+        before = wm.scrape_all(c.worker_urls)
+        results = asyncio.run(run_workload(c.gateway_url, workload, stream=True))
+        per = wm.deltas(before, wm.scrape_all(c.worker_urls))
+    assert [r.ok for r in results] == [True, True]
+    first, second = sorted(results, key=lambda r: r.turn)
+    for r in results:
+        assert r.ttft_s is not None and 0 < r.ttft_s <= r.latency_s
+        assert r.replica != "direct"  # the gateway named the replica it chose
+    assert first.cached_tokens == 0 and second.cached_tokens > 0
+    assert second.predicted_cached_tokens == second.cached_tokens
+    counters = per[c.worker_urls[0]]
+    assert counters.requests == 2
+    assert counters.hit_tokens == second.cached_tokens
+    assert counters.prompt_tokens == first.prompt_tokens + second.prompt_tokens
