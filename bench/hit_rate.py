@@ -93,7 +93,7 @@ def make_row(replicas, policy, blocks, results, per_worker, seconds) -> Row:
         failed=sum(not r.ok for r in results),
         hit_rate=hit_rate(results),
         worker_hit_rate=wm.hit_rate(per_worker),
-        max_over_mean=wm.max_over_mean(counts) if replicas > 1 else None,
+        max_over_mean=wm.max_over_mean(counts) if len(counts) > 1 else None,
         requests_per_replica=counts,
         seconds=round(seconds, 2),
     )

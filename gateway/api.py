@@ -8,7 +8,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from gateway.protocol import error_response
-from gateway.serving import OpenAIServing
+from gateway.serving import OpenAIServing, RequestError, authenticate
 from gateway.state import GatewayState
 
 
@@ -28,6 +28,10 @@ def attach_routes(app: FastAPI) -> None:
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
         st = _state(request)
+        try:
+            authenticate(st, request)
+        except RequestError as e:
+            return e.response
         reps = st.replicas.available()
         results = await asyncio.gather(
             *(st.http.get(f"{r.url}/v1/models", timeout=st.config.connect_timeout) for r in reps),

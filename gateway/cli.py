@@ -6,6 +6,55 @@ import argparse
 import logging
 
 from gateway.config import POLICY_NAMES, CostWeights, GatewayConfig
+from gateway.limits import RequestLimits
+
+
+def _add_security_flags(p: argparse.ArgumentParser) -> None:
+    """Input limits, image fetching, tenants and overload (docs/security.md)."""
+    d = RequestLimits()
+    g = p.add_argument_group("limits and security (docs/security.md)")
+    g.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes)
+    g.add_argument("--max-messages", type=int, default=d.max_messages)
+    g.add_argument("--max-content-parts", type=int, default=d.max_content_parts)
+    g.add_argument("--max-images-per-request", type=int, default=d.max_images)
+    g.add_argument("--max-image-bytes", type=int, default=d.max_image_bytes)
+    g.add_argument("--max-image-pixels", type=int, default=d.max_image_pixels)
+    g.add_argument(
+        "--max-prompt-tokens", type=int, default=None, help="default: the model's max_model_len"
+    )
+    g.add_argument("--max-output-tokens", type=int, default=d.max_output_tokens)
+    g.add_argument("--max-n", type=int, default=d.max_n)
+    g.add_argument("--image-fetch-timeout", type=float, default=10.0)
+    g.add_argument(
+        "--image-fetch-allow",
+        action="append",
+        default=[],
+        help="host name or CIDR exempt from the SSRF guard (repeat, or comma-separate)",
+    )
+    g.add_argument("--no-remote-images", action="store_true", help="refuse http(s) image URLs")
+    g.add_argument("--api-keys-file", default=None, help="key -> tenant (JSON, YAML or lines)")
+    g.add_argument(
+        "--tenant-salt-secret",
+        default=None,
+        help="HMAC secret of tenant cache salts (else env KVGATE_TENANT_SALT_SECRET)",
+    )
+    g.add_argument("--max-inflight-per-replica", type=int, default=256, help="0: unbounded")
+    g.add_argument("--max-queue", type=int, default=1024)
+    g.add_argument("--queue-timeout", type=float, default=30.0)
+
+
+def _limits_from_args(args: argparse.Namespace) -> RequestLimits:
+    return RequestLimits(
+        max_body_bytes=args.max_body_bytes,
+        max_messages=args.max_messages,
+        max_content_parts=args.max_content_parts,
+        max_images=args.max_images_per_request,
+        max_image_bytes=args.max_image_bytes,
+        max_image_pixels=args.max_image_pixels,
+        max_prompt_tokens=args.max_prompt_tokens,
+        max_output_tokens=args.max_output_tokens,
+        max_n=args.max_n,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,7 +87,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recent-half-life", type=float, default=60.0)
     p.add_argument("--softmax-temperature", type=float, default=0.0)
     p.add_argument("--session-header", default="x-session-id")
-    p.add_argument("--max-image-bytes", type=int, default=20 * 1024 * 1024)
     p.add_argument(
         "--vllm-kv-events-port",
         type=int,
@@ -48,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vllm-kv-events-replay-port", type=int, default=None)
     p.add_argument("--vllm-kv-events-topic", default="")
     p.add_argument("--log-level", default="info")
+    _add_security_flags(p)
     return p
 
 
@@ -77,7 +126,17 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         recent_half_life=args.recent_half_life,
         softmax_temperature=args.softmax_temperature,
         session_header=args.session_header,
-        max_image_bytes=args.max_image_bytes,
+        limits=_limits_from_args(args),
+        image_fetch_timeout=args.image_fetch_timeout,
+        image_fetch_allow=tuple(
+            e.strip() for arg in args.image_fetch_allow for e in arg.split(",") if e.strip()
+        ),
+        remote_images=not args.no_remote_images,
+        api_keys_file=args.api_keys_file,
+        tenant_salt_secret=args.tenant_salt_secret,
+        max_inflight_per_replica=args.max_inflight_per_replica or None,
+        max_queue=args.max_queue,
+        queue_timeout=args.queue_timeout,
         vllm_kv_events_port=args.vllm_kv_events_port,
         vllm_kv_events_replay_port=args.vllm_kv_events_replay_port,
         vllm_kv_events_topic=args.vllm_kv_events_topic,
@@ -93,7 +152,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         config = config_from_args(args)
-    except ValueError as e:
+        if config.api_keys_file:  # fail at start, not on the first request
+            from gateway.tenants import TenantRegistry
+
+            TenantRegistry(config.api_keys_file, config.tenant_salt_secret)
+    except (OSError, ValueError) as e:
         build_parser().error(str(e))
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"

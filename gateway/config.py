@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gateway.image_fetch import AllowList
+from gateway.limits import RequestLimits
+
 POLICY_NAMES = ("cache_aware", "round_robin", "least_loaded", "session", "random")
 
 
@@ -43,8 +46,16 @@ class GatewayConfig:
     recent_half_life: float = 60.0  # seconds; decay of the recent-prefill term
     softmax_temperature: float = 0.0  # 0: pick the lowest cost; > 0: sample softmax(-cost/T)
     session_header: str = "x-session-id"
-    max_image_bytes: int = 20 * 1024 * 1024
+    # Front door (docs/security.md): input limits, image fetching, tenants, overload.
+    limits: RequestLimits = field(default_factory=RequestLimits)
     image_fetch_timeout: float = 10.0
+    image_fetch_allow: tuple[str, ...] = ()  # host names and CIDRs exempt from the SSRF guard
+    remote_images: bool = True
+    api_keys_file: str | None = None
+    tenant_salt_secret: str | None = None  # else env KVGATE_TENANT_SALT_SECRET, else the file
+    max_inflight_per_replica: int | None = 256
+    max_queue: int = 1024
+    queue_timeout: float = 30.0
     # Plain vLLM workers (no /kvgate/info): where their --kv-events-config publishes.
     vllm_kv_events_port: int | None = None
     vllm_kv_events_replay_port: int | None = None
@@ -79,3 +90,11 @@ class GatewayConfig:
             raise ValueError("recent_half_life must be positive")
         if self.softmax_temperature < 0:
             raise ValueError("softmax_temperature must be >= 0")
+        self.image_fetch_allow = tuple(self.image_fetch_allow)
+        AllowList.parse(self.image_fetch_allow)  # raises on a malformed entry
+        if self.image_fetch_timeout <= 0:
+            raise ValueError("image_fetch_timeout must be positive")
+        if self.max_inflight_per_replica is not None and self.max_inflight_per_replica <= 0:
+            raise ValueError("max_inflight_per_replica must be positive")
+        if self.max_queue < 0 or self.queue_timeout < 0:
+            raise ValueError("max_queue and queue_timeout must be >= 0")

@@ -125,6 +125,8 @@ class BlockIndex:
         spec = self._spec.get(key)
         if spec is not None:
             spec.pop(replica, None)  # the real event replaces the guess
+            if not spec:
+                del self._spec[key]  # an empty map would stay forever (its expiry is moot)
 
     def remove(self, replica: ReplicaId, engine_hashes: Sequence[EngineHash]) -> None:
         state = self._replicas.get(replica)
@@ -161,8 +163,11 @@ class BlockIndex:
                     self._copies -= copy.count
                 if not holders:
                     del self._holders[key]
-        for spec in self._spec.values():
-            spec.pop(replica, None)
+        for key in [k for k, spec in self._spec.items() if replica in spec]:
+            spec = self._spec[key]
+            del spec[replica]
+            if not spec:
+                del self._spec[key]
 
     def _evict_over_cap(self) -> None:
         while len(self._holders) > self.max_blocks:

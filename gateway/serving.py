@@ -7,6 +7,7 @@ import base64
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import xxhash
@@ -18,11 +19,14 @@ from cachekey.errors import RenderError
 from cachekey.keys import HashNamespace, block_keys
 from cachekey.types import BlockKey, Prompt
 from gateway.accounting import RequestLedger
+from gateway.admission import Overloaded
+from gateway.limits import LimitError, check_body, read_body, render_error_hint
 from gateway.policies import Policy, RouteContext
 from gateway.protocol import ChatCompletionRequest, CompletionRequest, error_response
 from gateway.proxy import NoReplicaError, SSERelay, relay_stream, send_with_retries
 from gateway.replicas import Replica
 from gateway.state import GatewayState
+from gateway.tenants import AuthError
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +92,20 @@ def render_request(renderer, req: OpenAIRequest, ns: HashNamespace) -> tuple[Pro
     return prompt, block_keys(prompt.token_ids, ns, prompt.mm_items, None, req.cache_salt)
 
 
+def authenticate(state: GatewayState, request: Request) -> str | None:
+    """The request's tenant (None when the gateway has no API keys); 401 otherwise."""
+    if state.tenants is None:
+        return None
+    try:
+        return state.tenants.authenticate(request.headers.get("authorization"))
+    except AuthError as e:
+        resp = error_response(
+            401, str(e), "authentication_error", code="invalid_api_key",
+            headers={"www-authenticate": "Bearer"},
+        )  # fmt: skip
+        raise RequestError(resp) from e
+
+
 class OpenAIServing:
     def __init__(self, state: GatewayState) -> None:
         self.state = state
@@ -100,28 +118,56 @@ class OpenAIServing:
 
     async def _handle(self, request: Request, path: str, model_cls: type) -> Response:
         try:
+            tenant = authenticate(self.state, request)
             body, req = await self._parse(request, model_cls)
+            if tenant is not None:
+                # Replaces any client salt by one derived from (tenant, client salt): the
+                # routing keys and the worker's cache both use it.
+                assert self.state.tenants is not None
+                req.cache_salt = body["cache_salt"] = self.state.tenants.salt_for(
+                    tenant, req.cache_salt
+                )
             policy_name, policy = self._policy(request)
             candidates, ns = self._candidates(req)
             prompt, keys = await self._render(req, ns)
             ranked, ledger = await self._route(
                 request, policy, policy_name, candidates, ns, prompt, keys
             )
+            ranked = await self._admit(ranked)
         except RequestError as e:
             return e.response
-        if isinstance(req, ChatCompletionRequest):
-            pin_images(body["messages"], prompt)
-        wants_usage = bool((req.stream_options or {}).get("include_usage"))
-        if req.stream:
-            body["stream_options"] = {**(req.stream_options or {}), "include_usage": True}
-        return await self._forward(
-            path, json.dumps(body).encode(), ranked, ledger, req.stream, wants_usage
-        )
+        slot = ranked[0].id
+        streaming = False
+        try:
+            if isinstance(req, ChatCompletionRequest):
+                pin_images(body["messages"], prompt)
+            wants_usage = bool((req.stream_options or {}).get("include_usage"))
+            if req.stream:
+                body["stream_options"] = {**(req.stream_options or {}), "include_usage": True}
+            resp = await self._forward(
+                path,
+                json.dumps(body).encode(),
+                ranked,
+                ledger,
+                req.stream,
+                wants_usage,
+                lambda: self.state.admission.release(slot),
+            )
+            streaming = isinstance(resp, StreamingResponse)
+            return resp
+        finally:
+            if not streaming:  # a stream releases its slot when it ends
+                self.state.admission.release(slot)
 
     async def _parse(self, request: Request, model_cls: type) -> tuple[dict, OpenAIRequest]:
+        limits = self.state.config.limits
         try:
-            body = json.loads(await request.body())
+            body = json.loads(await read_body(request, limits))
+            check_body(body, limits)
             return body, model_cls.model_validate(body)
+        except LimitError as e:
+            resp = error_response(e.status, e.message, param=e.param, code="limit_exceeded")
+            raise RequestError(resp) from e
         except ValueError as e:  # JSONDecodeError and ValidationError are ValueErrors
             param = None
             if isinstance(e, ValidationError) and e.errors():
@@ -153,12 +199,26 @@ class OpenAIServing:
             loop = asyncio.get_running_loop()
             out = await loop.run_in_executor(st.render_pool, render_request, renderer, req, ns)
         except RenderError as e:
-            resp = error_response(e.status_code, e.message, e.error_type, e.param, type(e).__name__)
+            msg = e.message + render_error_hint(e)
+            resp = error_response(e.status_code, msg, e.error_type, e.param, type(e).__name__)
             raise RequestError(resp) from e
         except RuntimeError as e:  # the render assets could not be loaded
             raise RequestError(error_response(503, str(e), "service_unavailable")) from e
         st.metrics.render_seconds.observe(time.perf_counter() - t0)
         return out
+
+    async def _admit(self, ranked: list[Replica]) -> list[Replica]:
+        """Take an in-flight slot; the replica holding it is tried first."""
+        try:
+            rep = await self.state.admission.acquire(ranked)
+        except Overloaded as e:
+            self.state.metrics.requests.labels("none", "admission", "overloaded").inc()
+            resp = error_response(
+                429, e.message, "rate_limit_error", code="overloaded",
+                headers={"retry-after": str(e.retry_after)},
+            )  # fmt: skip
+            raise RequestError(resp) from e
+        return [rep, *(r for r in ranked if r is not rep)]
 
     async def _route(
         self,
@@ -188,6 +248,7 @@ class OpenAIServing:
         ledger: RequestLedger,
         stream: bool,
         wants_usage: bool,
+        release: Callable[[], None],
     ) -> Response:
         st = self.state
         try:
@@ -213,7 +274,12 @@ class OpenAIServing:
         }
         if stream and resp.status_code == 200:
             relay = SSERelay(strip_usage=not wants_usage)
-            gen = relay_stream(resp, relay, lambda status: ledger.finish(rep, status, relay.usage))
+
+            def on_end(status: str) -> None:
+                release()
+                ledger.finish(rep, status, relay.usage)
+
+            gen = relay_stream(resp, relay, on_end)
             return StreamingResponse(gen, media_type="text/event-stream", headers=headers)
         content = await resp.aread()
         await resp.aclose()

@@ -10,13 +10,16 @@ from dataclasses import dataclass, field
 import httpx
 
 from cachekey.keys import HashNamespace
+from gateway.admission import Admission
 from gateway.assets import load_assets
 from gateway.config import GatewayConfig
-from gateway.fetch import ImageFetcher
+from gateway.fetch import ImageFetcher, RemoteImagesDisabled
+from gateway.image_fetch import AllowList, FetchPolicy
 from gateway.index import BlockIndex
 from gateway.metrics import GatewayMetrics
 from gateway.policies import POLICIES, Policy
 from gateway.replicas import Replica, ReplicaSet
+from gateway.tenants import TenantRegistry
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +32,9 @@ class GatewayState:
     http: httpx.AsyncClient
     replicas: ReplicaSet
     policies: dict[str, Policy]
-    fetcher: ImageFetcher
+    fetcher: ImageFetcher | RemoteImagesDisabled
+    admission: Admission
+    tenants: TenantRegistry | None = None  # None: no API keys, no tenant salts
     # Rendering (tokenization, image decode, remote fetches) runs here, never on the event
     # loop; a few threads so one slow image fetch does not hold up every other request.
     render_pool: ThreadPoolExecutor = field(
@@ -51,7 +56,13 @@ class GatewayState:
             http=http,
             replicas=ReplicaSet(config, index, metrics, http),
             policies={name: ctor(config) for name, ctor in POLICIES.items()},
-            fetcher=ImageFetcher(config.max_image_bytes, config.image_fetch_timeout),
+            fetcher=_build_fetcher(config),
+            admission=Admission(config),
+            tenants=(
+                TenantRegistry(config.api_keys_file, config.tenant_salt_secret)
+                if config.api_keys_file
+                else None
+            ),
         )
 
     async def get_renderer(self):
@@ -64,7 +75,8 @@ class GatewayState:
 
                 urls = [r.url for r in self.replicas.replicas.values() if r.instance_id]
                 assets = await load_assets(self.config.model_dir, urls, self.http)
-                self.renderer = Renderer(assets, fetcher=self.fetcher)
+                limits = self.config.limits.render_limits()
+                self.renderer = Renderer(assets, fetcher=self.fetcher, limits=limits)
                 self._check_assets(assets.fingerprint())
         return self.renderer
 
@@ -98,3 +110,10 @@ class GatewayState:
         await self.http.aclose()
         self.fetcher.close()
         self.render_pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _build_fetcher(config: GatewayConfig) -> ImageFetcher | RemoteImagesDisabled:
+    if not config.remote_images:
+        return RemoteImagesDisabled()
+    policy = FetchPolicy(AllowList.parse(config.image_fetch_allow))
+    return ImageFetcher(config.limits.max_image_bytes, config.image_fetch_timeout, policy)

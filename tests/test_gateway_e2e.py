@@ -15,7 +15,7 @@ import pytest
 from bench.cluster import Cluster, ClusterSpec
 from bench.workload import Workload, WorkloadSpec
 
-GATEWAY_ARGS = ("--poll-interval", "0.2")
+GATEWAY_ARGS = ("--poll-interval", "0.2", "--image-fetch-allow", "127.0.0.1/32")
 
 
 @pytest.fixture(scope="module")

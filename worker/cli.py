@@ -96,7 +96,9 @@ def configs_from_args(args: argparse.Namespace) -> tuple[EngineConfig, ServerCon
 
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto must say TCP: asyncio sets TCP_NODELAY on accepted sockets only then, and without it
+    # a response written in two parts waits ~40 ms for the client's delayed ACK on keep-alive.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     # Listening before the engine is up means early clients queue instead of being refused.
