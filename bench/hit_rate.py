@@ -83,7 +83,14 @@ def drive(
     return results, wm.deltas(before, wm.scrape_all(workers)), seconds
 
 
-def make_row(replicas, policy, blocks, results, per_worker, seconds) -> Row:
+def make_row(
+    replicas: int,
+    policy: str,
+    blocks: int,
+    results: list[Result],
+    per_worker: dict[str, wm.WorkerCounters],
+    seconds: float,
+) -> Row:
     counts = [round(c.requests) for c in per_worker.values()]
     return Row(
         replicas=replicas,

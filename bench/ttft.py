@@ -51,7 +51,9 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else 0.0
 
 
-def make_row(policy: str, results: list[Result], per_worker, seconds: float) -> Row:
+def make_row(
+    policy: str, results: list[Result], per_worker: dict[str, wm.WorkerCounters], seconds: float
+) -> Row:
     ok = [r for r in results if r.ok]
     ttfts = [r.ttft_s * 1000 for r in ok if r.ttft_s is not None]
     output_tokens = sum(c.generation_tokens for c in per_worker.values())

@@ -14,8 +14,8 @@ import pytest
 
 from bench.cluster import Cluster, ClusterSpec
 
-DECODE_S = 0.1
-TOKENS = 12  # ~1.2 s per request on the sim worker
+DECODE_S = 0.15
+TOKENS = 12  # ~1.8 s per request on the sim worker
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,9 @@ class SamplingParams:
             not isinstance(self.seed, int) or isinstance(self.seed, bool)
         ):
             raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
+        # Seeds are packed as signed 64-bit (vLLM's bound too); past it the engine would fail.
+        if self.seed is not None and not -(2**63) <= self.seed < 2**63:
+            raise ValueError(f"seed must fit in a signed 64-bit integer, got {self.seed}")
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
         if isinstance(self.stop, str):
