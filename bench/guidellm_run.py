@@ -61,10 +61,10 @@ def install() -> None:
     pyver = f"python{sys.version_info.major}.{sys.version_info.minor}"
     pth = VENV / "lib" / pyver / "site-packages" / "_kvgate_base.pth"
     pth.write_text("\n".join(site.getsitepackages()) + "\n")
-    import torch  # noqa: F401  (only to read its version: pin it, never pull a CUDA build)
+    import torch  # only to pin its version, so pip never pulls a CUDA build beside it
 
     constraint = VENV / "torch-constraint.txt"
-    constraint.write_text(f"torch=={sys.modules['torch'].__version__}\n")
+    constraint.write_text(f"torch=={torch.__version__}\n")
     pip = [str(VENV / "bin" / "python"), "-m", "pip", "install", "-c", str(constraint)]
     subprocess.check_call([*pip, "guidellm"])
 

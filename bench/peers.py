@@ -80,9 +80,9 @@ def start_peer(name: str, policy: str, workers: list[str], log_dir: Path) -> Pro
     log = log_dir / f"{name}-{policy}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_bytes(b"")
-    proc = Proc(f"{name}-{policy}", args, port, log)
-    # Proc runs `sys.executable ARGS`; a peer is its own executable, so run it through a shim.
-    proc.args = ["-c", "import os,sys; os.execv(sys.argv[1], sys.argv[1:])", binary, *args]
+    # Proc runs `sys.executable ARGS`; a peer is its own executable, so exec it from a shim.
+    shim = ["-c", "import os,sys; os.execv(sys.argv[1], sys.argv[1:])", binary, *args]
+    proc = Proc(f"{name}-{policy}", shim, port, log)
     proc.start()
     wait_routing(proc)
     return proc
