@@ -161,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # httpx logs every health, info and metrics poll at INFO; keep those out of the gateway's log.
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
     import uvicorn
 
     from gateway.app import create_app
