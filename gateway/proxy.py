@@ -13,6 +13,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import httpx
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from gateway.protocol import error_body
 from gateway.replicas import Replica
@@ -116,6 +118,30 @@ class SSERelay:
             if self.strip_usage and not data.get("choices"):
                 return False
         return True
+
+
+class RelayResponse(StreamingResponse):
+    """A relayed stream whose end runs even when the client left before the first byte.
+
+    If the client is gone by the time the response starts, Starlette fails on the first send and
+    never iterates the generator, so the generator's own `finally` never runs: the replica slot,
+    the in-flight accounting and the upstream connection would leak. `on_close` must be
+    idempotent; it also runs after a normal end, where it is a no-op.
+    """
+
+    def __init__(
+        self, content: AsyncIterator[bytes], on_close: Callable[[], object], **kwargs: object
+    ) -> None:
+        super().__init__(content, **kwargs)
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            result = self._on_close()
+            if hasattr(result, "__await__"):
+                await result
 
 
 async def relay_stream(

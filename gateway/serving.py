@@ -12,7 +12,7 @@ from typing import Any
 
 import xxhash
 from fastapi import Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 from pydantic import ValidationError
 
 from cachekey.errors import RenderError
@@ -23,7 +23,13 @@ from gateway.admission import Overloaded
 from gateway.limits import LimitError, check_body, read_body, render_error_hint
 from gateway.policies import Policy, RouteContext
 from gateway.protocol import ChatCompletionRequest, CompletionRequest, error_response
-from gateway.proxy import NoReplicaError, SSERelay, relay_stream, send_with_retries
+from gateway.proxy import (
+    NoReplicaError,
+    RelayResponse,
+    SSERelay,
+    relay_stream,
+    send_with_retries,
+)
 from gateway.replicas import Replica
 from gateway.state import GatewayState
 from gateway.tenants import AuthError
@@ -153,7 +159,7 @@ class OpenAIServing:
                 wants_usage,
                 lambda: self.state.admission.release(slot),
             )
-            streaming = isinstance(resp, StreamingResponse)
+            streaming = isinstance(resp, RelayResponse)
             return resp
         finally:
             if not streaming:  # a stream releases its slot when it ends
@@ -275,12 +281,23 @@ class OpenAIServing:
         if stream and resp.status_code == 200:
             relay = SSERelay(strip_usage=not wants_usage)
 
+            ended = False
+
             def on_end(status: str) -> None:
-                release()
-                ledger.finish(rep, status, relay.usage)
+                nonlocal ended
+                if not ended:
+                    ended = True
+                    release()
+                    ledger.finish(rep, status, relay.usage)
+
+            async def on_close() -> None:
+                # A no-op after a normal end; otherwise the client left before the first byte.
+                if not ended:
+                    await resp.aclose()
+                    on_end("client_gone")
 
             gen = relay_stream(resp, relay, on_end)
-            return StreamingResponse(gen, media_type="text/event-stream", headers=headers)
+            return RelayResponse(gen, on_close, media_type="text/event-stream", headers=headers)
         content = await resp.aread()
         await resp.aclose()
         usage = None
