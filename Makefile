@@ -11,11 +11,14 @@ ARGS ?=
 .PHONY: test test-quick lint format demo clean bench
 
 # Recreated when missing or when pyproject.toml changed since the last install.
+# pip's output goes to a log; on failure its tail is shown.
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -e '.[gateway,worker,test,bench]'
+	@echo "installing kvgate into $(VENV) ($(TORCH), CPU build; log: $(VENV)/install.log)..."
+	@( $(PY) -m pip install -q --upgrade pip \
+	  && $(PY) -m pip install -q $(TORCH) \
+	  && $(PY) -m pip install -q -e '.[gateway,worker,test,bench]' ) > $(VENV)/install.log 2>&1 \
+	  || { tail -40 $(VENV)/install.log; exit 1; }
 	@touch $(STAMP)
 
 lint: $(STAMP)

@@ -122,6 +122,10 @@ def main() -> int:
             f"\ncache_aware hit rate {ca:.1%} vs round_robin {rr:.1%} ({ratio}); "
             f"finished in {time.monotonic() - t0:.0f}s"
         )
+        print(
+            f"gateway {cluster.gateway_url}/v1 (metrics {cluster.gateway_url}/metrics); "
+            f"workers {', '.join(cluster.worker_urls)}"
+        )
         lost = sum(not r.ok for rs in runs.values() for r in rs)
         if args.keep:
             print(
