@@ -50,12 +50,17 @@ def run_policy(cluster: Cluster, workload: Workload, policy: str, concurrency: i
     return results
 
 
+def p50_ms(results: list[Result]) -> float:
+    lat = sorted(r.latency_s for r in results if r.ok)
+    return 1000 * lat[len(lat) // 2] if lat else 0.0
+
+
 def print_table(policy: str, results: list[Result]) -> None:
     rows = summarize(results)
     failed = sum(not r.ok for r in results)
     print(
-        f"\n{policy}: hit rate {hit_rate(results):.1%} over {len(results)} requests"
-        + (f" ({failed} failed)" if failed else "")
+        f"\n{policy}: hit rate {hit_rate(results):.1%} over {len(results)} requests, "
+        f"p50 latency {p50_ms(results):.0f} ms" + (f" ({failed} failed)" if failed else "")
     )
     print(
         f"  {'replica':<22}{'requests':>9}{'prompt tok':>12}{'hit rate':>10}"
@@ -119,7 +124,8 @@ def main() -> int:
         ca, rr = hit_rate(runs["cache_aware"]), hit_rate(runs["round_robin"])
         ratio = f"{ca / rr:.2f}x" if rr else "n/a"
         print(
-            f"\ncache_aware hit rate {ca:.1%} vs round_robin {rr:.1%} ({ratio}); "
+            f"\ncache_aware hit rate {ca:.1%} vs round_robin {rr:.1%} ({ratio}); p50 latency "
+            f"{p50_ms(runs['cache_aware']):.0f} ms vs {p50_ms(runs['round_robin']):.0f} ms; "
             f"finished in {time.monotonic() - t0:.0f}s"
         )
         print(

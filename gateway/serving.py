@@ -191,7 +191,11 @@ class OpenAIServing:
     def _candidates(self, req: OpenAIRequest) -> tuple[list[Replica], HashNamespace]:
         candidates = self.state.replicas.available()
         if req.model:
-            candidates = [r for r in candidates if r.model == req.model] or candidates
+            known = {r.model for r in self.state.replicas.replicas.values()}
+            if candidates and req.model not in known:
+                msg = f"The model `{req.model}` does not exist."
+                raise RequestError(error_response(404, msg, "NotFoundError", "model"))
+            candidates = [r for r in candidates if r.model == req.model]
         ns = self.state.namespace_for(candidates)
         if not candidates or ns is None:
             raise RequestError(error_response(503, "no healthy worker", "service_unavailable"))
