@@ -9,7 +9,6 @@ Prints a table and writes bench/results/engine.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import random
@@ -17,6 +16,7 @@ import statistics
 import time
 from pathlib import Path
 
+from bench.report import write_json
 from cachekey import Prompt
 from worker.engine.config import EngineConfig
 from worker.engine.llm_engine import LLMEngine
@@ -149,9 +149,7 @@ def main() -> None:
     for d in decode:
         print(f"{'decode tokens/s, batch ' + str(d['batch']):<38}{d['tokens_per_s']:>12.1f}")
     print(f"{'decode batch 8 / batch 1':<38}{result['decode_batch8_over_batch1']:>12.2f}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_json(args.out, result)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import statistics
 import time
@@ -24,6 +23,8 @@ from pathlib import Path
 import httpx
 
 from bench.cluster import Cluster, ClusterSpec
+from bench.report import percentile, write_json
+from bench.throughput import ZERO_COMPUTE
 from cachekey.events import BlockStored
 from cachekey.keys import HashNamespace, block_keys
 from gateway.config import GatewayConfig
@@ -31,13 +32,6 @@ from gateway.index import BlockIndex, ReplicaId
 from gateway.policies import RouteContext
 from gateway.policies.cache_aware import CacheAwarePolicy
 from gateway.replicas import Replica
-
-ZERO_COMPUTE = ("--sim-prefill-s-per-token", "0", "--sim-decode-s-per-step", "0")
-
-
-def _pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
 async def _latencies(urls: list[str], n: int, concurrency: int) -> list[float]:
@@ -80,7 +74,7 @@ def added_latency(n: int, workers: int) -> list[dict]:
             row = {"concurrency": conc, "requests": n}
             for name, xs in (("direct", direct), ("gateway", via)):
                 row[f"{name}_p50_ms"] = 1000 * statistics.median(xs)
-                row[f"{name}_p99_ms"] = 1000 * _pct(xs, 0.99)
+                row[f"{name}_p99_ms"] = 1000 * percentile(xs, 0.99)
             row["added_p50_ms"] = row["gateway_p50_ms"] - row["direct_p50_ms"]
             row["added_p99_ms"] = row["gateway_p99_ms"] - row["direct_p99_ms"]
             rows.append(row)
@@ -226,9 +220,7 @@ def main() -> None:
         f"{r['bytes_per_block_measured']:.0f} B/block measured "
         f"({r['bytes_per_block_estimated']:.0f} estimated by kvgate_index_bytes)"
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_json(args.out, result)
 
 
 if __name__ == "__main__":

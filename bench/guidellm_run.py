@@ -29,6 +29,7 @@ from pathlib import Path
 
 from bench import worker_metrics as wm
 from bench.cluster import Cluster, ClusterSpec
+from bench.report import Col, args_dict, percentile, print_table, write_json
 from cachekey.demo import ensure_demo_model
 
 VENV = Path.home() / ".cache" / "kvgate" / "guidellm-venv"
@@ -104,11 +105,6 @@ def run_guidellm(binary: str, url: str, args: argparse.Namespace, out: Path) -> 
     return json.loads(out.read_text())
 
 
-def _median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    return xs[len(xs) // 2] if xs else 0.0
-
-
 def make_row(policy: str, report: dict, per_worker: dict[str, wm.WorkerCounters]) -> Row:
     bench = report["benchmarks"][0]
     ok = bench["requests"]["successful"]
@@ -122,25 +118,22 @@ def make_row(policy: str, report: dict, per_worker: dict[str, wm.WorkerCounters]
         errored=len(bench["requests"].get("errored") or []),
         hit_rate=cached / prompt if prompt else 0.0,
         worker_hit_rate=wm.hit_rate(per_worker),
-        ttft_p50_ms=round(_median([r["time_to_first_token_ms"] or 0.0 for r in ok]), 1),
+        ttft_p50_ms=round(percentile([r["time_to_first_token_ms"] or 0.0 for r in ok], 0.5), 1),
         requests_per_s=round(len(ok) / duration, 2) if duration else 0.0,
         max_over_mean=round(wm.max_over_mean(counts), 2),
         requests_per_replica=counts,
     )
 
 
-def print_rows(rows: list[Row], header: bool = True) -> None:
-    if header:
-        print(
-            f"{'policy':<13}{'reqs':>5}{'err':>5}{'hit (guidellm)':>16}{'hit (workers)':>15}"
-            f"{'TTFT p50':>10}{'max/mean':>9}"
-        )
-    for r in rows:
-        print(
-            f"{r.policy:<13}{r.requests:>5}{r.errored:>5}{r.hit_rate:>16.1%}"
-            f"{r.worker_hit_rate:>15.1%}{r.ttft_p50_ms:>8.0f}ms{r.max_over_mean:>9.2f}",
-            flush=True,
-        )
+COLUMNS = (
+    Col("policy", "policy", 13, left=True),
+    Col("requests", "reqs", 5),
+    Col("errored", "err", 5),
+    Col("hit_rate", "hit (guidellm)", 16, ".1%"),
+    Col("worker_hit_rate", "hit (workers)", 15, ".1%"),
+    Col("ttft_p50_ms", "TTFT p50", 10, ".0f", "ms"),
+    Col("max_over_mean", "max/mean", 9, ".2f"),
+)
 
 
 def main() -> None:
@@ -183,19 +176,17 @@ def main() -> None:
             report = run_guidellm(binary, c.gateway_url, args, args.log_dir / f"{policy}.json")
             per_worker = wm.deltas(before, wm.scrape_all(c.worker_urls))
         rows.append(make_row(policy, report, per_worker))
-        print_rows(rows[-1:], header=len(rows) == 1)
+        print_table(rows[-1:], COLUMNS, header=len(rows) == 1)
     hit = {r.policy: r.hit_rate for r in rows}
     summary = {
-        "args": {k: str(v) for k, v in vars(args).items()},
+        "args": args_dict(args),
         "guidellm": binary,
         "results": [asdict(r) for r in rows],
     }
     if hit.get("round_robin") and "cache_aware" in hit:
         summary["cache_aware_over_round_robin"] = round(hit["cache_aware"] / hit["round_robin"], 3)
         print(f"cache_aware / round_robin hit rate: {summary['cache_aware_over_round_robin']:.2f}x")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_json(args.out, summary)
 
 
 if __name__ == "__main__":

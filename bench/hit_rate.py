@@ -19,22 +19,24 @@ from the workers' request counters (an idle replica counts).
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench import worker_metrics as wm
 from bench.cluster import Cluster, ClusterSpec
-from bench.driver import Result, hit_rate, run_workload
-from bench.workload import Turn, Workload, WorkloadSpec
+from bench.driver import hit_rate
+from bench.report import Col, args_dict, print_table, write_json
+from bench.runs import (
+    Measured,
+    add_workload_args,
+    drive_policy,
+    session_header,
+    upper_bound,
+    workload_spec,
+)
+from bench.workload import Workload
 
-POLICY_HEADER = "x-kvgate-routing-policy"
-SESSION_HEADER = "x-session-id"
 ALL_POLICIES = ("cache_aware", "round_robin", "least_loaded", "session", "random")
-# Long enough for AllBlocksCleared to reach the gateway and its speculative entries (2 s) to expire.
-SETTLE_S = 2.5
 
 
 @dataclass(slots=True)
@@ -51,63 +53,37 @@ class Row:
     seconds: float
 
 
-def scaled_spec(replicas: int, args: argparse.Namespace) -> WorkloadSpec:
-    return WorkloadSpec(
-        tenants=args.tenants_per_replica * replicas,
-        users_per_tenant=args.users_per_tenant,
-        turns=args.turns,
-        system_words=args.system_words,
-        seed=args.seed,
-    )
+COLUMNS = (
+    Col("replicas", "N", 3),
+    Col("policy", "policy", 13, left=True, sep=" "),
+    Col("blocks_per_replica", "blocks", 7),
+    Col("requests", "reqs", 6),
+    Col("failed", "fail", 5),
+    Col("hit_rate", "hit", 8, ".1%"),
+    Col("worker_hit_rate", "worker hit", 11, ".1%"),
+    Col("max_over_mean", "max/mean", 9, ".2f"),
+    Col("seconds", "s", 7, ".1f"),
+)
 
 
-def session_header(turn: Turn) -> dict[str, str]:
-    return {SESSION_HEADER: turn.conversation}
-
-
-def drive(
-    url: str, workers: list[str], workload: Workload, headers: dict[str, str], concurrency: int
-) -> tuple[list[Result], dict[str, wm.WorkerCounters], float]:
-    before = wm.scrape_all(workers)
-    t0 = time.perf_counter()
-    results = asyncio.run(
-        run_workload(
-            url,
-            workload,
-            concurrency=concurrency,
-            headers=headers,
-            headers_for=session_header,
-        )
-    )
-    seconds = time.perf_counter() - t0
-    return results, wm.deltas(before, wm.scrape_all(workers)), seconds
-
-
-def make_row(
-    replicas: int,
-    policy: str,
-    blocks: int,
-    results: list[Result],
-    per_worker: dict[str, wm.WorkerCounters],
-    seconds: float,
-) -> Row:
-    counts = [round(c.requests) for c in per_worker.values()]
+def make_row(replicas: int, policy: str, blocks: int, m: Measured) -> Row:
+    counts = [round(c.requests) for c in m.per_worker.values()]
     return Row(
         replicas=replicas,
         policy=policy,
         blocks_per_replica=blocks,
-        requests=len(results),
-        failed=sum(not r.ok for r in results),
-        hit_rate=hit_rate(results),
-        worker_hit_rate=wm.hit_rate(per_worker),
+        requests=len(m.results),
+        failed=sum(not r.ok for r in m.results),
+        hit_rate=hit_rate(m.results),
+        worker_hit_rate=wm.hit_rate(m.per_worker),
         max_over_mean=wm.max_over_mean(counts) if len(counts) > 1 else None,
         requests_per_replica=counts,
-        seconds=round(seconds, 2),
+        seconds=round(m.seconds, 2),
     )
 
 
 def run_replicas(replicas: int, policies: list[str], args: argparse.Namespace) -> list[Row]:
-    workload = Workload(scaled_spec(replicas, args))
+    workload = Workload(workload_spec(args, args.tenants_per_replica * replicas))
     log_dir = args.log_dir / f"n{replicas}"
     rows: list[Row] = []
     spec = ClusterSpec(
@@ -119,43 +95,20 @@ def run_replicas(replicas: int, policies: list[str], args: argparse.Namespace) -
     )
     with Cluster(spec) as c:
         for policy in policies:
-            wm.reset_prefix_caches(c.worker_urls)
-            time.sleep(SETTLE_S)
-            res, per_worker, secs = drive(
-                c.gateway_url, c.worker_urls, workload, {POLICY_HEADER: policy}, args.concurrency
-            )
-            rows.append(make_row(replicas, policy, args.num_blocks, res, per_worker, secs))
-            print_rows(rows[-1:], header=len(rows) == 1)
-    # The upper bound: one worker holding all N caches, no gateway in the way.
-    big = ClusterSpec(
-        workers=1,
-        engine="sim",
-        num_blocks=args.num_blocks * replicas,
-        gateways=0,
+            m = drive_policy(c, workload, policy, concurrency=args.concurrency)
+            rows.append(make_row(replicas, policy, args.num_blocks, m))
+            print_table(rows[-1:], COLUMNS, header=len(rows) == 1)
+    m = upper_bound(
+        workload,
+        replicas=replicas,
+        num_blocks=args.num_blocks,
+        concurrency=args.concurrency,
         log_dir=log_dir / "upper",
+        headers_for=session_header,
     )
-    with Cluster(big) as c:
-        res, per_worker, secs = drive(
-            c.worker_urls[0], c.worker_urls, workload, {}, args.concurrency
-        )
-        rows.append(make_row(replicas, "upper_bound", big.num_blocks or 0, res, per_worker, secs))
-        print_rows(rows[-1:], header=False)
+    rows.append(make_row(replicas, "upper_bound", args.num_blocks * replicas, m))
+    print_table(rows[-1:], COLUMNS, header=False)
     return rows
-
-
-def print_rows(rows: list[Row], header: bool = True) -> None:
-    if header:
-        print(
-            f"{'N':>3} {'policy':<13}{'blocks':>7}{'reqs':>6}{'fail':>5}{'hit':>8}"
-            f"{'worker hit':>11}{'max/mean':>9}{'s':>7}"
-        )
-    for r in rows:
-        bal = f"{r.max_over_mean:.2f}" if r.max_over_mean is not None else "-"
-        print(
-            f"{r.replicas:>3} {r.policy:<13}{r.blocks_per_replica:>7}{r.requests:>6}{r.failed:>5}"
-            f"{r.hit_rate:>8.1%}{r.worker_hit_rate:>11.1%}{bal:>9}{r.seconds:>7.1f}",
-            flush=True,
-        )
 
 
 def ratios(rows: list[Row]) -> dict[str, dict[str, float]]:
@@ -179,11 +132,8 @@ def main() -> None:
     ap.add_argument("--policies", default=",".join(ALL_POLICIES))
     ap.add_argument("--num-blocks", type=int, default=860, help="KV blocks per replica")
     ap.add_argument("--tenants-per-replica", type=int, default=3)
-    ap.add_argument("--users-per-tenant", type=int, default=3)
-    ap.add_argument("--turns", type=int, default=3)
-    ap.add_argument("--system-words", type=int, default=1200)
+    add_workload_args(ap)
     ap.add_argument("--concurrency", type=int, default=4)
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--log-dir", type=Path, default=Path("bench/results/logs/hit_rate"))
     ap.add_argument("--out", type=Path, default=Path("bench/results/hit_rate.json"))
     args = ap.parse_args()
@@ -195,15 +145,13 @@ def main() -> None:
     for n in (int(x) for x in args.replicas.split(",")):
         rows += run_replicas(n, policies, args)
     summary = {
-        "args": {k: str(v) for k, v in vars(args).items()},
+        "args": args_dict(args),
         "results": [asdict(r) for r in rows],
         "ratios": ratios(rows),
     }
     for n, entry in summary["ratios"].items():
         print(f"N={n}: " + ", ".join(f"{k} {v:.2f}" for k, v in entry.items()))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_json(args.out, summary)
 
 
 if __name__ == "__main__":

@@ -16,8 +16,6 @@ The peers are third-party Rust binaries from PyPI; they are not kvgate dependenc
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import shutil
 import subprocess
 import sys
@@ -29,8 +27,9 @@ import httpx
 
 from bench import worker_metrics as wm
 from bench.cluster import HOST, Cluster, ClusterSpec, Proc, free_port
-from bench.driver import hit_rate, run_workload
-from bench.hit_rate import POLICY_HEADER, SETTLE_S
+from bench.driver import hit_rate
+from bench.report import Col, args_dict, print_table, write_json
+from bench.runs import POLICY_HEADER, drive, reset_caches
 from bench.throughput import ZERO_COMPUTE, Load, measure, print_loads
 from bench.workload import Workload, WorkloadSpec
 
@@ -57,6 +56,17 @@ class HitRow:
     worker_hit_rate: float
     max_over_mean: float
     requests_per_replica: list[int]
+
+
+HIT_COLUMNS = (
+    Col("router", "router", 15, left=True),
+    Col("policy", "policy", 13, left=True),
+    Col("requests", "reqs", 5),
+    Col("failed", "fail", 5),
+    Col("hit_rate", "hit", 8, ".1%"),
+    Col("worker_hit_rate", "worker hit", 11, ".1%"),
+    Col("max_over_mean", "max/mean", 9, ".2f"),
+)
 
 
 def peer_binary(name: str) -> str | None:
@@ -105,38 +115,19 @@ def wait_routing(proc: Proc, timeout: float = 60.0) -> None:
 
 
 def hit_row(router: Router, workers: list[str], workload: Workload, conc: int) -> HitRow:
-    wm.reset_prefix_caches(workers)
-    time.sleep(SETTLE_S)
-    before = wm.scrape_all(workers)
-    results = asyncio.run(
-        run_workload(router.url, workload, concurrency=conc, headers=router.headers)
-    )
-    per = wm.deltas(before, wm.scrape_all(workers))
-    counts = [round(c.requests) for c in per.values()]
+    reset_caches(workers)
+    m = drive(router.url, workers, workload, concurrency=conc, headers=router.headers)
+    counts = [round(c.requests) for c in m.per_worker.values()]
     return HitRow(
         router=router.name,
         policy=router.policy,
-        requests=len(results),
-        failed=sum(not r.ok for r in results),
-        hit_rate=hit_rate(results),
-        worker_hit_rate=wm.hit_rate(per),
+        requests=len(m.results),
+        failed=sum(not r.ok for r in m.results),
+        hit_rate=hit_rate(m.results),
+        worker_hit_rate=wm.hit_rate(m.per_worker),
         max_over_mean=round(wm.max_over_mean(counts), 2),
         requests_per_replica=counts,
     )
-
-
-def print_hits(rows: list[HitRow], header: bool = True) -> None:
-    if header:
-        print(
-            f"{'router':<15}{'policy':<13}{'reqs':>5}{'fail':>5}{'hit':>8}"
-            f"{'worker hit':>11}{'max/mean':>9}"
-        )
-    for r in rows:
-        print(
-            f"{r.router:<15}{r.policy:<13}{r.requests:>5}{r.failed:>5}{r.hit_rate:>8.1%}"
-            f"{r.worker_hit_rate:>11.1%}{r.max_over_mean:>9.2f}",
-            flush=True,
-        )
 
 
 def hit_rate_part(args: argparse.Namespace, peers: list[str], notes: dict) -> list[HitRow]:
@@ -156,7 +147,7 @@ def hit_rate_part(args: argparse.Namespace, peers: list[str], notes: dict) -> li
         for policy in ("cache_aware", "round_robin"):
             router = Router("kvgate", policy, c.gateway_url, {POLICY_HEADER: policy})
             rows.append(hit_row(router, c.worker_urls, workload, args.concurrency))
-            print_hits(rows[-1:], header=len(rows) == 1)
+            print_table(rows[-1:], HIT_COLUMNS, header=len(rows) == 1)
         for name in peers:
             for policy in ("cache_aware", "round_robin"):
                 try:
@@ -168,7 +159,7 @@ def hit_rate_part(args: argparse.Namespace, peers: list[str], notes: dict) -> li
                 try:
                     router = Router(name, policy, proc.url)
                     rows.append(hit_row(router, c.worker_urls, workload, args.concurrency))
-                    print_hits(rows[-1:], header=False)
+                    print_table(rows[-1:], HIT_COLUMNS, header=False)
                 finally:
                     proc.kill()
     return rows
@@ -234,15 +225,13 @@ def main() -> None:
             peers.append(name)
     hits = hit_rate_part(args, peers, notes)
     loads = [] if args.skip_overhead else overhead_part(args, peers, notes)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     summary = {
-        "args": {k: str(v) for k, v in vars(args).items()},
+        "args": args_dict(args),
         "hit_rate": [asdict(r) for r in hits],
         "overhead": [asdict(r) for r in loads],
         "notes": notes,
     }
-    args.out.write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_json(args.out, summary)
 
 
 if __name__ == "__main__":

@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import tempfile
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from bench import worker_metrics as wm
 from bench.cluster import Cluster, ClusterSpec
-from bench.driver import hit_rate, run_workload
+from bench.driver import Result, hit_rate, run_workload
+from bench.report import Col, print_table, write_json
+from bench.runs import add_workload_args, upper_bound, workload_spec
 from bench.workload import Workload, WorkloadSpec
 
 GATEWAY_ARGS = ("--poll-interval", "0.2")
@@ -38,10 +40,22 @@ class PolicyResult:
     max_over_mean: float
 
 
-def _summarize(policy: str, workers: int, num_blocks: int, results) -> PolicyResult:
+COLUMNS = (
+    Col("policy", "policy", 14, left=True),
+    Col("workers", "workers", 8),
+    Col("num_blocks", "blocks", 8),
+    Col("requests", "reqs", 6),
+    Col("failed", "fail", 6),
+    Col("hit_rate", "hit rate", 10, ".1%"),
+    Col("exact_predictions", "exact pred", 12, ".1%"),
+    Col("max_over_mean", "max/mean", 10, ".2f"),
+)
+
+
+def _summarize(policy: str, workers: int, num_blocks: int, results: list[Result]) -> PolicyResult:
     ok = [r for r in results if r.ok]
+    # Requests per replica as the gateway named them (replicas that served nothing are absent).
     counts = Counter(r.replica for r in ok)
-    mean = len(ok) / max(len(counts), 1)
     predicted = [r for r in ok if r.predicted_cached_tokens is not None]
     exact = (
         sum(r.predicted_cached_tokens == r.cached_tokens for r in predicted) / len(predicted)
@@ -57,7 +71,7 @@ def _summarize(policy: str, workers: int, num_blocks: int, results) -> PolicyRes
         hit_rate=hit_rate(results),
         exact_predictions=exact,
         requests_per_replica=dict(sorted(counts.items())),
-        max_over_mean=max(counts.values()) / mean if counts else 0.0,
+        max_over_mean=wm.max_over_mean(list(counts.values())),
     )
 
 
@@ -70,20 +84,27 @@ def run_policy(
     concurrency: int,
     log_dir: Path,
 ) -> PolicyResult:
-    direct = policy == "single_worker"
+    """`single_worker` is the upper bound: one worker with `workers` x the blocks, no gateway."""
+    if policy == "single_worker":
+        m = upper_bound(
+            workload,
+            replicas=workers,
+            num_blocks=num_blocks,
+            concurrency=concurrency,
+            log_dir=log_dir / policy,
+        )
+        return _summarize(policy, 1, num_blocks * workers, m.results)
     spec = ClusterSpec(
-        workers=1 if direct else workers,
+        workers=workers,
         engine="sim",
-        num_blocks=num_blocks * workers if direct else num_blocks,
-        policy="cache_aware" if direct else policy,
-        gateways=0 if direct else 1,
+        num_blocks=num_blocks,
+        policy=policy,
         gateway_args=GATEWAY_ARGS,
         log_dir=log_dir / policy,
     )
     with Cluster(spec) as c:
-        url = c.worker_urls[0] if direct else c.gateway_url
-        results = asyncio.run(run_workload(url, workload, concurrency=concurrency))
-    return _summarize(policy, spec.workers, spec.num_blocks or 0, results)
+        results = asyncio.run(run_workload(c.gateway_url, workload, concurrency=concurrency))
+    return _summarize(policy, workers, num_blocks, results)
 
 
 def compare(
@@ -110,39 +131,17 @@ def compare(
     ]
 
 
-def print_table(rows: list[PolicyResult]) -> None:
-    print(
-        f"{'policy':<14}{'workers':>8}{'blocks':>8}{'reqs':>6}{'fail':>6}{'hit rate':>10}"
-        f"{'exact pred':>12}{'max/mean':>10}"
-    )
-    for r in rows:
-        exact = f"{r.exact_predictions:.1%}" if r.exact_predictions is not None else "-"
-        print(
-            f"{r.policy:<14}{r.workers:>8}{r.num_blocks:>8}{r.requests:>6}{r.failed:>6}"
-            f"{r.hit_rate:>10.1%}{exact:>12}{r.max_over_mean:>10.2f}"
-        )
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--policies", default="cache_aware,round_robin,single_worker")
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--num-blocks", type=int, default=860, help="KV blocks per worker")
     ap.add_argument("--tenants", type=int, default=12)
-    ap.add_argument("--users-per-tenant", type=int, default=3)
-    ap.add_argument("--turns", type=int, default=3)
-    ap.add_argument("--system-words", type=int, default=1200)
+    add_workload_args(ap)
     ap.add_argument("--concurrency", type=int, default=1)
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("bench/results/routing.json"))
     args = ap.parse_args()
-    spec = WorkloadSpec(
-        tenants=args.tenants,
-        users_per_tenant=args.users_per_tenant,
-        turns=args.turns,
-        system_words=args.system_words,
-        seed=args.seed,
-    )
+    spec = workload_spec(args, args.tenants)
     rows = compare(
         spec,
         args.policies.split(","),
@@ -150,8 +149,7 @@ def main() -> None:
         num_blocks=args.num_blocks,
         concurrency=args.concurrency,
     )
-    print_table(rows)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+    print_table(rows, COLUMNS)
     hit = {r.policy: r.hit_rate for r in rows}
     summary = {"workload": asdict(spec), "results": [asdict(r) for r in rows]}
     if "round_robin" in hit and "cache_aware" in hit and hit["round_robin"] > 0:
@@ -163,8 +161,7 @@ def main() -> None:
             f"cache_aware / single worker (4x blocks): "
             f"{summary['cache_aware_over_single_worker']:.1%}"
         )
-    args.out.write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_json(args.out, summary)
 
 
 if __name__ == "__main__":

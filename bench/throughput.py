@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from pathlib import Path
 import httpx
 
 from bench.cluster import Cluster, ClusterSpec
+from bench.report import Col, percentile, print_table, write_json
 
 ZERO_COMPUTE = ("--sim-prefill-s-per-token", "0", "--sim-decode-s-per-step", "0")
 BODY = {
@@ -40,9 +40,15 @@ class Load:
     p99_ms: float
 
 
-def _pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else 0.0
+COLUMNS = (
+    Col("target", "target", 24, left=True),
+    Col("concurrency", "clients", 8),
+    Col("requests", "reqs", 6),
+    Col("failed", "fail", 5),
+    Col("requests_per_s", "req/s", 9, ".1f"),
+    Col("p50_ms", "p50 ms", 9, ".2f"),
+    Col("p99_ms", "p99 ms", 9, ".2f"),
+)
 
 
 async def _fire(urls: list[str], n: int, concurrency: int) -> tuple[list[float], int, float]:
@@ -81,23 +87,13 @@ def measure(target: str, urls: list[str], n: int, concurrency: int) -> Load:
         requests=n,
         failed=failed,
         requests_per_s=round(len(lat) / wall, 1),
-        p50_ms=round(_pct(lat, 0.5) * 1000, 2),
-        p99_ms=round(_pct(lat, 0.99) * 1000, 2),
+        p50_ms=round(percentile(lat, 0.5) * 1000, 2),
+        p99_ms=round(percentile(lat, 0.99) * 1000, 2),
     )
 
 
 def print_loads(rows: list[Load], header: bool = True) -> None:
-    if header:
-        print(
-            f"{'target':<24}{'clients':>8}{'reqs':>6}{'fail':>5}{'req/s':>9}"
-            f"{'p50 ms':>9}{'p99 ms':>9}"
-        )
-    for r in rows:
-        print(
-            f"{r.target:<24}{r.concurrency:>8}{r.requests:>6}{r.failed:>5}{r.requests_per_s:>9.1f}"
-            f"{r.p50_ms:>9.2f}{r.p99_ms:>9.2f}",
-            flush=True,
-        )
+    print_table(rows, COLUMNS, header)
 
 
 def main() -> None:
@@ -130,11 +126,9 @@ def main() -> None:
         "via gateway / direct req/s: "
         + ", ".join(f"{k} clients {v:.2f}" for k, v in ceiling.items())
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     summary = {"args": vars(args) | {"out": str(args.out)}, "results": [asdict(r) for r in rows]}
     summary["gateway_over_direct_req_s"] = ceiling
-    args.out.write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_json(args.out, summary)
 
 
 if __name__ == "__main__":

@@ -13,11 +13,8 @@ requests and tokens per second of wall time for the whole trace.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import os
 import statistics
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -25,9 +22,10 @@ import httpx
 
 from bench import worker_metrics as wm
 from bench.cluster import Cluster, ClusterSpec
-from bench.driver import Result, hit_rate, run_workload
-from bench.hit_rate import POLICY_HEADER, SETTLE_S, session_header
-from bench.workload import Workload, WorkloadSpec
+from bench.driver import hit_rate
+from bench.report import Col, args_dict, percentile, print_table, write_json
+from bench.runs import Measured, add_workload_args, drive_policy, workload_spec
+from bench.workload import Workload
 
 
 @dataclass(slots=True)
@@ -46,14 +44,22 @@ class Row:
     seconds: float
 
 
-def _pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else 0.0
+COLUMNS = (
+    Col("policy", "policy", 13, left=True),
+    Col("requests", "reqs", 5),
+    Col("failed", "fail", 5),
+    Col("hit_rate", "hit", 7, ".1%"),
+    Col("ttft_p50_ms", "TTFT p50", 10, ".0f", "ms"),
+    Col("ttft_p90_ms", "TTFT p90", 10, ".0f", "ms"),
+    Col("requests_per_s", "req/s", 7, ".2f"),
+    Col("prompt_tokens_per_s", "prompt tok/s", 13, ".0f"),
+    Col("output_tokens_per_s", "out tok/s", 10, ".1f"),
+    Col("max_over_mean", "max/mean", 9, ".2f"),
+)
 
 
-def make_row(
-    policy: str, results: list[Result], per_worker: dict[str, wm.WorkerCounters], seconds: float
-) -> Row:
+def make_row(policy: str, m: Measured) -> Row:
+    results, per_worker, seconds = m.results, m.per_worker, m.seconds
     ok = [r for r in results if r.ok]
     ttfts = [r.ttft_s * 1000 for r in ok if r.ttft_s is not None]
     output_tokens = sum(c.generation_tokens for c in per_worker.values())
@@ -62,8 +68,8 @@ def make_row(
         requests=len(results),
         failed=len(results) - len(ok),
         hit_rate=hit_rate(results),
-        ttft_p50_ms=round(_pct(ttfts, 0.5), 1),
-        ttft_p90_ms=round(_pct(ttfts, 0.9), 1),
+        ttft_p50_ms=round(percentile(ttfts, 0.5), 1),
+        ttft_p90_ms=round(percentile(ttfts, 0.9), 1),
         latency_p50_ms=round(statistics.median([r.latency_s * 1000 for r in ok]), 1) if ok else 0,
         requests_per_s=round(len(ok) / seconds, 3),
         prompt_tokens_per_s=round(sum(r.prompt_tokens for r in ok) / seconds, 1),
@@ -81,15 +87,7 @@ def warm_up(urls: list[str]) -> None:
 
 
 def run(args: argparse.Namespace) -> list[Row]:
-    spec = WorkloadSpec(
-        tenants=args.tenants,
-        users_per_tenant=args.users_per_tenant,
-        turns=args.turns,
-        system_words=args.system_words,
-        max_tokens=args.max_tokens,
-        seed=args.seed,
-    )
-    workload = Workload(spec)
+    workload = Workload(workload_spec(args, args.tenants, max_tokens=args.max_tokens))
     # One torch thread per worker: the workers share the cores, and OpenMP spin-waiting on a
     # busy host makes CPU timings swing wildly.
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
@@ -105,41 +103,12 @@ def run(args: argparse.Namespace) -> list[Row]:
     with Cluster(cluster) as c:
         warm_up(c.worker_urls)
         for policy in args.policies.split(","):
-            wm.reset_prefix_caches(c.worker_urls)
-            time.sleep(SETTLE_S)
-            before = wm.scrape_all(c.worker_urls)
-            t0 = time.perf_counter()
-            results = asyncio.run(
-                run_workload(
-                    c.gateway_url,
-                    workload,
-                    concurrency=args.concurrency,
-                    headers={POLICY_HEADER: policy},
-                    headers_for=session_header,
-                    stream=True,
-                    timeout=600.0,
-                )
+            m = drive_policy(
+                c, workload, policy, concurrency=args.concurrency, stream=True, timeout=600.0
             )
-            seconds = time.perf_counter() - t0
-            per_worker = wm.deltas(before, wm.scrape_all(c.worker_urls))
-            rows.append(make_row(policy, results, per_worker, seconds))
-            print_rows(rows[-1:], header=len(rows) == 1)
+            rows.append(make_row(policy, m))
+            print_table(rows[-1:], COLUMNS, header=len(rows) == 1)
     return rows
-
-
-def print_rows(rows: list[Row], header: bool = True) -> None:
-    if header:
-        print(
-            f"{'policy':<13}{'reqs':>5}{'fail':>5}{'hit':>7}{'TTFT p50':>10}{'TTFT p90':>10}"
-            f"{'req/s':>7}{'prompt tok/s':>13}{'out tok/s':>10}{'max/mean':>9}"
-        )
-    for r in rows:
-        print(
-            f"{r.policy:<13}{r.requests:>5}{r.failed:>5}{r.hit_rate:>7.1%}"
-            f"{r.ttft_p50_ms:>8.0f}ms{r.ttft_p90_ms:>8.0f}ms{r.requests_per_s:>7.2f}"
-            f"{r.prompt_tokens_per_s:>13.0f}{r.output_tokens_per_s:>10.1f}{r.max_over_mean:>9.2f}",
-            flush=True,
-        )
 
 
 def ratios(rows: list[Row], base: str = "round_robin") -> dict[str, dict[str, float]]:
@@ -166,12 +135,9 @@ def main() -> None:
     ap.add_argument("--num-blocks", type=int, default=640, help="KV blocks per worker")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     ap.add_argument("--tenants", type=int, default=6)
-    ap.add_argument("--users-per-tenant", type=int, default=3)
-    ap.add_argument("--turns", type=int, default=3)
-    ap.add_argument("--system-words", type=int, default=1200)
+    add_workload_args(ap)
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--concurrency", type=int, default=4)
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--log-dir", type=Path, default=Path("bench/results/logs/ttft"))
     ap.add_argument("--out", type=Path, default=Path("bench/results/ttft.json"))
     args = ap.parse_args()
@@ -180,13 +146,11 @@ def main() -> None:
     for policy, entry in rel.items():
         print(f"{policy} vs round_robin: " + ", ".join(f"{k} {v:.2f}x" for k, v in entry.items()))
     summary = {
-        "args": {k: str(v) for k, v in vars(args).items()},
+        "args": args_dict(args),
         "results": [asdict(r) for r in rows],
         "vs_round_robin": rel,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_json(args.out, summary)
 
 
 if __name__ == "__main__":

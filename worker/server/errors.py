@@ -92,22 +92,14 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return f"{param or 'body'}: {first.get('msg', 'invalid value')}", param
 
 
+async def _error_response(_: Request, exc: Exception) -> JSONResponse:
+    return error_response(exc)
+
+
 def install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return error_response(exc)
-
-    @app.exception_handler(RenderError)
-    async def _render_error(_: Request, exc: RenderError) -> JSONResponse:
-        return error_response(exc)
-
-    @app.exception_handler(ValueError)
-    async def _value_error(_: Request, exc: ValueError) -> JSONResponse:
-        return error_response(exc)
-
-    @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        return error_response(exc)
+    # error_response maps each of these to its status (unexpected ones to a 500).
+    for exc_type in (APIError, RenderError, ValueError, Exception):
+        app.add_exception_handler(exc_type, _error_response)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
