@@ -191,11 +191,12 @@ class OpenAIServing:
     def _candidates(self, req: OpenAIRequest) -> tuple[list[Replica], HashNamespace]:
         candidates = self.state.replicas.available()
         if req.model:
-            known = {r.model for r in self.state.replicas.replicas.values()}
-            if candidates and req.model not in known:
+            serving = [r for r in candidates if r.model == req.model]
+            everyone = self.state.replicas.replicas.values()
+            if candidates and not serving and all(r.model != req.model for r in everyone):
                 msg = f"The model `{req.model}` does not exist."
                 raise RequestError(error_response(404, msg, "NotFoundError", "model"))
-            candidates = [r for r in candidates if r.model == req.model]
+            candidates = serving
         ns = self.state.namespace_for(candidates)
         if not candidates or ns is None:
             raise RequestError(error_response(503, "no healthy worker", "service_unavailable"))
