@@ -22,10 +22,16 @@ import httpx
 HOST = "127.0.0.1"
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
+def free_port(preferred: int | None = None) -> int:
+    """`preferred` when it is free on HOST, otherwise any free port."""
+    for port in ((preferred,) if preferred else ()) + (0,):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((HOST, port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise OSError("no free port")
 
 
 @dataclass(slots=True)
@@ -108,6 +114,8 @@ class ClusterSpec:
     # Extra arguments for worker i only (fault tests give one worker a different setting).
     per_worker_args: Sequence[Sequence[str]] = ()
     gateway_args: Sequence[str] = ()
+    # Port of the first gateway if it is free (the demo asks for 8080); otherwise any free port.
+    gateway_port: int | None = None
     log_dir: Path = Path("bench/results/logs")
     startup_timeout: float = 120.0
 
@@ -161,7 +169,7 @@ class Cluster:
 
     def make_gateway(self, i: int) -> Proc:
         s = self.spec
-        port = free_port()
+        port = free_port(s.gateway_port if i == 0 else None)
         args = [
             "-m",
             "gateway",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import sys
 import time
 from pathlib import Path
@@ -77,7 +78,15 @@ def print_table(policy: str, results: list[Result]) -> None:
             print(f"  failed: {r.conversation} turn {r.turn}: {r.error}")
 
 
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main() -> int:
+    # The workers run in sessions of their own, so they outlive us unless `finally` stops them:
+    # make SIGTERM unwind like Ctrl-C, and take Ctrl-C even where a launcher set it to ignored.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     ap = argparse.ArgumentParser(description="kvgate demo on the CPU")
     ap.add_argument("--keep", action="store_true", help="leave the cluster running at the end")
     ap.add_argument("--workers", type=int, default=3)
@@ -99,6 +108,7 @@ def main() -> int:
         engine="torch",
         model=str(model_dir),
         num_blocks=args.num_blocks,
+        gateway_port=8080,
         log_dir=Path("bench/results/demo-logs"),
     )
     print(
