@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from cachekey import BlockKey, HashNamespace, MMItem, Prompt
 from cachekey.events import BlockRemoved, BlockStored
+from gateway.index import BlockIndex, ReplicaId
 from worker.engine.block_manager import BlockManager
 from worker.engine.free_queue import Block, FreeBlockQueue
 from worker.engine.sampling_params import SamplingParams
@@ -203,3 +204,73 @@ def test_block_keys_extend_incrementally() -> None:
     full = seq_of("b", list(range(1, 9)))
     assert s.block_keys == full.block_keys and s.block_extra == full.block_extra
     assert isinstance(s.block_keys[0], bytes) and len(BlockKey(s.block_keys[1])) == 16
+
+
+def _replay_into_index(events: list) -> tuple[BlockIndex, ReplicaId]:
+    """The gateway's own index fed with a worker's events, as a subscriber would."""
+    index, replica = BlockIndex(), ReplicaId("w")
+    index.apply(replica, NS, events)
+    return index, replica
+
+
+def test_concurrent_prefills_of_one_prefix_keep_the_chain_whole() -> None:
+    """Two sequences prefilled in the same step both compute their shared prefix. When the first
+    one's copy is evicted, the second one's later blocks still have a cached parent: the events
+    describe exactly the cache (issue 11: the gateway was one block short after such a chain)."""
+    sink: list = []
+    bm = BlockManager(8, BS, True, sink)
+    a = seq_of("a", [*range(1, 9), 50])
+    b = seq_of("b", [*range(1, 9), 60, 61, 62, 63, 64])
+    # Same step: neither sees a hit, both allocate, a finishes its prefill first.
+    hits_a, hits_b = bm.find_cached_prefix(a), bm.find_cached_prefix(b)
+    assert hits_a == hits_b == []
+    bm.allocate(a, hits_a, a.num_tokens)
+    bm.allocate(b, hits_b, b.num_tokens)
+    a.num_computed_tokens = a.num_tokens
+    bm.cache_full_blocks(a)
+    b.num_computed_tokens = 8  # b's first chunk: the two shared blocks
+    bm.cache_full_blocks(b)
+    bm.free(a)
+    # Pressure evicts a's copies of the shared blocks (and the never-used block).
+    filler = seq_of("f", list(range(100, 116)))
+    bm.allocate(filler, [], filler.num_tokens)
+    removed = [h for ev in sink if isinstance(ev, BlockRemoved) for h in ev.block_hashes]
+    assert sorted(removed) == sorted(a.block_keys[:2])
+    # b's next chunk caches its third block, whose parent is the second shared block.
+    b.num_computed_tokens = b.num_tokens
+    bm.cache_full_blocks(b)
+    assert bm.pool.lookup(b.block_keys[1]) is not None  # b's own copy keeps the parent cached
+
+    index, replica = _replay_into_index(sink)
+    assert index.skipped_unknown_parent == 0
+    snapshot_keys = {blk.key for blk in bm.snapshot()}
+    assert snapshot_keys == set(b.block_keys)
+    assert index.replica_blocks(replica) == len(snapshot_keys)
+    assert all(index.holds(replica, k) for k in snapshot_keys)
+    # And the worker itself still serves the whole prefix from b's copies.
+    bm.free(b)
+    assert prefill(bm, seq_of("c", [*range(1, 9), 60, 61, 62, 63, 70])) == 12
+
+
+def test_each_copy_is_stored_and_removed_once() -> None:
+    sink: list = []
+    bm = BlockManager(8, BS, True, sink)
+    a, b = seq_of("a", list(range(1, 10))), seq_of("b", list(range(1, 10)))
+    for s in (a, b):
+        bm.allocate(s, [], s.num_tokens)
+    for s in (a, b):
+        s.num_computed_tokens = s.num_tokens
+        bm.cache_full_blocks(s)
+    stored = [h for ev in sink if isinstance(ev, BlockStored) for h in ev.block_hashes]
+    assert stored == a.block_keys + b.block_keys  # two copies of each key
+    assert len(bm.snapshot()) == 4 and len(bm.pool.cached) == 2
+    index, replica = _replay_into_index(sink)
+    assert index.stats().copies == 4 and index.replica_blocks(replica) == 2
+    bm.free(a)
+    bm.free(b)
+    sink.clear()
+    bm.allocate(seq_of("f", list(range(100, 132))), [], 32)  # evicts all eight blocks
+    removed = [h for ev in sink if isinstance(ev, BlockRemoved) for h in ev.block_hashes]
+    assert sorted(removed) == sorted(a.block_keys + b.block_keys)
+    index.apply(replica, NS, sink)
+    assert index.replica_blocks(replica) == 0 and index.stats().copies == 0

@@ -108,24 +108,20 @@ class BlockManager:
         run: list[Block] = []
         for i in range(seq.num_cached_blocks, n_full):
             block = self.pool.blocks[seq.block_table[i]]
-            key = seq.block_keys[i]
-            if block.key is not None or self.pool.lookup(key) is not None:
-                # Another sequence cached identical content first; ours stays private.
-                self._publish(run, seq)
-                run = []
-                continue
-            block.key = key
+            assert block.key is None, f"block {block.block_id} cached twice"
+            # A key another sequence cached meanwhile makes this block a second copy of it
+            # (see BlockPool): never a private block whose children would be orphans.
+            block.key = seq.block_keys[i]
             block.parent = seq.block_keys[i - 1] if i else None
             block.token_ids = seq.block_tokens(i, self.block_size)
             block.extra_keys = seq.block_extra[i]
             block.depth = i
             run.append(block)
-        self._publish(run, seq)
+        if run:
+            self._publish(run, seq)
         seq.num_cached_blocks = max(seq.num_cached_blocks, n_full)
 
     def _publish(self, run: list[Block], seq: Sequence) -> None:
-        if not run:
-            return
         stored = BlockStored(
             block_hashes=[b.key for b in run],
             parent_block_hash=run[0].parent,
@@ -140,7 +136,7 @@ class BlockManager:
         return self.pool.reset()
 
     def snapshot(self) -> list[CachedBlock]:
-        blocks = sorted(self.pool.cached.values(), key=lambda b: b.depth)
+        blocks = sorted(self.pool.cached_blocks(), key=lambda b: b.depth)
         return [
             CachedBlock(key=b.key, parent=b.parent, token_ids=b.token_ids, extra_keys=b.extra_keys)
             for b in blocks

@@ -1,4 +1,11 @@
-"""BlockPool: the KV blocks, their ref counts, the key -> block map and the events it causes."""
+"""BlockPool: the KV blocks, their ref counts, the key -> blocks map and the events it causes.
+
+Two sequences prefilled in the same step both compute a block the other has not cached yet, so a
+key can be held by several blocks. Each is a copy of its own, as in vLLM: each is stored and
+evicted with its own event, and a child's parent stays cached while any copy lives. (Keeping the
+second copy private instead orphans its children once the first copy is evicted: their
+BlockStored names a parent nobody holds, and a consumer of the events must skip them.)
+"""
 
 from __future__ import annotations
 
@@ -23,7 +30,8 @@ class BlockPool:
         self.block_size = block_size
         self.blocks = [Block(block_id=i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks)
-        self.cached: dict[BlockKey, Block] = {}
+        # Key -> its copies, oldest first (one in the common case).
+        self.cached: dict[BlockKey, list[Block]] = {}
         # None: prefix caching is off, nothing is cached or published.
         self.sink = sink
 
@@ -35,7 +43,12 @@ class BlockPool:
         return 1.0 - self.num_free / self.num_blocks
 
     def lookup(self, key: BlockKey) -> Block | None:
-        return self.cached.get(key)
+        copies = self.cached.get(key)
+        return copies[0] if copies else None
+
+    def cached_blocks(self) -> list[Block]:
+        """Every cached copy (a key held twice appears twice)."""
+        return [b for copies in self.cached.values() for b in copies]
 
     def take(self, n: int) -> list[Block]:
         if n > self.num_free:
@@ -44,7 +57,7 @@ class BlockPool:
         evicted = [b.key for b in taken if b.key is not None]
         for block in taken:
             if block.key is not None:
-                del self.cached[block.key]
+                self._forget(block)
                 block.clear_key()
             block.ref_count = 1
         if evicted and self.sink is not None:
@@ -71,7 +84,7 @@ class BlockPool:
         """Register already keyed blocks; publish one BlockStored for them."""
         for block in blocks:
             assert block.key is not None
-            self.cached[block.key] = block
+            self.cached.setdefault(block.key, []).append(block)
         if stored is not None and self.sink is not None:
             self.sink.append(stored)
 
@@ -79,9 +92,16 @@ class BlockPool:
         """Forget every cached block. Refused while any block is in use (as vLLM does)."""
         if self.num_free != self.num_blocks:
             return False
-        for block in self.cached.values():
+        for block in self.cached_blocks():
             block.clear_key()
         self.cached.clear()
         if self.sink is not None:
             self.sink.append(AllBlocksCleared())
         return True
+
+    def _forget(self, block: Block) -> None:
+        assert block.key is not None
+        copies = self.cached[block.key]
+        copies.remove(block)  # O(copies): almost always one
+        if not copies:
+            del self.cached[block.key]
