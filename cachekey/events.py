@@ -149,3 +149,30 @@ def seq_bytes(seq: int) -> bytes:
 
 def seq_from_bytes(raw: bytes) -> int:
     return int.from_bytes(raw, "big", signed=True)
+
+
+# ---- replay (ROUTER <-> DEALER) -----------------------------------------------------------------
+# A consumer sends [b"", start seq]. Since vLLM PR #45177 each reply is [b"", topic, seq, payload]
+# after the ROUTER identity, ending with [b"", b"", -1, b""]; before it, [b"", seq, payload].
+
+
+def replay_reply(topic: bytes, seq: int, payload: bytes) -> list[bytes]:
+    """One replay reply (after the ROUTER identity) in the current vLLM layout."""
+    return [b"", topic, seq_bytes(seq), payload]
+
+
+REPLAY_END = [b"", b"", END_SEQ, b""]
+
+
+def parse_replay_reply(frames: list[bytes]) -> tuple[int, bytes] | None:
+    """(seq, payload) of one reply as a DEALER receives it, in either layout; None at the end."""
+    if len(frames) == 4:
+        raw_seq, payload = frames[2], frames[3]
+    elif len(frames) == 3:
+        raw_seq, payload = frames[1], frames[2]
+    else:
+        raise DecodeError(f"replay reply of {len(frames)} frames")
+    if frames[0] != b"" or len(raw_seq) != 8:
+        raise DecodeError("replay reply without its empty delimiter or 8-byte seq")
+    seq = seq_from_bytes(raw_seq)
+    return None if seq == -1 else (seq, payload)

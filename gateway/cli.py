@@ -75,6 +75,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--connect-timeout", type=float, default=2.0)
     p.add_argument("--request-timeout", type=float, default=600.0)
     p.add_argument("--poll-interval", type=float, default=0.5)
+    p.add_argument(
+        "--event-tail-check-interval",
+        type=float,
+        default=1.0,
+        help="seconds without a KV-event batch before asking the worker's replay buffer for "
+        "missed ones",
+    )
     p.add_argument("--eject-after-failures", type=int, default=3)
     p.add_argument("--eject-seconds", type=float, default=10.0)
     w = CostWeights()
@@ -113,6 +120,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         connect_timeout=args.connect_timeout,
         request_timeout=args.request_timeout,
         poll_interval=args.poll_interval,
+        event_tail_check_interval=args.event_tail_check_interval,
         eject_after_failures=args.eject_after_failures,
         eject_seconds=args.eject_seconds,
         weights=CostWeights(

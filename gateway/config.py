@@ -40,6 +40,9 @@ class GatewayConfig:
     connect_timeout: float = 2.0
     request_timeout: float = 600.0
     poll_interval: float = 0.5  # worker /health, /kvgate/info and /metrics polling
+    # Seconds without a live KV-event batch after which the subscriber asks the worker's replay
+    # buffer for batches it missed: bounds how long a silent gap can last (docs/reliability.md).
+    event_tail_check_interval: float = 1.0
     eject_after_failures: int = 3
     eject_seconds: float = 10.0
     weights: CostWeights = field(default_factory=CostWeights)
@@ -86,6 +89,8 @@ class GatewayConfig:
             raise ValueError("speculative_ttl and retries must be >= 0")
         if self.connect_timeout <= 0 or self.request_timeout <= 0 or self.poll_interval <= 0:
             raise ValueError("timeouts and poll_interval must be positive")
+        if self.event_tail_check_interval <= 0:
+            raise ValueError("event_tail_check_interval must be positive")
         if self.recent_half_life <= 0:
             raise ValueError("recent_half_life must be positive")
         if self.softmax_temperature < 0:

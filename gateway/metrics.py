@@ -52,11 +52,16 @@ class GatewayMetrics:
         self.events_applied = Counter(
             "kvgate_events_applied", "KV events applied", ["replica"], registry=r
         )
-        self.event_gaps = Counter("kvgate_event_gaps", "Sequence gaps seen", registry=r)
-        self.event_replays = Counter(
-            "kvgate_event_replays", "Replays that closed a gap", registry=r
+        self.event_gaps = Counter(
+            "kvgate_event_gaps", "Sequence gaps found (live stream or tail check)", registry=r
         )
+        self.event_replays = Counter("kvgate_event_replays", "Gaps closed by replay", registry=r)
         self.event_resyncs = Counter("kvgate_event_resyncs", "Snapshot reloads", registry=r)
+        self.event_tail_gaps = Counter(
+            "kvgate_event_tail_gaps",
+            "Gaps no later batch revealed, found by the replay check after an idle interval",
+            registry=r,
+        )
         self.skipped_unknown_parent = Counter(
             "kvgate_events_skipped_unknown_parent",
             "BlockStored events skipped: parent not in the index",

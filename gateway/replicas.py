@@ -252,7 +252,14 @@ class ReplicaSet:
                 snapshot_url=f"{rep.url}/kv/snapshot" if info.get("snapshot", True) else None,
             )
             sub = KVEventSubscriber(
-                rep.id, source, rep.namespace, self.index, self._http, self._zmq, self.metrics
+                rep.id,
+                source,
+                rep.namespace,
+                self.index,
+                self._http,
+                self._zmq,
+                self.metrics,
+                tail_check_interval=self.config.event_tail_check_interval,
             )
             rep.subscriber = sub
             rep.sub_task = asyncio.create_task(self._run_subscriber(rep, sub))

@@ -1,10 +1,14 @@
 """One KV-event subscriber per worker instance: ZMQ SUB, DEALER replay, `/kv/snapshot` resync.
 
-Start: subscribe first, then load the snapshot, then apply only batches newer than the
-snapshot's seq (older ones already sit in the socket buffer and are skipped). A seq gap is
-closed by replay from the worker's ROUTER; a replay that cannot cover it, or a seq that goes
-backwards (an engine restart under a fixed topic, as vLLM does), drops the replica's entries
-and reloads the snapshot. A worker without `/kv/snapshot` (plain vLLM) restarts from empty.
+Start: subscribe, load the snapshot (a kvgate worker) or nothing (plain vLLM), then replay
+whatever the worker's buffer holds after it, and from then on apply live batches in seq order.
+- A seq gap on the live stream is closed by replay; a replay that cannot reach back, or a seq
+  that goes backwards (an engine restart under a fixed topic, as vLLM does), drops the replica's
+  entries and syncs again.
+- A lost batch with no later batch shows no gap. So after every `tail_check_interval` without a
+  live batch the subscriber asks the replay buffer for anything after its last seq: a silent gap
+  (the window before a new SUB is live, a batch over the publisher's high-water mark) never
+  outlives one interval. Without a replay endpoint only the live stream is followed.
 A new worker instance gets a new subscriber (the replica manager sees the instance id change).
 """
 
@@ -18,11 +22,12 @@ import httpx
 import zmq
 import zmq.asyncio
 
-from cachekey.events import END_SEQ, BlockStored, DecodeError, decode_batch, seq_bytes
+from cachekey.events import BlockStored, DecodeError, decode_batch
 from cachekey.events import seq_from_bytes as seq_of
 from cachekey.keys import HashNamespace
 from gateway.index import BlockIndex, ReplicaId
 from gateway.metrics import GatewayMetrics
+from gateway.replay import ReplayClient
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +63,10 @@ class KVEventSubscriber:
         zmq_ctx: zmq.asyncio.Context,
         metrics: GatewayMetrics,
         replay_timeout: float = 2.0,
+        tail_check_interval: float = 1.0,
     ) -> None:
+        if tail_check_interval <= 0:
+            raise ValueError("tail_check_interval must be positive")
         self.replica = replica
         self.source = source
         self.ns = ns
@@ -66,7 +74,18 @@ class KVEventSubscriber:
         self._http = http
         self._ctx = zmq_ctx
         self._metrics = metrics
-        self._replay_timeout = replay_timeout
+        self._tail_check_ms = int(tail_check_interval * 1000)
+        self._replay = (
+            ReplayClient(
+                zmq_ctx,
+                source.endpoint(source.replay_port),
+                ipv6=source.ipv6,
+                timeout=replay_timeout,
+                name=replica,
+            )
+            if source.replay_port is not None
+            else None
+        )
         self.next_seq = 0
         self.synced = asyncio.Event()
         self._last_sub_seq: int | None = None
@@ -86,11 +105,16 @@ class KVEventSubscriber:
             await self.resync(current_seq=None)
             self.synced.set()
             while True:
+                if not await sub.poll(self._tail_check_ms, zmq.POLLIN):
+                    await self._check_tail()
+                    continue
                 frames = await sub.recv_multipart()
                 if len(frames) == 3:
                     await self._on_batch(seq_of(frames[1]), frames[2])
         finally:
             sub.close(linger=0)
+            if self._replay is not None:
+                self._replay.close()
 
     async def _on_batch(self, seq: int, payload: bytes) -> None:
         last = self._last_sub_seq
@@ -105,11 +129,35 @@ class KVEventSubscriber:
             return  # covered by the snapshot or a replay
         if seq > self.next_seq:
             self._metrics.event_gaps.inc()
-            if not await self._replay(self.next_seq):
+            batches = await self._replayed()
+            if batches is not None and self._apply_run(batches) is not None:
+                self._metrics.event_replays.inc()
+            else:
                 await self.resync(current_seq=seq)
             if seq != self.next_seq:
                 return
         self._apply(seq, payload)
+
+    async def _check_tail(self) -> None:
+        """No live batch for one interval: apply any the live stream missed (a silent gap)."""
+        batches = await self._replayed()
+        if batches is None:
+            return  # no replay endpoint, or no answer: the poller decides about the worker
+        applied = self._apply_run(batches)
+        if applied == 0:
+            return
+        self._metrics.event_gaps.inc()
+        self._metrics.event_tail_gaps.inc()
+        if applied is None:
+            await self.resync(current_seq=None)
+        else:
+            self._metrics.event_replays.inc()
+            log.info(
+                "%s: %d batch(es) missed by the live stream recovered by replay up to seq %d",
+                self.replica,
+                applied,
+                self.next_seq - 1,
+            )
 
     def _apply(self, seq: int, payload: bytes) -> None:
         self.next_seq = seq + 1
@@ -125,45 +173,58 @@ class KVEventSubscriber:
         if skipped:
             self._metrics.skipped_unknown_parent.inc(skipped)
 
-    async def _replay(self, start: int) -> bool:
-        """Fetch batches >= start from the worker's replay buffer; False if it cannot cover."""
-        if self.source.replay_port is None:
-            return False
-        dealer = self._ctx.socket(zmq.DEALER)
-        dealer.setsockopt(zmq.LINGER, 0)
-        dealer.setsockopt(zmq.IPV6, self.source.ipv6)
-        frames: list[tuple[int, bytes]] = []
-        try:
-            dealer.connect(self.source.endpoint(self.source.replay_port))
-            await dealer.send_multipart([b"", seq_bytes(start)])
-            while True:
-                msg = await asyncio.wait_for(dealer.recv_multipart(), self._replay_timeout)
-                if len(msg) != 3 or msg[1] == END_SEQ:
-                    break
-                frames.append((seq_of(msg[1]), msg[2]))
-        except (TimeoutError, zmq.ZMQError) as e:
-            log.warning("%s: replay from %d failed: %s", self.replica, start, e)
-            return False
-        finally:
-            dealer.close(linger=0)
-        if not frames or frames[0][0] > start:
-            return False
-        for seq, payload in frames:
+    async def _replayed(self) -> list[tuple[int, bytes]] | None:
+        """The worker's buffered batches from next_seq on; None when it cannot tell us."""
+        if self._replay is None:
+            return None
+        return await self._replay.fetch(self.next_seq)
+
+    def _apply_run(self, batches: list[tuple[int, bytes]]) -> int | None:
+        """Apply the batches that continue next_seq; None if the buffer starts after it."""
+        if batches and batches[0][0] > self.next_seq:
+            log.warning(
+                "%s: replay buffer starts at seq %d, after the missing %d",
+                self.replica,
+                batches[0][0],
+                self.next_seq,
+            )
+            return None
+        applied = 0
+        for seq, payload in batches:
             if seq == self.next_seq:
                 self._apply(seq, payload)
-        self._metrics.event_replays.inc()
-        return True
+                applied += 1
+        return applied
 
     async def resync(self, current_seq: int | None) -> None:
-        """Drop this replica's entries and rebuild them from the worker's snapshot."""
+        """Drop this replica's entries; rebuild them from the snapshot and the replay buffer.
+
+        A worker without a snapshot (plain vLLM) is rebuilt from its replay buffer alone, from
+        the oldest batch it still holds: blocks stored before that stay unknown (their children
+        are skipped, never mis-keyed) until stored again. Without a replay endpoint either, it
+        starts empty at the current batch.
+        """
         self._metrics.event_resyncs.inc()
         self.index.drop_replica(self.replica)
         snap = await self._fetch_snapshot()
-        if snap is None:
-            # No snapshot endpoint (plain vLLM): start from empty at the current batch.
-            self.next_seq = current_seq if current_seq is not None else 0
+        if snap is not None:
+            self.load_snapshot(snap)
+        else:
+            self.next_seq = 0
+        batches = await self._replayed()
+        if batches is None:
+            if snap is None:
+                self.next_seq = current_seq if current_seq is not None else 0
             return
-        self.load_snapshot(snap)
+        if snap is None and batches and batches[0][0] > 0:
+            log.info(
+                "%s: no snapshot and replay history starts at seq %d; earlier blocks stay "
+                "unknown until stored again",
+                self.replica,
+                batches[0][0],
+            )
+            self.next_seq = batches[0][0]
+        self._apply_run(batches)
 
     async def _fetch_snapshot(self) -> dict | None:
         if self.source.snapshot_url is None:

@@ -12,12 +12,15 @@ import pytest
 
 from cachekey.events import (
     END_SEQ,
+    REPLAY_END,
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
     DecodeError,
     decode_batch,
     encode_batch,
+    parse_replay_reply,
+    replay_reply,
     seq_bytes,
     seq_from_bytes,
     topic,
@@ -159,3 +162,22 @@ def test_seq_and_topic_helpers():
     assert seq_bytes(0) == b"\x00" * 8 and seq_from_bytes(seq_bytes(12345)) == 12345
     assert seq_from_bytes(END_SEQ) == -1
     assert topic("abc", "demo") == "kv@abc@demo"
+
+
+def test_replay_replies_in_both_vllm_layouts():
+    # vLLM 0.33 (PR #45177): [b"", topic, seq, payload]; before it: [b"", seq, payload].
+    assert parse_replay_reply([b"", b"kv@x", b"\x00" * 7 + b"\x05", b"p"]) == (5, b"p")
+    assert parse_replay_reply([b"", b"\x00" * 7 + b"\x05", b"p"]) == (5, b"p")
+    assert parse_replay_reply([b"", b"", END_SEQ, b""]) is None
+    assert parse_replay_reply([b"", END_SEQ, b""]) is None
+    assert replay_reply(b"kv@x", 5, b"p") == [b"", b"kv@x", b"\x00" * 7 + b"\x05", b"p"]
+    assert parse_replay_reply(REPLAY_END) is None
+
+
+@pytest.mark.parametrize(
+    "frames",
+    [[b""], [b"", b"x", b"y", b"z", b"w"], [b"x", seq_bytes(1), b"p"], [b"", b"\x01", b"p"]],
+)
+def test_malformed_replay_reply_is_a_decode_error(frames):
+    with pytest.raises(DecodeError):
+        parse_replay_reply(frames)

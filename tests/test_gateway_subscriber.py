@@ -1,8 +1,9 @@
 """KVEventSubscriber against a real ZMQ PUB + ROUTER publisher driven by the test.
 
 The publisher speaks the worker wire contract with `cachekey.events` (a real peer, as a vLLM
-worker would be). A small real HTTP server stands in for `/kv/snapshot` only where a fault
-needs a resync.
+worker would be); it is an XPUB, so the test knows when the gateway's subscription has arrived
+instead of sleeping. A small real HTTP server stands in for `/kv/snapshot`, and a gated TCP relay
+holds the SUB connection where a test needs the subscription not to be live yet.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
+import pytest
 import zmq
 import zmq.asyncio
 from conftest import free_port
@@ -29,12 +31,17 @@ TOPIC = "kv@inst1@demo"
 
 
 class Publisher:
-    """PUB for live batches, ROUTER (in a thread) for replay from a bounded buffer."""
+    """XPUB for live batches, ROUTER (in a thread) for replay from a bounded buffer.
 
-    def __init__(self) -> None:
+    `replay_frames` 4 answers as vLLM 0.33 does ([b"", topic, seq, payload]), 3 as vLLM did
+    before PR #45177 ([b"", seq, payload]).
+    """
+
+    def __init__(self, replay_frames: int = 4) -> None:
         self.ctx = zmq.Context()
         self.port, self.replay_port = free_port(), free_port()
-        self.pub = self.ctx.socket(zmq.PUB)
+        self.replay_frames = replay_frames
+        self.pub = self.ctx.socket(zmq.XPUB)
         self.pub.bind(f"tcp://127.0.0.1:{self.port}")
         self.buffer: list[tuple[int, bytes]] = []
         self.seq = 0
@@ -59,11 +66,21 @@ class Publisher:
             if not poller.poll(50):
                 continue
             ident, _, start = router.recv_multipart()
+            topic = [TOPIC.encode()] if self.replay_frames == 4 else []
             for seq, payload in list(self.buffer):
                 if seq >= seq_from_bytes(start):
-                    router.send_multipart([ident, b"", seq_bytes(seq), payload])
-            router.send_multipart([ident, b"", END_SEQ, b""])
+                    router.send_multipart([ident, b"", *topic, seq_bytes(seq), payload])
+            router.send_multipart([ident, b"", *[b""] * len(topic), END_SEQ, b""])
         router.close(linger=0)
+
+    async def subscribed(self, timeout: float = 5.0) -> None:
+        """Until a subscriber's subscription to TOPIC has reached this socket."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not self.pub.poll(0):
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError("no subscription arrived")
+            await asyncio.sleep(0.01)
+        assert self.pub.recv() == b"\x01" + TOPIC.encode()
 
     def close(self) -> None:
         self._stop.set()
@@ -76,12 +93,15 @@ class SnapshotServer:
     def __init__(self) -> None:
         self.snapshot: dict = {"instance_id": "inst1", "seq": None, "block_size": 4, "blocks": []}
         self.hits = 0
+        # Runs after the snapshot is taken and before it is answered (a worker publishing then).
+        self.after_snapshot = lambda: None
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 outer.hits += 1
                 body = json.dumps(outer.snapshot).encode()
+                outer.after_snapshot()
                 self.send_response(200)
                 self.send_header("content-length", str(len(body)))
                 self.end_headers()
@@ -131,23 +151,87 @@ async def _until(cond, timeout: float = 5.0) -> None:
         await asyncio.sleep(0.01)
 
 
-def run_scenario(scenario) -> None:
-    pub, snap = Publisher(), SnapshotServer()
+class GatedRelay:
+    """A TCP relay on 127.0.0.1 that holds every connection until `open()`.
+
+    A SUB connected through it is not live before then: whatever the publisher sends meanwhile
+    is dropped by the PUB socket, exactly as before a real subscription completes.
+    """
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self._open = asyncio.Event()
+        self._server: asyncio.Server | None = None
+        self._pipes: set[asyncio.Task] = set()
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        return self._server.sockets[0].getsockname()[1]
+
+    def open(self) -> None:
+        self._open.set()
+
+    async def close(self) -> None:
+        for t in self._pipes:
+            t.cancel()
+        await asyncio.gather(*self._pipes, return_exceptions=True)
+        if self._server is not None:
+            self._server.close()
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await self._open.wait()
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        for src, dst in ((reader, up_writer), (up_reader, writer)):
+            task = asyncio.create_task(_pipe(src, dst))
+            self._pipes.add(task)
+
+
+async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+    try:
+        while data := await src.read(65536):
+            dst.write(data)
+            await dst.drain()
+    finally:
+        dst.close()
+
+
+def run_scenario(
+    scenario, *, snapshot: bool = True, replay_frames: int = 4, gated: bool = False
+) -> None:
+    """Start a subscriber against a fresh publisher and run `scenario` once it has synced.
+
+    With `gated`, the SUB connects through a closed GatedRelay and the scenario opens it; the
+    scenario then starts before the subscription is live. Otherwise it starts once it is.
+    """
+    pub, snap = Publisher(replay_frames), SnapshotServer()
 
     async def main() -> None:
         ctx = zmq.asyncio.Context()
         index, metrics = BlockIndex(), GatewayMetrics()
-        source = EventSource("inst1", "127.0.0.1", pub.port, pub.replay_port, TOPIC, snap.url)
+        relay = GatedRelay(pub.port)
+        port = await relay.start() if gated else pub.port
+        if not gated:
+            relay.open()
+        source = EventSource(
+            "inst1", "127.0.0.1", port, pub.replay_port, TOPIC, snap.url if snapshot else None
+        )
         async with httpx.AsyncClient() as http:
-            sub = KVEventSubscriber(R, source, NS, index, http, ctx, metrics, replay_timeout=1.0)
+            sub = KVEventSubscriber(
+                R, source, NS, index, http, ctx, metrics,
+                replay_timeout=1.0, tail_check_interval=0.05,
+            )  # fmt: skip
             task = asyncio.create_task(sub.run())
-            await asyncio.wait_for(sub.synced.wait(), 5)
-            await asyncio.sleep(0.2)  # let the SUB subscription reach the publisher
             try:
-                await scenario(pub, snap, sub, index, metrics)
+                if gated:
+                    await scenario(pub, snap, sub, index, metrics, relay)
+                else:
+                    await asyncio.wait_for(sub.synced.wait(), 5)
+                    await pub.subscribed()
+                    await scenario(pub, snap, sub, index, metrics)
             finally:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
+                await relay.close()
         ctx.term()
 
     try:
@@ -238,3 +322,93 @@ def test_copies_and_unknown_parent_over_the_wire():
         assert index.stats().copies == 4
 
     run_scenario(scenario)
+
+
+def _held(index: BlockIndex, tokens: list[int]) -> int:
+    return index.match(block_keys(tokens, NS), [R])[R]
+
+
+def test_batch_lost_before_the_sub_is_live_is_found_by_the_tail_check():
+    """The race of issue 11, provoked: the worker publishes right after the snapshot, while the
+    gateway's subscription has not reached it, and then nothing more. No later batch reveals the
+    gap; the replay check after an idle interval closes it."""
+    t1, t2 = list(range(8)), list(range(100, 108))
+
+    async def scenario(pub, snap, sub, index, metrics, relay):
+        pub.publish(chain(t1, b"a")[0])
+        snap.snapshot = {
+            "instance_id": "inst1",
+            "seq": 0,
+            "block_size": 4,
+            "blocks": snapshot_blocks(t1, b"a"),
+        }
+        await asyncio.wait_for(sub.synced.wait(), 5)  # snapshot loaded, nothing after it yet
+        assert _held(index, t1) == 2 and _held(index, t2) == 0
+        pub.publish(chain(t2, b"b")[0])  # no live subscription: the XPUB drops it
+        relay.open()
+        await pub.subscribed()
+        await _until(lambda: _held(index, t2) == 2)
+        assert sub.last_seq == 1
+        assert _count(metrics, "kvgate_event_tail_gaps_total") == 1
+        assert _count(metrics, "kvgate_event_gaps_total") == 1
+        assert _count(metrics, "kvgate_event_replays_total") == 1
+        assert _count(metrics, "kvgate_event_resyncs_total") == 1  # only the start
+
+    run_scenario(scenario, gated=True)
+
+
+def test_batch_published_while_the_snapshot_is_served_is_applied_before_synced():
+    """A batch the worker publishes between taking the snapshot and the subscription going live
+    is fetched by the replay that follows the snapshot, before the subscriber says it is synced."""
+    t1 = list(range(8))
+
+    async def scenario(pub, snap, sub, index, metrics, relay):
+        snap.after_snapshot = lambda: pub.publish(chain(t1, b"a")[0])  # seq 0, after seq None
+        await asyncio.wait_for(sub.synced.wait(), 5)
+        assert _held(index, t1) == 2 and sub.last_seq == 0
+        assert _count(metrics, "kvgate_event_tail_gaps_total") == 0
+        relay.open()
+        await pub.subscribed()
+
+    run_scenario(scenario, gated=True)
+
+
+@pytest.mark.parametrize("replay_frames", [4, 3])
+def test_plain_vllm_worker_rebuilt_from_replay_alone(replay_frames):
+    """No snapshot (plain vLLM): history published before the gateway started comes from the
+    replay buffer, in vLLM 0.33's reply layout and in the one before PR #45177; a batch lost
+    later, with nothing after it, is still found."""
+    t1, t2, t3 = list(range(8)), list(range(100, 108)), list(range(200, 208))
+
+    async def scenario(pub, snap, sub, index, metrics, relay):
+        pub.publish(chain(t1, b"a")[0])
+        pub.publish(chain(t2, b"b")[0])
+        await asyncio.wait_for(sub.synced.wait(), 5)
+        assert _held(index, t1) == _held(index, t2) == 2 and sub.last_seq == 1
+        relay.open()
+        await pub.subscribed()
+        pub.publish(chain(t3, b"c")[0], deliver=False)
+        await _until(lambda: _held(index, t3) == 2)
+        assert _count(metrics, "kvgate_event_tail_gaps_total") == 1
+        assert snap.hits == 0
+
+    run_scenario(scenario, snapshot=False, replay_frames=replay_frames, gated=True)
+
+
+def test_replay_buffer_that_rolled_over_starts_a_vllm_index_at_its_oldest_batch():
+    t1, t2 = list(range(8)), list(range(100, 108))
+
+    async def scenario(pub, snap, sub, index, metrics, relay):
+        pub.publish(chain(t1, b"a")[0])
+        events, _ = chain(t2, b"b")
+        pub.publish(events[:1])
+        pub.publish(events[1:])
+        del pub.buffer[:2]  # only seq 2 is left: t1 and t2's first block are gone
+        await asyncio.wait_for(sub.synced.wait(), 5)
+        assert sub.last_seq == 2
+        # t2's second block names a parent the gateway never saw: skipped, never mis-keyed.
+        assert _held(index, t1) == _held(index, t2) == 0
+        assert _count(metrics, "kvgate_events_skipped_unknown_parent_total") == 1
+        relay.open()
+
+    run_scenario(scenario, snapshot=False, gated=True)

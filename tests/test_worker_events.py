@@ -19,6 +19,7 @@ from cachekey.events import (
     BlockRemoved,
     BlockStored,
     decode_batch,
+    parse_replay_reply,
     seq_bytes,
     seq_from_bytes,
 )
@@ -68,10 +69,15 @@ class Subscriber:
         self.dealer.send_multipart([b"", seq_bytes(start)])
         while True:
             assert self.dealer.poll(5000), "no replay answer"
-            _, raw_seq, payload = self.dealer.recv_multipart()
-            if raw_seq == END_SEQ:
+            frames = self.dealer.recv_multipart()
+            # vLLM 0.33's layout: [b"", topic, seq, payload], ending with [b"", b"", -1, b""].
+            assert len(frames) == 4 and frames[0] == b"", frames
+            item = parse_replay_reply(frames)
+            if item is None:
+                assert frames[1:] == [b"", END_SEQ, b""]
                 return
-            seq = seq_from_bytes(raw_seq)
+            assert frames[1].startswith(b"kv@")
+            seq, payload = item
             if seq == self.next_seq:
                 self.apply(seq, payload)
                 self.replayed += 1

@@ -136,6 +136,7 @@ class BlockManager:
         return self.pool.reset()
 
     def snapshot(self) -> list[CachedBlock]:
+        """Every cached copy, parents first: a block's parent sits one level above it."""
         blocks = sorted(self.pool.cached_blocks(), key=lambda b: b.depth)
         return [
             CachedBlock(key=b.key, parent=b.parent, token_ids=b.token_ids, extra_keys=b.extra_keys)

@@ -73,7 +73,7 @@ def attach_routes(app: FastAPI, state: AppState) -> None:
             "instance_id": state.instance_id,
             "seq": snap.seq,
             "block_size": state.info["block_size"],
-            "blocks": [_block_json(b) for b in parents_first(snap.blocks)],
+            "blocks": [_block_json(b) for b in snap.blocks],  # parents first, every copy
         }
         return Response(_json.encode(payload), media_type="application/json")
 
@@ -99,19 +99,3 @@ def _block_json(block: CachedBlock) -> dict:
         "token_ids": list(block.token_ids),
         "extra_keys": [e if isinstance(e, str) else list(e) for e in block.extra_keys],
     }
-
-
-def parents_first(blocks: list[CachedBlock]) -> list[CachedBlock]:
-    """Order blocks so every cached parent precedes its children (consumers apply in order)."""
-    by_key = {b.key: b for b in blocks}
-    placed: set[bytes] = set()
-    ordered: list[CachedBlock] = []
-    for block in blocks:
-        chain: list[CachedBlock] = []
-        cur: CachedBlock | None = block
-        while cur is not None and cur.key not in placed:
-            chain.append(cur)
-            placed.add(cur.key)
-            cur = by_key.get(cur.parent) if cur.parent is not None else None
-        ordered.extend(reversed(chain))
-    return ordered

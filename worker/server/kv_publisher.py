@@ -17,7 +17,14 @@ from dataclasses import dataclass
 
 import zmq
 
-from cachekey.events import END_SEQ, KVEvent, encode_batch, seq_bytes, seq_from_bytes
+from cachekey.events import (
+    REPLAY_END,
+    KVEvent,
+    encode_batch,
+    replay_reply,
+    seq_bytes,
+    seq_from_bytes,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -154,5 +161,5 @@ class KVEventPublisher:
             start = seq_from_bytes(frames[-1])
             for seq, payload in list(self._buffer):
                 if seq >= start:
-                    self._router.send_multipart([ident, b"", seq_bytes(seq), payload])
-            self._router.send_multipart([ident, b"", END_SEQ, b""])
+                    self._router.send_multipart([ident, *replay_reply(self._topic, seq, payload)])
+            self._router.send_multipart([ident, *REPLAY_END])
