@@ -118,10 +118,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
     import uvicorn
-    import zmq
 
+    from cachekey.documents import WorkerInfo
     from worker.engine.llm_engine import LLMEngine
-    from worker.server.app import AppState, create_app
+    from worker.server.app import create_app
 
     try:
         sock = _bind(server_config.host, server_config.port)
@@ -130,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
-    def ready(state: AppState) -> None:
+    def ready(info: WorkerInfo) -> None:
         events = (
             f"tcp://{server_config.host}:{server_config.kv_events_port}"
             if server_config.events_enabled
@@ -138,15 +138,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         print(
             f"kvgate worker ready: http://{server_config.host}:{server_config.port} "
-            f"model={state.model_name} engine={engine_config.engine} "
-            f"instance={state.instance_id} kv-events={events}",
+            f"model={info.model} engine={engine_config.engine} "
+            f"instance={info.instance_id} kv-events={events}",
             flush=True,
         )
 
     try:
         app = create_app(engine, server_config, on_ready=ready)
-    except zmq.ZMQError as e:
-        print(f"error: cannot bind the KV-event sockets: {e}", file=sys.stderr)
+    except OSError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     # Open streams must not hold a SIGTERM'd worker forever.
     uvicorn_config = uvicorn.Config(
