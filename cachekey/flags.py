@@ -166,8 +166,8 @@ def _kind(hint: Any, default: Any) -> type | str:
     raise TypeError(f"no flag for a field of type {hint!r}")
 
 
-def add_flags(parser: argparse.ArgumentParser, *configs: type) -> list[FlagSpec]:
-    """Add the flags of each config dataclass to `parser`; returns their specs."""
+def add_flags(parser: argparse.ArgumentParser, *configs: type) -> None:
+    """Add the flags of each config dataclass to `parser`, a group per flag group."""
     specs = [s for cls in configs for s in flag_specs(cls)]
     groups: dict[str | None, Any] = {None: parser}
     for s in specs:
@@ -190,7 +190,6 @@ def add_flags(parser: argparse.ArgumentParser, *configs: type) -> list[FlagSpec]
         else:
             kwargs["default"] = argparse.SUPPRESS  # absent flags keep the dataclass default
         groups[s.group].add_argument(s.option, **kwargs)
-    return specs
 
 
 def given(args: argparse.Namespace, *path: str) -> bool:

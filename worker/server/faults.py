@@ -12,7 +12,7 @@ import threading
 
 from worker.engine.llm_engine import LLMEngine
 from worker.server.engine_client import AsyncEngine
-from worker.server.kv_publisher import EventPublisher, KVEventPublisher
+from worker.server.kv_publisher import EventPublisher, KVEventPublisher, PublisherConfig
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +26,9 @@ class InjectedCrash(RuntimeError):
 class DroppingKVEventPublisher(KVEventPublisher):
     """A publisher that can withhold batches from PUB; they stay in the replay buffer."""
 
-    _drop_remaining = 0
+    def __init__(self, config: PublisherConfig) -> None:
+        super().__init__(config)
+        self._drop_remaining = 0  # set by the event loop, read by the publisher thread
 
     def drop_next(self, n: int) -> None:
         self._drop_remaining = n
