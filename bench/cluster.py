@@ -19,6 +19,8 @@ from pathlib import Path
 
 import httpx
 
+from cachekey.documents import Snapshot, decode_document
+
 HOST = "127.0.0.1"
 
 
@@ -242,8 +244,9 @@ def snapshot_digest(worker_url: str) -> tuple[str, int]:
     kvgate workers key blocks exactly as the gateway does, so equal digests mean the gateway's
     index holds exactly the worker's cached blocks.
     """
-    snap = httpx.get(f"{worker_url}/kv/snapshot", timeout=10).json()
-    keys = sorted({bytes.fromhex(b["key"]) for b in snap["blocks"]})
+    resp = httpx.get(f"{worker_url}/kv/snapshot", timeout=10)
+    snap = decode_document(resp.content, Snapshot)
+    keys = sorted({bytes.fromhex(b.key) for b in snap.blocks})
     h = hashlib.sha256()
     for key in keys:
         h.update(key)

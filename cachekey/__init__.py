@@ -16,6 +16,7 @@ from cachekey.errors import (
 )
 from cachekey.images import decode_data_url, image_identifier, probe_image
 from cachekey.keys import (
+    DEFAULT_HASH_SEED,
     HashNamespace,
     block_extra_keys,
     block_keys,
@@ -28,6 +29,7 @@ from cachekey.render import Renderer, RenderLimits
 from cachekey.types import BlockKey, ExtraKey, MMItem, Prompt
 
 __all__ = [
+    "DEFAULT_HASH_SEED",
     "AssetError",
     "BlockKey",
     "ExtraKey",

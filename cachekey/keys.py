@@ -24,6 +24,9 @@ _TAG_INT = b"i"
 _TAG_BYTES = b"b"
 _NO_EXTRA = b"\x00"
 
+# The namespace seed every worker and gateway uses unless told otherwise (`--hash-seed`).
+DEFAULT_HASH_SEED = "kvgate-v1"
+
 
 @dataclass(frozen=True, slots=True)
 class HashNamespace:
@@ -31,7 +34,7 @@ class HashNamespace:
 
     model: str
     block_size: int = 16
-    seed: str = "kvgate-v1"
+    seed: str = DEFAULT_HASH_SEED
 
     def __post_init__(self) -> None:
         if self.block_size <= 0:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 
 import httpx
 
 from cachekey.assets import ModelAssets
+from cachekey.documents import AssetFiles, decode_document
 
 
 async def load_assets(model_dir: str | None, worker_urls: list[str], http: httpx.AsyncClient):
@@ -19,8 +19,8 @@ async def load_assets(model_dir: str | None, worker_urls: list[str], http: httpx
         try:
             resp = await http.get(f"{url}/kvgate/assets", timeout=30.0)
             resp.raise_for_status()
-            files = {k: base64.b64decode(v) for k, v in resp.json()["files"].items()}
-        except (httpx.HTTPError, KeyError, ValueError) as e:
+            files = decode_document(resp.content, AssetFiles).files
+        except (httpx.HTTPError, ValueError) as e:  # DocumentError is a ValueError
             errors.append(f"{url}: {e}")
             continue
         return await asyncio.to_thread(ModelAssets.from_files, files)

@@ -4,22 +4,37 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from cachekey.flags import LOG_LEVELS, flag_group, option
 from gateway.image_fetch import AllowList
 from gateway.limits import RequestLimits
 
 POLICY_NAMES = ("cache_aware", "round_robin", "least_loaded", "session", "random")
 
 
+def _unbounded_if_zero(text: str) -> int | None:
+    return int(text) or None
+
+
 @dataclass(slots=True)
 class CostWeights:
     """Weights of the cache_aware cost (see docs/gateway.md)."""
 
-    prefill: float = 1.0  # per uncached prompt block
-    load: float = 1.0  # per in-flight uncached prefill block + decode_weight per in-flight request
-    decode: float = 2.0  # blocks-equivalent cost of one in-flight request's decode
-    queue: float = 4.0  # per request waiting in the worker's queue
-    kv: float = 8.0  # times the worker's KV usage (0..1)
-    recent: float = 0.05  # per block of uncached prefill routed to the replica lately (decayed)
+    prefill: float = option(1.0, "per uncached prompt block", name="--prefill-weight")
+    load: float = option(
+        1.0,
+        "per in-flight uncached prefill block, plus decode weight per in-flight request",
+        name="--load-weight",
+    )
+    decode: float = option(
+        2.0, "blocks-equivalent cost of one in-flight request's decode", name="--decode-weight"
+    )
+    queue: float = option(4.0, "per request waiting in the worker's queue", name="--queue-weight")
+    kv: float = option(8.0, "times the worker's KV-cache usage (0..1)", name="--kv-weight")
+    recent: float = option(
+        0.05,
+        "per block of uncached prefill routed to the replica lately (decayed)",
+        name="--recent-weight",
+    )
 
     def __post_init__(self) -> None:
         for name in ("prefill", "load", "decode", "queue", "kv", "recent"):
@@ -29,45 +44,99 @@ class CostWeights:
 
 @dataclass(slots=True)
 class GatewayConfig:
-    workers: tuple[str, ...] = ()
-    host: str = "127.0.0.1"
-    port: int = 8080
-    policy: str = "cache_aware"
-    model_dir: str | None = None
-    index_max_blocks: int = 1_000_000
-    speculative_ttl: float = 2.0
-    retries: int = 2
-    connect_timeout: float = 2.0
-    request_timeout: float = 600.0
-    poll_interval: float = 0.5  # worker /health, /kvgate/info and /metrics polling
-    # Seconds without a live KV-event batch after which the subscriber asks the worker's replay
-    # buffer for batches it missed: bounds how long a silent gap can last (docs/reliability.md).
-    event_tail_check_interval: float = 1.0
-    eject_after_failures: int = 3
-    eject_seconds: float = 10.0
-    weights: CostWeights = field(default_factory=CostWeights)
-    recent_half_life: float = 60.0  # seconds; decay of the recent-prefill term
-    softmax_temperature: float = 0.0  # 0: pick the lowest cost; > 0: sample softmax(-cost/T)
-    session_header: str = "x-session-id"
+    workers: tuple[str, ...] = option(
+        (), "static worker base URLs, comma-separated or repeated", metavar="URL[,URL]"
+    )
+    discovery: str = option(
+        "static",
+        "static: the --workers list; k8s: watch the EndpointSlices of the worker Service "
+        "(docs/kubernetes.md)",
+        choices=("static", "k8s"),
+    )
+    k8s_namespace: str | None = option(None, "namespace of the worker Service (k8s discovery)")
+    k8s_selector: str | None = option(
+        None, "label selector of the worker EndpointSlices (k8s discovery)"
+    )
+    k8s_service: str | None = option(None, "worker Service name (k8s discovery)")
+    k8s_port_name: str = option("http", "name of the workers' HTTP port (k8s discovery)")
+    host: str = option("127.0.0.1", "listen address")
+    port: int = option(8080, "listen port")
+    policy: str = option(
+        "cache_aware",
+        "routing policy; a request may choose another with x-kvgate-routing-policy",
+        choices=POLICY_NAMES,
+    )
+    model_dir: str | None = option(
+        None,
+        "local render assets (model directory)",
+        default_text="fetched from a worker's /kvgate/assets",
+        metavar="PATH",
+    )
+    index_max_blocks: int = option(1_000_000, "LRU cap on gateway keys in the block index")
+    speculative_ttl: float = option(
+        2.0, "seconds a routed request's keys count for its replica before its events arrive"
+    )
+    retries: int = option(2, "extra replicas tried on a connect error or 5xx before the first byte")
+    connect_timeout: float = option(2.0, "seconds to connect to a worker")
+    request_timeout: float = option(600.0, "seconds for a whole proxied request")
+    poll_interval: float = option(
+        0.5, "seconds between polls of each worker's /kvgate/info, /health and /metrics"
+    )
+    event_tail_check_interval: float = option(
+        1.0,
+        "seconds without a KV-event batch before asking the worker's replay buffer for batches "
+        "the live stream missed: bounds how long a silent gap lasts (docs/reliability.md)",
+    )
+    eject_after_failures: int = option(
+        3, "consecutive failures that eject a replica (circuit breaker)"
+    )
+    eject_seconds: float = option(10.0, "seconds an ejected replica stays out")
+    weights: CostWeights = field(
+        default_factory=CostWeights,
+        metadata=flag_group("cost weights of cache_aware (docs/gateway.md)"),
+    )
+    recent_half_life: float = option(60.0, "seconds; half-life of the recent-prefill cost term")
+    softmax_temperature: float = option(
+        0.0, "0 picks the lowest cost; > 0 samples the first choice from softmax(-cost/T)"
+    )
+    session_header: str = option("x-session-id", "header whose value the session policy hashes")
     # Front door (docs/security.md): input limits, image fetching, tenants, overload.
-    limits: RequestLimits = field(default_factory=RequestLimits)
-    image_fetch_timeout: float = 10.0
-    image_fetch_allow: tuple[str, ...] = ()  # host names and CIDRs exempt from the SSRF guard
-    remote_images: bool = True
-    api_keys_file: str | None = None
-    tenant_salt_secret: str | None = None  # else env KVGATE_TENANT_SALT_SECRET, else the file
-    max_inflight_per_replica: int | None = 256
-    max_queue: int = 1024
-    queue_timeout: float = 30.0
+    limits: RequestLimits = field(
+        default_factory=RequestLimits, metadata=flag_group("input limits (docs/security.md)")
+    )
+    image_fetch_timeout: float = option(10.0, "seconds to fetch one remote image")
+    image_fetch_allow: tuple[str, ...] = option(
+        (),
+        "host names and CIDRs exempt from the SSRF guard, comma-separated or repeated",
+        metavar="HOST|CIDR",
+    )
+    remote_images: bool = option(True, "refuse http(s) image URLs")
+    api_keys_file: str | None = option(
+        None, "API key -> tenant file (JSON, YAML or lines); none: no API keys", metavar="PATH"
+    )
+    tenant_salt_secret: str | None = option(
+        None,
+        "HMAC secret of the tenants' cache salts",
+        default_text="env KVGATE_TENANT_SALT_SECRET, else from the keys file",
+    )
+    max_inflight_per_replica: int | None = option(
+        256,
+        "requests in flight per replica before new ones queue; 0: unbounded",
+        parse=_unbounded_if_zero,
+    )
+    max_queue: int = option(1024, "requests waiting for a slot before new ones get 429")
+    queue_timeout: float = option(30.0, "seconds a request may wait for a slot before its 429")
     # Plain vLLM workers (no /kvgate/info): where their --kv-events-config publishes.
-    vllm_kv_events_port: int | None = None
-    vllm_kv_events_replay_port: int | None = None
-    vllm_kv_events_topic: str = ""
-    discovery: str = "static"  # "static" (--workers) or "k8s"
-    k8s_namespace: str | None = None
-    k8s_selector: str | None = None
-    k8s_service: str | None = None
-    k8s_port_name: str = "http"
+    vllm_kv_events_port: int | None = option(
+        None, "KV-events port of plain vLLM workers (no /kvgate/info)"
+    )
+    vllm_kv_events_replay_port: int | None = option(
+        None, "KV-events replay port of plain vLLM workers"
+    )
+    vllm_kv_events_topic: str = option(
+        "", "KV-events topic of plain vLLM workers", default_text="every topic"
+    )
+    log_level: str = option("info", "log level", choices=LOG_LEVELS)
 
     def __post_init__(self) -> None:
         self.workers = tuple(w.rstrip("/") for w in self.workers if w.strip())
@@ -103,3 +172,5 @@ class GatewayConfig:
             raise ValueError("max_inflight_per_replica must be positive")
         if self.max_queue < 0 or self.queue_timeout < 0:
             raise ValueError("max_queue and queue_timeout must be >= 0")
+        if self.log_level not in LOG_LEVELS:
+            raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}")

@@ -13,6 +13,7 @@ from typing import Any
 
 from fastapi import Request
 
+from cachekey.flags import format_pixels, format_size, option, parse_pixels, parse_size
 from cachekey.render import IMAGE_PART_TYPES, RenderLimits
 
 
@@ -24,17 +25,28 @@ class LimitError(Exception):
         self.param = param
 
 
+_SIZE = {"parse": parse_size, "show": format_size, "metavar": "BYTES"}
+
+
 @dataclass(frozen=True, slots=True)
 class RequestLimits:
-    max_body_bytes: int = 32 * 2**20
-    max_messages: int = 1024
-    max_content_parts: int = 256
-    max_images: int = 32
-    max_image_bytes: int = 20 * 2**20
-    max_image_pixels: int = 4096 * 4096
-    max_prompt_tokens: int | None = None  # None: the model's max_model_len
-    max_output_tokens: int = 32768
-    max_n: int = 16
+    max_body_bytes: int = option(32 * 2**20, "request body size (413 past it)", **_SIZE)
+    max_messages: int = option(1024, "messages per chat request")
+    max_content_parts: int = option(256, "content parts per message")
+    max_images: int = option(32, "images per request", name="--max-images-per-request")
+    max_image_bytes: int = option(20 * 2**20, "bytes per image, inline or fetched", **_SIZE)
+    max_image_pixels: int = option(
+        4096 * 4096,
+        "pixels per image (WxH or a count)",
+        parse=parse_pixels,
+        show=format_pixels,
+        metavar="PIXELS",
+    )
+    max_prompt_tokens: int | None = option(
+        None, "prompt tokens per request", default_text="the model's max_model_len"
+    )
+    max_output_tokens: int = option(32768, "max_tokens / max_completion_tokens per request")
+    max_n: int = option(16, "choices (n) per request")
 
     def __post_init__(self) -> None:
         for name in (

@@ -5,17 +5,24 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from gateway.metrics import GatewayMetrics
-
-if TYPE_CHECKING:
-    from gateway.replicas import Replica
 
 log = logging.getLogger(__name__)
 
 
-def check_parity(replicas: Iterable[Replica], metrics: GatewayMetrics) -> None:
+class Checked(Protocol):
+    """What parity reads and sets on a replica (gateway.replicas.Replica)."""
+
+    id: str
+    instance_id: str | None
+    model: str | None
+    fingerprint: str | None
+    parity_ok: bool
+
+
+def check_parity(replicas: Iterable[Checked], metrics: GatewayMetrics) -> None:
     """Mark the replicas whose fingerprint differs from their model's majority as load-only."""
     reps = [r for r in replicas if r.instance_id is not None]
     by_model: dict[str | None, Counter[str | None]] = {}

@@ -19,6 +19,7 @@ from urllib.parse import urlparse
 import httpx
 import zmq.asyncio
 
+from cachekey.documents import DocumentError, WorkerInfo, decode_document
 from cachekey.keys import HashNamespace
 from gateway.config import GatewayConfig
 from gateway.index import BlockIndex, ReplicaId
@@ -45,7 +46,8 @@ class Replica:
     model: str | None = None
     fingerprint: str | None = None
     namespace: HashNamespace | None = None
-    info: dict | None = None
+    info: WorkerInfo | None = None
+    info_error: str | None = None  # why its last /kvgate/info was refused (logged once)
     healthy: bool = False
     parity_ok: bool = True
     # Load view: worker-reported (polled) and the gateway's own accounting.
@@ -198,13 +200,13 @@ class ReplicaSet:
         except httpx.HTTPError:
             await self._mark_down(rep)
             return
-        info = info_r.json() if info_r.status_code == 200 else None
+        info = self._read_info(rep, info_r)
         if info is None and info_r.status_code == 404 and health_r.status_code == 200:
             info = await vllm_info(self._http, rep.url, metrics_r.text, self.config)
         if info is None:
             await self._mark_down(rep)
             return
-        if info.get("instance_id") != rep.instance_id:
+        if info.instance_id != rep.instance_id:
             await self._new_instance(rep, info)
         if metrics_r.status_code == 200:
             for attr, value in parse_load(metrics_r.text).items():
@@ -216,6 +218,19 @@ class ReplicaSet:
             self.changed.set()
         self.metrics.replica_healthy.labels(rep.id).set(1 if healthy else 0)
 
+    def _read_info(self, rep: Replica, resp: httpx.Response) -> WorkerInfo | None:
+        if resp.status_code != 200:
+            return None
+        try:
+            info = decode_document(resp.content, WorkerInfo)
+        except DocumentError as e:
+            if str(e) != rep.info_error:
+                log.error("replica %s is not usable: %s", rep.id, e)
+            rep.info_error = str(e)
+            return None
+        rep.info_error = None
+        return info
+
     async def _mark_down(self, rep: Replica) -> None:
         if rep.healthy or rep.instance_id is not None:
             log.warning("replica %s unreachable; dropping its index entries", rep.id)
@@ -225,31 +240,27 @@ class ReplicaSet:
         await self._stop_subscriber(rep)
         self.index.drop_replica(rep.id)
 
-    async def _new_instance(self, rep: Replica, info: dict) -> None:
+    async def _new_instance(self, rep: Replica, info: WorkerInfo) -> None:
         if rep.instance_id is not None:
-            log.info("replica %s restarted (new instance %s)", rep.id, info.get("instance_id"))
+            log.info("replica %s restarted (new instance %s)", rep.id, info.instance_id)
         await self._stop_subscriber(rep)
         self.index.drop_replica(rep.id)
         rep.info = info
-        rep.instance_id = info.get("instance_id")
-        rep.model = info.get("model")
-        rep.dp_rank = info.get("data_parallel_rank")
-        rep.fingerprint = info.get("fingerprint")
-        rep.namespace = HashNamespace(
-            model=info["model"],
-            block_size=int(info.get("block_size", 16)),
-            seed=info.get("hash_seed", "kvgate-v1"),
-        )
+        rep.instance_id = info.instance_id
+        rep.model = info.model
+        rep.dp_rank = info.data_parallel_rank
+        rep.fingerprint = info.fingerprint
+        rep.namespace = info.namespace()
         check_parity(self.replicas.values(), self.metrics)
-        kv = info.get("kv_events") or {}
-        if kv.get("enabled") and kv.get("port"):
+        kv = info.kv_events
+        if kv.enabled and kv.port is not None:
             source = EventSource(
-                instance_id=rep.instance_id or "",
+                instance_id=info.instance_id,
                 host=urlparse(rep.url).hostname or "127.0.0.1",
-                port=int(kv["port"]),
-                replay_port=int(kv["replay_port"]) if kv.get("replay_port") else None,
-                topic=kv.get("topic") or "",
-                snapshot_url=f"{rep.url}/kv/snapshot" if info.get("snapshot", True) else None,
+                port=kv.port,
+                replay_port=kv.replay_port,
+                topic=kv.topic,
+                snapshot_url=f"{rep.url}/kv/snapshot" if info.has_snapshot else None,
             )
             sub = KVEventSubscriber(
                 rep.id,

@@ -83,10 +83,10 @@ class GatewayState:
     def _check_assets(self, fingerprint: str) -> None:
         """Local --model-dir assets must be the workers' assets, or no key would ever match."""
         theirs = {
-            (r.info or {}).get("fingerprint_parts", {}).get("assets")
+            r.info.fingerprint_parts.assets
             for r in self.replicas.replicas.values()
-            if r.info is not None
-        } - {None}
+            if r.info is not None and r.info.fingerprint_parts is not None
+        }
         ok = not theirs or fingerprint in theirs
         self.metrics.parity_mismatch.labels("gateway").set(0 if ok else 1)
         if ok:

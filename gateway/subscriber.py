@@ -22,7 +22,8 @@ import httpx
 import zmq
 import zmq.asyncio
 
-from cachekey.events import BlockStored, DecodeError, decode_batch
+from cachekey.documents import Snapshot, decode_document
+from cachekey.events import DecodeError, decode_batch
 from cachekey.events import seq_from_bytes as seq_of
 from cachekey.keys import HashNamespace
 from gateway.index import BlockIndex, ReplicaId
@@ -226,7 +227,9 @@ class KVEventSubscriber:
             self.next_seq = batches[0][0]
         self._apply_run(batches)
 
-    async def _fetch_snapshot(self) -> dict | None:
+    async def _fetch_snapshot(self) -> Snapshot | None:
+        """The worker's snapshot; None when it has none. A malformed one raises DocumentError,
+        which restarts this subscriber (logged with the field at fault)."""
         if self.source.snapshot_url is None:
             return None
         try:
@@ -236,22 +239,9 @@ class KVEventSubscriber:
             return None
         if resp.status_code != 200:
             return None
-        return resp.json()
+        return decode_document(resp.content, Snapshot)
 
-    def load_snapshot(self, snap: dict) -> None:
-        bs = int(snap.get("block_size", self.ns.block_size))
-        applied = 0
-        for block in snap.get("blocks", []):
-            parent = block.get("parent")
-            extra = block.get("extra_keys") or ()
-            ev = BlockStored(
-                block_hashes=[bytes.fromhex(block["key"])],
-                parent_block_hash=bytes.fromhex(parent) if parent else None,
-                token_ids=list(block["token_ids"]),
-                block_size=bs,
-                extra_keys=[tuple(tuple(x) if isinstance(x, list) else x for x in extra)],
-            )
-            applied += self.index.store(self.replica, self.ns, ev)
+    def load_snapshot(self, snap: Snapshot) -> None:
+        applied = sum(self.index.store(self.replica, self.ns, ev) for ev in snap.stored_events())
         self._metrics.events_applied.labels(self.replica).inc(applied)
-        seq = snap.get("seq")
-        self.next_seq = int(seq) + 1 if seq is not None else 0
+        self.next_seq = snap.seq + 1 if snap.seq is not None else 0

@@ -14,6 +14,8 @@ import re
 
 import httpx
 
+from cachekey.documents import KVEventsEndpoint, WorkerInfo
+from cachekey.keys import DEFAULT_HASH_SEED
 from gateway.config import GatewayConfig
 
 _BLOCK_SIZE = re.compile(r'^vllm:cache_config_info\{[^}]*block_size="(\d+)"', re.MULTILINE)
@@ -27,26 +29,25 @@ def parse_block_size(metrics_text: str) -> int | None:
 
 async def vllm_info(
     http: httpx.AsyncClient, url: str, metrics_text: str, config: GatewayConfig
-) -> dict | None:
-    """A /kvgate/info-shaped dict for a plain vLLM worker, or None if it is not one."""
+) -> WorkerInfo | None:
+    """The WorkerInfo of a plain vLLM worker, or None if it is not one."""
     try:
         resp = await http.get(f"{url}/v1/models", timeout=config.connect_timeout)
         model = resp.json()["data"][0]["id"]
     except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
         return None
-    events = config.vllm_kv_events_port is not None
-    return {
-        "model": model,
-        "block_size": parse_block_size(metrics_text) or 16,
-        "hash_seed": "kvgate-v1",
-        "fingerprint": None,
-        "instance_id": INSTANCE,
-        "data_parallel_rank": None,
-        "snapshot": False,
-        "kv_events": {
-            "enabled": events,
-            "port": config.vllm_kv_events_port,
-            "replay_port": config.vllm_kv_events_replay_port,
-            "topic": config.vllm_kv_events_topic,
-        },
-    }
+    if not isinstance(model, str):
+        return None
+    return WorkerInfo(
+        model=model,
+        block_size=parse_block_size(metrics_text) or 16,
+        hash_seed=DEFAULT_HASH_SEED,  # the index re-keys vLLM's blocks: any shared seed works
+        instance_id=INSTANCE,
+        has_snapshot=False,
+        kv_events=KVEventsEndpoint(
+            enabled=config.vllm_kv_events_port is not None,
+            port=config.vllm_kv_events_port,
+            replay_port=config.vllm_kv_events_replay_port,
+            topic=config.vllm_kv_events_topic,
+        ),
+    )

@@ -10,6 +10,7 @@ import pytest
 from worker_harness import WorkerProcess
 
 from cachekey.assets import ModelAssets
+from cachekey.documents import AssetFiles, Snapshot, WorkerInfo, decode_document
 from cachekey.render import Renderer
 
 METRICS = [
@@ -56,6 +57,21 @@ def test_info_describes_keys_events_and_instance(worker, demo_model_dir):
     local = ModelAssets.from_dir(demo_model_dir)
     assert info["fingerprint_parts"]["assets"] == local.fingerprint()
     assert info["fingerprint_parts"]["block_size"] == 16
+
+
+def test_documents_decode_into_the_shared_structs(worker):
+    """What the worker writes is exactly what the gateway's decoders accept."""
+    info = decode_document(httpx.get(worker.url + "/kvgate/info").content, WorkerInfo)
+    assert info.fingerprint_parts is not None and info.has_snapshot
+    assert info.fingerprint == info.fingerprint_parts.digest()
+    assert info.namespace().block_size == 16 and info.max_model_len and info.num_blocks == 64
+    body = {"model": "demo", "prompt": "documents " * 20, "max_tokens": 1}
+    assert httpx.post(worker.url + "/v1/completions", json=body, timeout=30).status_code == 200
+    snap = decode_document(httpx.get(worker.url + "/kv/snapshot").content, Snapshot)
+    assert snap.instance_id == info.instance_id and snap.block_size == 16 and snap.blocks
+    assert snap.blocks[0].parent is None
+    files = decode_document(httpx.get(worker.url + "/kvgate/assets").content, AssetFiles).files
+    assert ModelAssets.from_files(files).fingerprint() == info.fingerprint_parts.assets
 
 
 def test_assets_rebuild_the_same_renderer(worker, demo_model_dir):

@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from cachekey.flags import format_size, option, parse_size
+from cachekey.keys import DEFAULT_HASH_SEED
+
 _ENGINES = ("torch", "sim")
 _DEVICES = ("auto", "cpu", "cuda")
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -17,24 +20,64 @@ CUDA_KV_CACHE_FRACTION = 0.8
 SIM_DEFAULT_NUM_BLOCKS = 8192
 
 
+_SIZE = {"parse": parse_size, "show": format_size, "metavar": "BYTES"}
+
+
 @dataclass(slots=True)
 class EngineConfig:
-    model: str
-    served_model_name: str | None = None
-    engine: str = "torch"
-    device: str = "auto"
-    dtype: str = "auto"
-    block_size: int = 16
-    num_blocks: int | None = None
-    kv_cache_memory_bytes: int | None = None
-    max_num_seqs: int = 32
-    max_num_batched_tokens: int = 2048
-    max_model_len: int | None = None
-    enable_prefix_caching: bool = True
-    hash_seed: str = "kvgate-v1"
-    encoder_cache_bytes: int = 64 * 1024 * 1024
-    sim_prefill_s_per_token: float = 0.0
-    sim_decode_s_per_step: float = 0.0
+    model: str = option(
+        help="Hugging Face-format model directory, or demo: the tiny LLaVA-style model, "
+        "generated into ~/.cache/kvgate (or $KVGATE_CACHE_DIR) on first use",
+        metavar="PATH|demo",
+    )
+    served_model_name: str | None = option(
+        None,
+        "the model clients send; also part of the hash namespace",
+        default_text="the model directory's name (demo for the demo model)",
+    )
+    engine: str = option(
+        "torch",
+        "sim keeps the real scheduler and block manager but replaces the forward pass with "
+        "a timing model",
+        choices=_ENGINES,
+    )
+    device: str = option("auto", "where the torch engine runs", choices=_DEVICES)
+    dtype: str = option("auto", "precision of the torch engine", choices=_DTYPES)
+    block_size: int = option(16, "tokens per KV block")
+    num_blocks: int | None = option(
+        None,
+        "KV blocks; small values force evictions",
+        default_text=f"from --kv-cache-memory-bytes (sim: {SIM_DEFAULT_NUM_BLOCKS})",
+    )
+    kv_cache_memory_bytes: int | None = option(
+        None,
+        "KV-cache memory when --num-blocks is not given",
+        default_text=f"{format_size(CPU_KV_CACHE_BYTES)} on CPU, "
+        f"{CUDA_KV_CACHE_FRACTION:.0%} of the free GPU memory on CUDA",
+        **_SIZE,
+    )
+    max_num_seqs: int = option(32, "requests in the running batch at most")
+    max_num_batched_tokens: int = option(2048, "tokens per engine step at most")
+    max_model_len: int | None = option(
+        None,
+        "longest prompt + completion; longer prompts get HTTP 400",
+        default_text="the model's",
+    )
+    enable_prefix_caching: bool = option(
+        True,
+        "disable the prefix cache (no BlockStored events then)",
+        name="--no-prefix-caching",
+    )
+    hash_seed: str = option(
+        DEFAULT_HASH_SEED, "hash namespace seed (the gateway reads it from /kvgate/info)"
+    )
+    encoder_cache_bytes: int = option(
+        64 * 1024 * 1024, "memory for cached image embeddings; 0 disables the cache", **_SIZE
+    )
+    sim_prefill_s_per_token: float = option(
+        0.0, "the sim engine's seconds per prompt token it computes (cache misses)"
+    )
+    sim_decode_s_per_step: float = option(0.0, "the sim engine's seconds per engine step")
 
     def __post_init__(self) -> None:
         if not self.model:

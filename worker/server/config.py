@@ -4,21 +4,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cachekey.flags import LOG_LEVELS, option
+
 
 @dataclass(slots=True)
 class ServerConfig:
-    host: str = "0.0.0.0"
-    port: int = 8000
-    # 0 disables KV events (PUB, replay and the seq in /kv/snapshot).
-    kv_events_port: int = 5557
-    # 0 disables only the replay socket.
-    kv_events_replay_port: int = 5558
-    kv_events_buffer: int = 10_000
-    data_parallel_rank: int | None = None
-    enable_fault_injection: bool = False
-    # /health fails when the engine loop has not iterated for this long.
-    engine_stall_timeout_s: float = 30.0
-    log_level: str = "info"
+    host: str = option("0.0.0.0", "HTTP listen address; the ZMQ sockets bind on the same host")
+    port: int = option(8000, "HTTP listen port")
+    kv_events_port: int = option(5557, "ZMQ PUB port of the KV events; 0 disables KV events")
+    kv_events_replay_port: int = option(
+        5558, "ZMQ ROUTER port that replays KV events; 0 disables replay only"
+    )
+    kv_events_buffer: int = option(10_000, "event batches kept for replay")
+    data_parallel_rank: int | None = option(
+        None, "DP rank stamped into event batches and checked against X-data-parallel-rank"
+    )
+    enable_fault_injection: bool = option(
+        False, "serve POST /debug/fault?kind=crash_engine|stall_engine|drop_events (tests only)"
+    )
+    engine_stall_timeout_s: float = option(
+        30.0,
+        "seconds without an engine-loop iteration before /health fails",
+        name="--engine-stall-timeout",
+    )
+    log_level: str = option("info", "log level", choices=LOG_LEVELS)
 
     def __post_init__(self) -> None:
         for name in ("port", "kv_events_port", "kv_events_replay_port"):
@@ -33,6 +42,8 @@ class ServerConfig:
             raise ValueError(f"--data-parallel-rank must be >= 0, got {self.data_parallel_rank}")
         if self.engine_stall_timeout_s <= 0:
             raise ValueError("--engine-stall-timeout must be positive")
+        if self.log_level not in LOG_LEVELS:
+            raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}")
 
     @property
     def events_enabled(self) -> bool:

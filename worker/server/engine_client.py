@@ -1,12 +1,11 @@
 """AsyncEngine: one thread owns the synchronous LLMEngine; asyncio code talks to it by queue.
 
-The engine thread takes commands (add, abort, snapshot, reset, fault), steps while there is
-work, hands each RequestOutput to its request's asyncio queue with one `call_soon_threadsafe`
-per step, and publishes the engine's KV events as one batch per iteration. Because batches get
-their seq in this thread, a snapshot taken here between steps knows exactly which seq it
-reflects. If anything escapes `step()`, the engine is dead: pending requests fail, `/health`
-turns 503 and new requests are refused at once.
-"""
+The engine thread takes commands (add, abort, snapshot, reset), steps while there is work,
+hands each RequestOutput to its request's asyncio queue with one `call_soon_threadsafe` per
+step, and publishes the events it drains from the engine as one batch per iteration. Because
+batches get their seq in this thread, a snapshot taken here between steps knows exactly which
+seq it reflects. If anything escapes `step()`, the engine is dead: pending requests fail,
+`/health` turns 503 and new requests are refused at once."""
 
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +24,8 @@ from cachekey.types import Prompt
 from worker.engine.llm_engine import CachedBlock, EngineStats, LLMEngine, RequestOutput
 from worker.engine.sampling_params import SamplingParams
 from worker.server.errors import EngineDeadError
-from worker.server.kv_publisher import KVEventPublisher
+from worker.server.kv_publisher import EventPublisher
+from worker.server.request_stream import RequestStream
 
 logger = logging.getLogger(__name__)
 
@@ -33,10 +33,6 @@ _IDLE_WAIT_S = 0.2
 _STATS_EVERY_S = 0.1
 
 Command = Callable[[LLMEngine], Any]
-
-
-class _InjectedCrash(RuntimeError):
-    """Raised inside the loop by fault injection to prove the dead-engine path."""
 
 
 @dataclass(slots=True)
@@ -56,7 +52,7 @@ class AsyncEngine:
     def __init__(
         self,
         engine: LLMEngine,
-        publisher: KVEventPublisher | None = None,
+        publisher: EventPublisher,
         *,
         stall_timeout_s: float = 30.0,
     ) -> None:
@@ -68,7 +64,6 @@ class AsyncEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._stop = threading.Event()
-        self._release_stall = threading.Event()
         self._dead_reason: str | None = None
         self._beat = time.monotonic()
         self._stats: EngineStats = engine.stats()
@@ -83,7 +78,6 @@ class AsyncEngine:
 
     def shutdown(self) -> None:
         self._stop.set()
-        self._release_stall.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
 
@@ -131,9 +125,9 @@ class AsyncEngine:
             await self._call(_add_all(request_ids, prompt, params, lora_name, cache_salt))
         except BaseException:
             # Cancelled while the add was running: the requests may exist, with nobody to read.
-            self._abort(list(request_ids))
+            self.release(request_ids, unfinished=request_ids)
             raise
-        return RequestStream(self, request_ids, sink)
+        return RequestStream(self.release, request_ids, sink)
 
     async def snapshot(self) -> SnapshotResult:
         return await self._call(self._snapshot)
@@ -141,19 +135,20 @@ class AsyncEngine:
     async def reset_prefix_cache(self) -> bool:
         return await self._call(lambda engine: engine.reset_prefix_cache())
 
-    def inject_fault(self, kind: str, count: int = 1) -> None:
-        if kind == "crash_engine":
-            self._submit(_crash, None)
-        elif kind == "stall_engine":
-            self._submit(self._stall, None)
-        elif kind == "drop_events":
-            if self.publisher is None:
-                raise ValueError("drop_events needs KV events enabled")
-            self.publisher.drop_next(count)
-        else:
-            raise ValueError(
-                f"unknown fault kind {kind!r}; use crash_engine, stall_engine or drop_events"
-            )
+    def post(self, command: Command) -> None:
+        """Run `command(engine)` on the engine thread between steps, without waiting for it.
+
+        Whatever it raises is the loop's own: it kills the engine, as an exception from a step
+        does.
+        """
+        self._submit(command, None)
+
+    def release(self, request_ids: Sequence[str], unfinished: Sequence[str] = ()) -> None:
+        """Stop routing outputs to `request_ids`, and abort those of them still `unfinished`."""
+        for rid in request_ids:
+            self._sinks.pop(rid, None)
+        if unfinished and self._dead_reason is None:
+            self._submit(_abort(list(unfinished)), None)
 
     def fail_all_pending(self, reason: str) -> None:
         """Fail every in-flight request (watchdog: the engine stalled while they waited)."""
@@ -175,24 +170,10 @@ class AsyncEngine:
         if self._dead_reason is not None and fut is not None:
             _fail(fut, EngineDeadError(self._dead_reason))
 
-    def _forget(self, request_ids: Sequence[str]) -> None:
-        for rid in request_ids:
-            self._sinks.pop(rid, None)
-
-    def _abort(self, request_ids: list[str]) -> None:
-        self._forget(request_ids)
-        if request_ids and self._dead_reason is None:
-            self._submit(_abort(request_ids), None)
-
     def _snapshot(self, engine: LLMEngine) -> SnapshotResult:
         # Publish what is pending first, so the snapshot reflects exactly the last seq.
         self._publish_events()
-        return SnapshotResult(
-            self.publisher.last_seq if self.publisher else None, engine.snapshot_blocks()
-        )
-
-    def _stall(self, _: LLMEngine) -> None:
-        self._release_stall.wait()
+        return SnapshotResult(self.publisher.last_seq, engine.snapshot_blocks())
 
     # -- engine thread -------------------------------------------------------------------------
 
@@ -230,7 +211,7 @@ class AsyncEngine:
         while True:
             command, fut = item
             if fut is None:
-                command(self.engine)  # aborts, faults: errors here are the loop's own
+                command(self.engine)  # posted commands: errors here are the loop's own
             elif fut.set_running_or_notify_cancel():
                 try:
                     fut.set_result(command(self.engine))
@@ -249,7 +230,7 @@ class AsyncEngine:
 
     def _publish_events(self) -> None:
         events = self.engine.drain_events()
-        if events and self.publisher is not None:
+        if events:
             self.publisher.publish(events)
 
     def _die(self, reason: str) -> None:
@@ -265,31 +246,6 @@ class AsyncEngine:
         if self._loop is not None:
             with contextlib.suppress(RuntimeError):  # the loop closed: nobody is waiting
                 self._loop.call_soon_threadsafe(self.fail_all_pending, reason)
-
-
-class RequestStream:
-    """Outputs of the engine requests of one API request, in arrival order."""
-
-    def __init__(self, engine: AsyncEngine, request_ids: Sequence[str], sink: asyncio.Queue):
-        self._engine = engine
-        self._sink = sink
-        self.request_ids = list(request_ids)
-        self._unfinished = set(request_ids)
-
-    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
-        while self._unfinished:
-            item = await self._sink.get()
-            if isinstance(item, BaseException):
-                raise item
-            if item.finished:
-                self._unfinished.discard(item.request_id)
-            yield item
-
-    def close(self) -> None:
-        """Forget the requests; abort those not finished (client gone, error, cancellation)."""
-        self._engine._abort(sorted(self._unfinished))
-        self._engine._forget(self.request_ids)
-        self._unfinished.clear()
 
 
 def _fail(fut: Future, err: Exception) -> None:
@@ -331,7 +287,3 @@ def _abort(rids: list[str]) -> Command:
             engine.abort_request(rid)  # a no-op for one that finished meanwhile
 
     return command
-
-
-def _crash(_: LLMEngine) -> None:
-    raise _InjectedCrash("fault injection: crash_engine")

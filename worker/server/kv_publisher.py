@@ -3,7 +3,8 @@
 The engine thread calls `publish()`, which only assigns the sequence number and enqueues the
 encoded batch; one publisher thread owns both sockets (ZMQ sockets are not thread-safe), sends
 on PUB without blocking and answers replay requests. The engine thread is never blocked by a
-slow or absent subscriber.
+slow or absent subscriber. With events disabled the worker holds a `NullEventPublisher`, so no
+caller ever checks whether there is a publisher.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import threading
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import zmq
 
@@ -50,6 +52,34 @@ class PublisherConfig:
             raise ValueError("--kv-events-replay-port must differ from --kv-events-port")
 
 
+class EventPublisher(Protocol):
+    """What the engine loop needs from a publisher: publish batches, know the last seq."""
+
+    @property
+    def last_seq(self) -> int | None: ...
+
+    def start(self) -> None: ...
+
+    def publish(self, events: Sequence[KVEvent]) -> int | None: ...
+
+    def close(self) -> None: ...
+
+
+class NullEventPublisher:
+    """KV events disabled: batches go nowhere and there is no seq."""
+
+    last_seq = None
+
+    def start(self) -> None:
+        pass
+
+    def publish(self, events: Sequence[KVEvent]) -> None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
 class KVEventPublisher:
     def __init__(self, config: PublisherConfig) -> None:
         self.config = config
@@ -58,20 +88,28 @@ class KVEventPublisher:
         self._outbox: queue.SimpleQueue[tuple[int, bytes] | None] = queue.SimpleQueue()
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_size)
         self._ctx = zmq.Context()
-        # Bind here, in the caller, so a busy port fails the start instead of a thread.
-        self._pub = self._ctx.socket(zmq.PUB)
-        self._pub.setsockopt(zmq.SNDHWM, config.sndhwm)
-        self._pub.setsockopt(zmq.LINGER, 0)
-        self._pub.bind(f"tcp://{config.host}:{config.port}")
         self._router: zmq.Socket | None = None
-        if config.replay_port is not None:
-            self._router = self._ctx.socket(zmq.ROUTER)
-            self._router.setsockopt(zmq.LINGER, 0)
-            self._router.bind(f"tcp://{config.host}:{config.replay_port}")
+        # Bind here, in the caller, so a busy port fails the start instead of a thread.
+        try:
+            self._pub = self._bind(zmq.PUB, config.port, "--kv-events-port")
+            self._pub.setsockopt(zmq.SNDHWM, config.sndhwm)
+            if config.replay_port is not None:
+                self._router = self._bind(zmq.ROUTER, config.replay_port, "--kv-events-replay-port")
+        except OSError:
+            self._ctx.destroy(linger=0)
+            raise
         self._thread = threading.Thread(target=self._run, name="kv-publisher", daemon=True)
         self._stopped = False
-        # Fault injection only: batches still to withhold from PUB (they stay replayable).
-        self._drop_remaining = 0
+
+    def _bind(self, kind: int, port: int, flag: str) -> zmq.Socket:
+        sock = self._ctx.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        address = f"tcp://{self.config.host}:{port}"
+        try:
+            sock.bind(address)
+        except zmq.ZMQError as e:
+            raise OSError(f"cannot bind {flag} {port} ({address}): {e.strerror}") from None
+        return sock
 
     @property
     def last_seq(self) -> int | None:
@@ -87,12 +125,6 @@ class KVEventPublisher:
         self._next_seq += 1
         self._outbox.put((seq, encode_batch(events, self.config.data_parallel_rank)))
         return seq
-
-    def drop_next(self, n: int) -> None:
-        """Fault injection: do not send the next n batches on PUB (they stay in the buffer)."""
-        if n <= 0:
-            raise ValueError(f"drop count must be positive, got {n}")
-        self._drop_remaining = n
 
     def close(self) -> None:
         if self._stopped:
@@ -136,10 +168,9 @@ class KVEventPublisher:
 
     def _send(self, seq: int, payload: bytes) -> None:
         self._buffer.append((seq, payload))
-        if self._drop_remaining > 0:
-            self._drop_remaining -= 1
-            logger.warning("fault injection: kv-events batch %d not sent", seq)
-            return
+        self._send_live(seq, payload)
+
+    def _send_live(self, seq: int, payload: bytes) -> None:
         try:
             self._pub.send_multipart([self._topic, seq_bytes(seq), payload], flags=zmq.NOBLOCK)
         except zmq.Again:

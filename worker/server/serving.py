@@ -14,12 +14,14 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from cachekey.errors import PromptTooLongError
+from cachekey.render import Renderer
 from cachekey.types import Prompt
 from worker.engine.sampling_params import SamplingParams
-from worker.server.engine_client import AsyncEngine, RequestStream
+from worker.server.engine_client import AsyncEngine
 from worker.server.errors import APIError, as_api_error, error_body
 from worker.server.metrics import WorkerMetrics
 from worker.server.protocol import SamplingFields
+from worker.server.request_stream import RequestStream
 
 _json = msgspec.json.Encoder()
 _DONE = b"data: [DONE]\n\n"
@@ -28,6 +30,7 @@ _DONE = b"data: [DONE]\n\n"
 @dataclass(slots=True)
 class ServingContext:
     engine: AsyncEngine
+    renderer: Renderer
     model_name: str
     max_model_len: int
     metrics: WorkerMetrics

@@ -34,7 +34,7 @@ class ServingChat(OpenAIServing):
         chat_template_kwargs: dict | None = None,
     ) -> Prompt:
         # Off the event loop: templating, tokenizing and image decoding take milliseconds.
-        renderer = self.ctx.engine.engine.renderer
+        renderer = self.ctx.renderer
         return await asyncio.to_thread(
             renderer.render_chat,
             messages,

@@ -21,7 +21,7 @@ class ServingCompletion(OpenAIServing):
         return await self.generate(raw, body, prompt, body.max_tokens, arrived)
 
     async def render(self, prompt: str | list[int]) -> Prompt:
-        renderer = self.ctx.engine.engine.renderer
+        renderer = self.ctx.renderer
         return await asyncio.to_thread(renderer.render_completion, prompt)
 
     def final_choice(self, index: int, text: str, finish_reason: str | None) -> dict:

@@ -1,0 +1,130 @@
+"""The documents a worker serves and the gateway reads: `/kvgate/info`, `/kv/snapshot`,
+`/kvgate/assets`.
+
+Both sides use these structs, so a field cannot be renamed on one side only. The gateway decodes
+with `decode_*`, which checks every field's type and range and raises `DocumentError` naming the
+document and the field; it never reads a dict with `.get()` and a fallback. Unknown fields are
+ignored, so a newer worker can add some.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Annotated, TypeVar
+
+import msgspec
+import xxhash
+
+from cachekey.events import BlockStored
+from cachekey.keys import HashNamespace
+
+Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
+PositiveInt = Annotated[int, msgspec.Meta(gt=0)]
+# A BlockKey on the wire: lowercase or uppercase hex, whole bytes.
+HexKey = Annotated[str, msgspec.Meta(pattern="^(?:[0-9a-fA-F]{2})+$")]
+# An extra key on the wire: a string (LoRA name, cache salt) or [identifier, offset].
+WireExtraKey = str | tuple[str, int]
+
+
+class DocumentError(ValueError):
+    """A worker document that does not decode into its struct (wrong JSON, field or type)."""
+
+
+class FingerprintParts(msgspec.Struct, frozen=True, kw_only=True):
+    """Digests of everything that determines block keys; two workers match iff these match."""
+
+    tokenizer: str
+    chat_template: str
+    special_tokens: str
+    image: str
+    assets: str
+    block_size: PositiveInt
+    hash_seed: str
+    namespace_model: str
+
+    def digest(self) -> str:
+        """xxh3-128 hex over the parts, as JSON with sorted keys (the info's `fingerprint`)."""
+        blob = json.dumps(msgspec.structs.asdict(self), sort_keys=True).encode()
+        return xxhash.xxh3_128_hexdigest(blob)
+
+
+class KVEventsEndpoint(msgspec.Struct, frozen=True, kw_only=True):
+    """Where a worker publishes its KV events (ports on the worker's own host)."""
+
+    enabled: bool
+    port: Port | None = None
+    replay_port: Port | None = None
+    topic: str = ""
+
+
+class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """`GET /kvgate/info`: how a worker keys blocks, who it is, and where its events are."""
+
+    model: str
+    block_size: PositiveInt
+    hash_seed: str
+    instance_id: str  # a new uuid4 hex on every start: a change means a restart
+    kv_events: KVEventsEndpoint
+    fingerprint: str | None = None  # FingerprintParts.digest(); None: unknown (plain vLLM)
+    fingerprint_parts: FingerprintParts | None = None
+    model_path: str | None = None
+    data_parallel_rank: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    engine: str | None = None
+    max_model_len: PositiveInt | None = None
+    num_blocks: PositiveInt | None = None
+    has_snapshot: bool = True  # False: no /kv/snapshot (plain vLLM), resync from empty
+
+    def namespace(self) -> HashNamespace:
+        return HashNamespace(self.model, self.block_size, self.hash_seed)
+
+
+class SnapshotBlock(msgspec.Struct, frozen=True):
+    key: HexKey
+    parent: HexKey | None  # None for block 0
+    token_ids: list[int]
+    extra_keys: tuple[WireExtraKey, ...] = ()
+
+
+class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
+    """`GET /kv/snapshot`: every cached block, parents first, as of event batch `seq`."""
+
+    instance_id: str
+    seq: Annotated[int, msgspec.Meta(ge=0)] | None  # None: before the first batch, or no events
+    block_size: PositiveInt
+    blocks: list[SnapshotBlock]
+
+    def stored_events(self) -> Iterator[BlockStored]:
+        """Each block as the BlockStored event that would have announced it."""
+        for b in self.blocks:
+            yield BlockStored(
+                block_hashes=[bytes.fromhex(b.key)],
+                parent_block_hash=bytes.fromhex(b.parent) if b.parent is not None else None,
+                token_ids=b.token_ids,
+                block_size=self.block_size,
+                extra_keys=[b.extra_keys],
+            )
+
+
+class AssetFiles(msgspec.Struct, frozen=True):
+    """`GET /kvgate/assets`: the render assets by file name (base64 in JSON)."""
+
+    files: dict[str, bytes]
+
+
+_T = TypeVar("_T", WorkerInfo, Snapshot, AssetFiles)
+ENDPOINTS = {WorkerInfo: "/kvgate/info", Snapshot: "/kv/snapshot", AssetFiles: "/kvgate/assets"}
+_DECODERS = {t: msgspec.json.Decoder(t) for t in ENDPOINTS}
+_encoder = msgspec.json.Encoder()
+
+
+def encode_document(doc: WorkerInfo | Snapshot | AssetFiles) -> bytes:
+    return _encoder.encode(doc)
+
+
+def decode_document(data: bytes | str, kind: type[_T]) -> _T:
+    """Decode one worker document; DocumentError says which one and what is wrong with it."""
+    try:
+        return _DECODERS[kind].decode(data)
+    except msgspec.DecodeError as e:  # ValidationError included
+        raise DocumentError(f"malformed {ENDPOINTS[kind]} document: {e}") from None

@@ -1,0 +1,22 @@
+"""`POST /debug/fault`: fault injection for tests, mounted only with --enable-fault-injection."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Query, Request
+
+from worker.server.app_state import worker_state
+from worker.server.errors import APIError
+
+router = APIRouter()
+
+
+@router.post("/debug/fault")
+async def fault(raw: Request, kind: str = Query(...), count: int = Query(1)) -> dict:
+    faults = worker_state(raw).faults
+    if faults is None:
+        raise APIError("fault injection is disabled (--enable-fault-injection)", 404)
+    try:
+        faults.inject(kind, count)
+    except ValueError as e:
+        raise APIError(str(e), 400, param="kind") from None
+    return {"injected": kind}
