@@ -41,8 +41,7 @@ def test_free_queue_is_fifo_with_o1_removal() -> None:
 
 
 def test_hit_requires_same_tokens_and_extra_keys() -> None:
-    sink: list = []
-    bm = BlockManager(16, BS, True, sink)
+    bm = BlockManager(16, BS, True)
     a = seq_of("a", list(range(1, 14)))
     assert prefill(bm, a) == 0
     assert prefill(bm, seq_of("same", list(range(1, 14)))) == 12
@@ -61,7 +60,7 @@ def test_hit_requires_same_tokens_and_extra_keys() -> None:
 
 
 def test_lora_and_salt_separate_caches() -> None:
-    bm = BlockManager(32, BS, True, [])
+    bm = BlockManager(32, BS, True)
     ids = list(range(1, 14))
     prefill(bm, seq_of("a", ids))
     assert prefill(bm, seq_of("lora", ids, lora_name="adapter")) == 0
@@ -70,7 +69,7 @@ def test_lora_and_salt_separate_caches() -> None:
 
 
 def test_match_never_ends_inside_image_and_leaves_one_token() -> None:
-    bm = BlockManager(32, BS, True, [])
+    bm = BlockManager(32, BS, True)
     img = MMItem("img", "image", offset=2, length=8)  # spans blocks 0..2
     ids = [1, 2] + [7] * 8 + [3, 4, 5, 6, 8, 9]
     first = seq_of("a", ids, (img,))
@@ -78,7 +77,7 @@ def test_match_never_ends_inside_image_and_leaves_one_token() -> None:
     # Same image, same text: everything up to the last block boundary before the end.
     assert prefill(bm, seq_of("b", ids, (img,))) == 12
     # Only the first two blocks (inside the image) cached: the hit is rewound to 0.
-    bm2 = BlockManager(32, BS, True, [])
+    bm2 = BlockManager(32, BS, True)
     short = seq_of("s", ids, (img,))
     hits = bm2.find_cached_prefix(short)
     bm2.allocate(short, hits, 8)
@@ -93,7 +92,7 @@ def test_match_never_ends_inside_image_and_leaves_one_token() -> None:
 
 
 def test_ref_counts_with_shared_prefix() -> None:
-    bm = BlockManager(16, BS, True, [])
+    bm = BlockManager(16, BS, True)
     a, b = seq_of("a", list(range(1, 11))), seq_of("b", [*list(range(1, 9)), 50, 51, 52])
     prefill(bm, a)
     assert prefill(bm, b) == 8
@@ -109,18 +108,19 @@ def test_ref_counts_with_shared_prefix() -> None:
 
 
 def test_lru_evicts_oldest_and_tail_first() -> None:
-    sink: list = []
-    bm = BlockManager(6, BS, True, sink)
+    bm = BlockManager(6, BS, True)
     a, b = seq_of("a", list(range(1, 10))), seq_of("b", list(range(100, 109)))
     prefill(bm, a)
     prefill(bm, b)
     a_keys, b_keys = list(a.block_keys), list(b.block_keys)
     bm.free(a)
     bm.free(b)
-    sink.clear()
+    bm.drain_events()
     c = seq_of("c", list(range(200, 209)))  # needs 3 blocks: a's tail first, then a's head
     prefill(bm, c)
-    removed = [h for ev in sink if isinstance(ev, BlockRemoved) for h in ev.block_hashes]
+    removed = [
+        h for ev in bm.drain_events() if isinstance(ev, BlockRemoved) for h in ev.block_hashes
+    ]
     assert removed == [a_keys[1], a_keys[0]]
     assert set(bm.pool.cached) == set(b_keys) | set(c.block_keys)
     # A hit on b pulls its blocks out of the LRU, so the next eviction takes c's.
@@ -128,12 +128,11 @@ def test_lru_evicts_oldest_and_tail_first() -> None:
 
 
 def test_events_describe_stored_blocks() -> None:
-    sink: list = []
-    bm = BlockManager(16, BS, True, sink)
+    bm = BlockManager(16, BS, True)
     img = MMItem("pic", "image", offset=3, length=2)
     s = seq_of("a", [1, 2, 3, 9, 9, 6, 7, 8, 10], (img,), lora_name="lo")
     prefill(bm, s)
-    (ev,) = sink
+    (ev,) = bm.drain_events()
     assert isinstance(ev, BlockStored)
     assert ev.block_hashes == s.block_keys and ev.parent_block_hash is None
     assert ev.token_ids == [1, 2, 3, 9, 9, 6, 7, 8] and ev.block_size == BS
@@ -145,27 +144,25 @@ def test_events_describe_stored_blocks() -> None:
 
 
 def test_no_prefix_caching_caches_and_publishes_nothing() -> None:
-    sink: list = []
-    bm = BlockManager(16, BS, False, sink)
+    bm = BlockManager(16, BS, False)
     prefill(bm, seq_of("a", list(range(1, 14))))
     assert prefill(bm, seq_of("b", list(range(1, 14)))) == 0
-    assert sink == [] and bm.snapshot() == []
+    assert bm.drain_events() == [] and bm.snapshot() == []
 
 
 def test_reset_clears_only_when_idle() -> None:
-    sink: list = []
-    bm = BlockManager(16, BS, True, sink)
+    bm = BlockManager(16, BS, True)
     a = seq_of("a", list(range(1, 14)))
     prefill(bm, a)
     assert not bm.reset()
     bm.free(a)
     assert bm.reset()
-    assert bm.snapshot() == [] and type(sink[-1]).__name__ == "AllBlocksCleared"
+    assert bm.snapshot() == [] and type(bm.drain_events()[-1]).__name__ == "AllBlocksCleared"
     assert prefill(bm, seq_of("b", list(range(1, 14)))) == 0
 
 
 def test_abort_frees_blocks_of_running_and_waiting() -> None:
-    bm = BlockManager(8, BS, True, [])
+    bm = BlockManager(8, BS, True)
     sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64)
     run, wait = seq_of("r", list(range(1, 20))), seq_of("w", list(range(30, 50)))
     sched.add(run)
@@ -180,7 +177,7 @@ def test_abort_frees_blocks_of_running_and_waiting() -> None:
 
 
 def test_preemption_keeps_generated_tokens() -> None:
-    bm = BlockManager(4, BS, True, [])
+    bm = BlockManager(4, BS, True)
     sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64)
     a, b = seq_of("a", list(range(1, 9))), seq_of("b", list(range(20, 28)))
     sched.add(a)
@@ -217,8 +214,7 @@ def test_concurrent_prefills_of_one_prefix_keep_the_chain_whole() -> None:
     """Two sequences prefilled in the same step both compute their shared prefix. When the first
     one's copy is evicted, the second one's later blocks still have a cached parent: the events
     describe exactly the cache (issue 11: the gateway was one block short after such a chain)."""
-    sink: list = []
-    bm = BlockManager(8, BS, True, sink)
+    bm = BlockManager(8, BS, True)
     a = seq_of("a", [*range(1, 9), 50])
     b = seq_of("b", [*range(1, 9), 60, 61, 62, 63, 64])
     # Same step: neither sees a hit, both allocate, a finishes its prefill first.
@@ -234,14 +230,15 @@ def test_concurrent_prefills_of_one_prefix_keep_the_chain_whole() -> None:
     # Pressure evicts a's copies of the shared blocks (and the never-used block).
     filler = seq_of("f", list(range(100, 116)))
     bm.allocate(filler, [], filler.num_tokens)
-    removed = [h for ev in sink if isinstance(ev, BlockRemoved) for h in ev.block_hashes]
+    events = bm.drain_events()
+    removed = [h for ev in events if isinstance(ev, BlockRemoved) for h in ev.block_hashes]
     assert sorted(removed) == sorted(a.block_keys[:2])
     # b's next chunk caches its third block, whose parent is the second shared block.
     b.num_computed_tokens = b.num_tokens
     bm.cache_full_blocks(b)
     assert bm.pool.lookup(b.block_keys[1]) is not None  # b's own copy keeps the parent cached
 
-    index, replica = _replay_into_index(sink)
+    index, replica = _replay_into_index(events + bm.drain_events())
     assert index.skipped_unknown_parent == 0
     snapshot_keys = {blk.key for blk in bm.snapshot()}
     assert snapshot_keys == set(b.block_keys)
@@ -253,24 +250,24 @@ def test_concurrent_prefills_of_one_prefix_keep_the_chain_whole() -> None:
 
 
 def test_each_copy_is_stored_and_removed_once() -> None:
-    sink: list = []
-    bm = BlockManager(8, BS, True, sink)
+    bm = BlockManager(8, BS, True)
     a, b = seq_of("a", list(range(1, 10))), seq_of("b", list(range(1, 10)))
     for s in (a, b):
         bm.allocate(s, [], s.num_tokens)
     for s in (a, b):
         s.num_computed_tokens = s.num_tokens
         bm.cache_full_blocks(s)
-    stored = [h for ev in sink if isinstance(ev, BlockStored) for h in ev.block_hashes]
+    events = bm.drain_events()
+    stored = [h for ev in events if isinstance(ev, BlockStored) for h in ev.block_hashes]
     assert stored == a.block_keys + b.block_keys  # two copies of each key
     assert len(bm.snapshot()) == 4 and len(bm.pool.cached) == 2
-    index, replica = _replay_into_index(sink)
+    index, replica = _replay_into_index(events)
     assert index.stats().copies == 4 and index.replica_blocks(replica) == 2
     bm.free(a)
     bm.free(b)
-    sink.clear()
     bm.allocate(seq_of("f", list(range(100, 132))), [], 32)  # evicts all eight blocks
-    removed = [h for ev in sink if isinstance(ev, BlockRemoved) for h in ev.block_hashes]
+    events = bm.drain_events()
+    removed = [h for ev in events if isinstance(ev, BlockRemoved) for h in ev.block_hashes]
     assert sorted(removed) == sorted(a.block_keys + b.block_keys)
-    index.apply(replica, NS, sink)
+    index.apply(replica, NS, events)
     assert index.replica_blocks(replica) == 0 and index.stats().copies == 0

@@ -8,8 +8,8 @@ serves another request's K/V. Matches are clamped so they never end inside an im
 from __future__ import annotations
 
 from cachekey import clamp_match
-from cachekey.events import BlockStored
-from worker.engine.block_pool import BlockPool, EventSink
+from cachekey.events import BlockStored, KVEvent
+from worker.engine.block_pool import BlockPool
 from worker.engine.free_queue import Block
 from worker.engine.outputs import CachedBlock
 from worker.engine.sequence import Sequence
@@ -20,12 +20,10 @@ def cdiv(a: int, b: int) -> int:
 
 
 class BlockManager:
-    def __init__(
-        self, num_blocks: int, block_size: int, enable_prefix_caching: bool, sink: EventSink
-    ) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        self.pool = BlockPool(num_blocks, block_size, sink if enable_prefix_caching else None)
+        self.pool = BlockPool(num_blocks, block_size, publish_events=enable_prefix_caching)
 
     @property
     def num_blocks(self) -> int:
@@ -134,6 +132,9 @@ class BlockManager:
 
     def reset(self) -> bool:
         return self.pool.reset()
+
+    def drain_events(self) -> list[KVEvent]:
+        return self.pool.drain_events()
 
     def snapshot(self) -> list[CachedBlock]:
         """Every cached copy, parents first: a block's parent sits one level above it."""

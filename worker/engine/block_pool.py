@@ -15,8 +15,6 @@ from cachekey import BlockKey
 from cachekey.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from worker.engine.free_queue import Block, FreeBlockQueue
 
-EventSink = list[KVEvent]
-
 
 class BlockPool:
     """Owns every block. A block is in exactly one of: in use (ref_count > 0) or the free queue.
@@ -25,15 +23,16 @@ class BlockPool:
     needs it, and every eviction is reported as BlockRemoved.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, sink: EventSink | None) -> None:
+    def __init__(self, num_blocks: int, block_size: int, publish_events: bool) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.blocks = [Block(block_id=i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks)
         # Key -> its copies, oldest first (one in the common case).
         self.cached: dict[BlockKey, list[Block]] = {}
-        # None: prefix caching is off, nothing is cached or published.
-        self.sink = sink
+        # Off with prefix caching: nothing is cached, so nothing is published.
+        self.publish_events = publish_events
+        self._events: list[KVEvent] = []
 
     @property
     def num_free(self) -> int:
@@ -60,8 +59,8 @@ class BlockPool:
                 self._forget(block)
                 block.clear_key()
             block.ref_count = 1
-        if evicted and self.sink is not None:
-            self.sink.append(BlockRemoved(block_hashes=list(evicted)))
+        if evicted and self.publish_events:
+            self._events.append(BlockRemoved(block_hashes=list(evicted)))
         return taken
 
     def touch(self, blocks: Sequence[Block]) -> None:
@@ -85,8 +84,8 @@ class BlockPool:
         for block in blocks:
             assert block.key is not None
             self.cached.setdefault(block.key, []).append(block)
-        if stored is not None and self.sink is not None:
-            self.sink.append(stored)
+        if stored is not None and self.publish_events:
+            self._events.append(stored)
 
     def reset(self) -> bool:
         """Forget every cached block. Refused while any block is in use (as vLLM does)."""
@@ -95,9 +94,14 @@ class BlockPool:
         for block in self.cached_blocks():
             block.clear_key()
         self.cached.clear()
-        if self.sink is not None:
-            self.sink.append(AllBlocksCleared())
+        if self.publish_events:
+            self._events.append(AllBlocksCleared())
         return True
+
+    def drain_events(self) -> list[KVEvent]:
+        """The events since the last drain, in the order they happened."""
+        events, self._events = self._events, []
+        return events
 
     def _forget(self, block: Block) -> None:
         assert block.key is not None

@@ -44,9 +44,8 @@ class LLMEngine:
                 f"max_model_len {config.max_model_len} exceeds the model's {model_limit}"
             )
         self.max_model_len = config.max_model_len or model_limit
-        self._events: list[KVEvent] = []
         self.block_manager = BlockManager(
-            self.runner.num_blocks, config.block_size, config.enable_prefix_caching, self._events
+            self.runner.num_blocks, config.block_size, config.enable_prefix_caching
         )
         self.scheduler = Scheduler(
             self.block_manager, config.max_num_seqs, config.max_num_batched_tokens
@@ -156,9 +155,8 @@ class LLMEngine:
     # -- cache state -------------------------------------------------------------------------
 
     def drain_events(self) -> list[KVEvent]:
-        events = list(self._events)
-        self._events.clear()  # the block manager appends to this very list
-        return events
+        """The KV events (stores, evictions, clears) since the last drain, in order."""
+        return self.block_manager.drain_events()
 
     def snapshot_blocks(self) -> list[CachedBlock]:
         return self.block_manager.snapshot()
