@@ -123,3 +123,53 @@ def test_usage_errors(tmp_path: Path) -> None:
 def test_defaults_mode_still_checks_manifests() -> None:
     res = run_render("--check")
     assert res.returncode == 0, res.stderr
+
+
+# ---- docs/kubernetes.md: the GPU walkthrough's values, claim and Job are what the chart needs ----
+
+
+def fenced_blocks(markdown: str, lang: str) -> list[str]:
+    """The bodies of the ```lang fenced blocks of a Markdown text, in order."""
+    parts = markdown.split(f"```{lang}\n")[1:]
+    return [p.split("\n```", 1)[0] for p in parts]
+
+
+def test_kubernetes_md_values_claim_and_job(tmp_path: Path) -> None:
+    doc = (ROOT / "docs" / "kubernetes.md").read_text()
+    yaml_blocks = fenced_blocks(doc, "yaml")
+    (values_block,) = [b for b in yaml_blocks if b.startswith("# my-values.yaml")]
+    (images_block,) = [b for b in yaml_blocks if "repository: registry.example.com" in b]
+    (heredoc,) = [
+        b.split("<<'EOF'\n", 1)[1].split("\nEOF\n", 1)[0]
+        for b in fenced_blocks(doc, "bash")
+        if "kind: Job" in b
+    ]
+    for obj in objects(heredoc):
+        kubernetes_validate.validate(obj, kubernetes_validate.latest_version(), strict=True)
+    claim = one(objects(heredoc), "PersistentVolumeClaim")
+    job = one(objects(heredoc), "Job")
+
+    (tmp_path / "my-values.yaml").write_text(values_block + "\n")
+    (tmp_path / "images.yaml").write_text(images_block + "\n")
+    res = run_render(
+        "-f",
+        tmp_path / "my-values.yaml",
+        "-f",
+        tmp_path / "images.yaml",
+        "--namespace",
+        "inference",
+    )
+    assert res.returncode == 0, res.stderr
+    docs = objects(res.stdout)
+    for d in docs:
+        kubernetes_validate.validate(d, kubernetes_validate.latest_version(), strict=True)
+    sts = one(docs, "StatefulSet", "worker")
+    (wc,) = sts["spec"]["template"]["spec"]["containers"]
+    assert wc["image"].startswith("registry.example.com/ml/kvgate-worker:")
+    # The workers read the claim the doc creates, at the directory its Job downloads into.
+    volumes = {v["name"]: v for v in sts["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["models"]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+    model_arg = next(a for a in wc["args"] if a.startswith("--model="))
+    (download,) = job["spec"]["template"]["spec"]["containers"]
+    assert f"--local-dir {model_arg.removeprefix('--model=')}" in download["args"][0]
+    assert download["volumeMounts"][0]["mountPath"] == "/models"
