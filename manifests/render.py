@@ -13,6 +13,7 @@ as one YAML stream for `kubectl apply -n NAMESPACE -f -`. manifests/ is left alo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -71,13 +72,41 @@ def load_values(files: list[Path], sets: list[str]) -> dict[str, Any]:
 
     values: dict[str, Any] = {}
     for path in files:
+        text = path.read_text()
         try:
-            values = merge_values(values, helm_python.values_from_yaml(path.read_text()) or {})
-        except helm_python.HelmValuesError as e:
+            check_unique_keys(text)
+            values = merge_values(values, helm_python.values_from_yaml(text) or {})
+        except (helm_python.HelmValuesError, ValueError) as e:
             raise helm_python.HelmValuesError(f"{path}: {e}") from e
     for expr in sets:
         values = merge_values(values, helm_python.parse_set_string(expr))
     return values
+
+
+def check_unique_keys(text: str) -> None:
+    """Refuse a key given twice in one mapping: Helm keeps the last one without a word, so two
+    `worker:` sections pasted into one file silently lose the first (raises ValueError)."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        pass
+
+    def construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node)
+            if key in seen:
+                line = key_node.start_mark.line + 1
+                raise ValueError(f"line {line}: key {key!r} appears twice in the same mapping")
+            seen.add(key)
+        return loader.construct_mapping(node)
+
+    UniqueKeyLoader.add_constructor(
+        yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping
+    )
+    # Text that is not YAML at all is left to Helm's parser, which says why in its words.
+    with contextlib.suppress(yaml.YAMLError):
+        yaml.load(text, Loader=UniqueKeyLoader)
 
 
 def to_stream(templates: dict[str, str]) -> str:

@@ -113,6 +113,15 @@ def test_unparsable_values_name_the_file(tmp_path: Path) -> None:
     assert str(bad) in res.stderr and "Traceback" not in res.stderr
 
 
+def test_a_key_given_twice_is_refused(tmp_path: Path) -> None:
+    # Helm keeps the second `worker:` and drops the first without a word.
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("worker:\n  replicas: 4\ngateway:\n  replicas: 1\nworker:\n  dtype: float16\n")
+    res = run_render("-f", twice)
+    assert res.returncode == 1 and res.stdout == ""
+    assert "line 5: key 'worker' appears twice" in res.stderr and str(twice) in res.stderr
+
+
 def test_usage_errors(tmp_path: Path) -> None:
     missing = run_render("--values", tmp_path / "nope.yaml")
     assert missing.returncode == 2 and "does not exist" in missing.stderr
@@ -138,7 +147,6 @@ def test_kubernetes_md_values_claim_and_job(tmp_path: Path) -> None:
     doc = (ROOT / "docs" / "kubernetes.md").read_text()
     yaml_blocks = fenced_blocks(doc, "yaml")
     (values_block,) = [b for b in yaml_blocks if b.startswith("# my-values.yaml")]
-    (images_block,) = [b for b in yaml_blocks if "repository: registry.example.com" in b]
     (heredoc,) = [
         b.split("<<'EOF'\n", 1)[1].split("\nEOF\n", 1)[0]
         for b in fenced_blocks(doc, "bash")
@@ -150,15 +158,7 @@ def test_kubernetes_md_values_claim_and_job(tmp_path: Path) -> None:
     job = one(objects(heredoc), "Job")
 
     (tmp_path / "my-values.yaml").write_text(values_block + "\n")
-    (tmp_path / "images.yaml").write_text(images_block + "\n")
-    res = run_render(
-        "-f",
-        tmp_path / "my-values.yaml",
-        "-f",
-        tmp_path / "images.yaml",
-        "--namespace",
-        "inference",
-    )
+    res = run_render("-f", tmp_path / "my-values.yaml", "--namespace", "inference")
     assert res.returncode == 0, res.stderr
     docs = objects(res.stdout)
     for d in docs:
@@ -166,6 +166,7 @@ def test_kubernetes_md_values_claim_and_job(tmp_path: Path) -> None:
     sts = one(docs, "StatefulSet", "worker")
     (wc,) = sts["spec"]["template"]["spec"]["containers"]
     assert wc["image"].startswith("registry.example.com/ml/kvgate-worker:")
+    assert sts["spec"]["replicas"] == 4 and "--dtype=bfloat16" in wc["args"]
     # The workers read the claim the doc creates, at the directory its Job downloads into.
     volumes = {v["name"]: v for v in sts["spec"]["template"]["spec"]["volumes"]}
     assert volumes["models"]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
