@@ -6,7 +6,7 @@ tenants) through the gateway with the official `openai` client under `cache_awar
 workload under `round_robin`, and prints per-replica tables.
 
     make demo                 # run and stop
-    make demo ARGS=--keep     # leave the cluster running to try it yourself
+    make demo ARGS=--keep     # leave the cluster running to try it yourself (Ctrl-C stops it)
 """
 
 from __future__ import annotations
@@ -24,9 +24,22 @@ from tqdm import tqdm
 from bench.cluster import Cluster, ClusterSpec
 from bench.driver import Result, hit_rate, run_workload, summarize
 from bench.workload import Workload, WorkloadSpec
-from cachekey.demo import ensure_demo_model
+from cachekey.demo import default_cache_dir, ensure_demo_model
 
 POLICY_HEADER = "x-kvgate-routing-policy"
+README_PORT = 8080  # the port README.md's commands use
+
+LEGEND = """\
+  requests         chat requests the gateway sent to this replica
+  prompt tok       their prompt tokens
+  hit rate         reported cached / prompt tokens
+  reported cached  cached tokens the worker reported (usage.prompt_tokens_details.cached_tokens)
+  predicted        cached tokens the gateway expected (x-kvgate-predicted-cached-tokens header)
+  exact            requests whose predicted count equals the reported one. With several chats
+                   in flight a prediction can be off: a block the gateway counts may still be
+                   computing for a request routed just before (a worker shares only finished
+                   blocks), or be evicted before the request runs. With --concurrency 1 they
+                   matched on every request in our runs."""
 
 
 def reset_caches(cluster: Cluster) -> None:
@@ -78,6 +91,23 @@ def print_table(policy: str, results: list[Result]) -> None:
             print(f"  failed: {r.conversation} turn {r.turn}: {r.error}")
 
 
+def print_legend() -> None:
+    print("\ncolumns:\n" + LEGEND)
+
+
+def announce_port(gateway_url: str) -> None:
+    """Say loudly when the gateway could not take the port README.md's commands use."""
+    port = int(gateway_url.rsplit(":", 1)[1])
+    if port == README_PORT:
+        return
+    bar = "!" * 78
+    print(
+        f"\n{bar}\n  port {README_PORT} is busy, so the gateway listens on port {port}.\n"
+        f"  In README.md's commands use GATEWAY={gateway_url} instead of "
+        f"http://localhost:{README_PORT}.\n{bar}\n"
+    )
+
+
 def _exit_on_signal(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
 
@@ -85,7 +115,9 @@ def _exit_on_signal(signum: int, _frame: object) -> None:
 def main() -> int:
     # The workers run in sessions of their own, so they outlive us unless `finally` stops them:
     # make SIGTERM unwind like Ctrl-C, and take Ctrl-C even where a launcher set it to ignored.
+    # SIGHUP too: closing the terminal of a `--keep` run must not leave the workers behind.
     signal.signal(signal.SIGTERM, _exit_on_signal)
+    signal.signal(signal.SIGHUP, _exit_on_signal)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     ap = argparse.ArgumentParser(description="kvgate demo on the CPU")
     ap.add_argument("--keep", action="store_true", help="leave the cluster running at the end")
@@ -93,12 +125,15 @@ def main() -> int:
     ap.add_argument("--tenants", type=int, default=4)
     ap.add_argument("--users", type=int, default=3)
     ap.add_argument("--turns", type=int, default=3)
-    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--concurrency", type=int, default=4, help="chats in flight at once")
     ap.add_argument("--num-blocks", type=int, default=256, help="KV blocks per worker")
     args = ap.parse_args()
 
     t0 = time.monotonic()
-    print("kvgate demo: generating the demo model (tiny LLaVA-style, fixed seed)...")
+    if (default_cache_dir() / "model.safetensors").is_file():
+        print(f"kvgate demo: the demo model is in {default_cache_dir()}")
+    else:
+        print("kvgate demo: generating the demo model (tiny LLaVA-style, fixed seed)...")
     model_dir = ensure_demo_model()
     workload = Workload(
         WorkloadSpec(tenants=args.tenants, users_per_tenant=args.users, turns=args.turns)
@@ -108,7 +143,7 @@ def main() -> int:
         engine="torch",
         model=str(model_dir),
         num_blocks=args.num_blocks,
-        gateway_port=8080,
+        gateway_port=README_PORT,
         log_dir=Path("bench/results/demo-logs"),
     )
     print(
@@ -120,6 +155,7 @@ def main() -> int:
         print(f"  gateway  {cluster.gateway_url}/v1   metrics {cluster.gateway_url}/metrics")
         for w in cluster.workers:
             print(f"  {w.name} {w.url}/v1   metrics {w.url}/metrics")
+        announce_port(cluster.gateway_url)
         print(
             f"\nworkload: {args.tenants} tenants x {args.users} users x {args.turns} turns "
             f"= {len(workload)} chat requests, {sum(len(t.content) > 1 for t in workload)} "
@@ -131,6 +167,7 @@ def main() -> int:
             runs[policy] = run_policy(cluster, workload, policy, args.concurrency)
         for policy, results in runs.items():
             print_table(policy, results)
+        print_legend()
         ca, rr = hit_rate(runs["cache_aware"]), hit_rate(runs["round_robin"])
         ratio = f"{ca / rr:.2f}x" if rr else "n/a"
         print(
@@ -138,25 +175,30 @@ def main() -> int:
             f"{p50_ms(runs['cache_aware']):.0f} ms vs {p50_ms(runs['round_robin']):.0f} ms; "
             f"finished in {time.monotonic() - t0:.0f}s"
         )
-        print(
-            f"gateway {cluster.gateway_url}/v1 (metrics {cluster.gateway_url}/metrics); "
-            f"workers {', '.join(cluster.worker_urls)}"
-        )
         lost = sum(not r.ok for rs in runs.values() for r in rs)
         if args.keep:
-            print(
-                f"\nThe cluster keeps running. Try: curl {cluster.gateway_url}/v1/models"
-                "\n(the README has a curl with an image). Press Ctrl-C to stop."
-            )
-            try:
-                while all(p.alive() for p in [*cluster.workers, *cluster.gateways]):
-                    time.sleep(1)
-                print("a process exited; stopping")
-            except KeyboardInterrupt:
-                pass
+            keep_running(cluster)
         return 1 if lost else 0
     finally:
         cluster.stop()
+        print(f"stopped the demo cluster (logs in {spec.log_dir})")
+
+
+def keep_running(cluster: Cluster) -> None:
+    """Serve until Ctrl-C (or a process dies), saying how to use the cluster meanwhile."""
+    print(
+        f"\nThe cluster keeps running: gateway {cluster.gateway_url}/v1 "
+        f"(metrics {cluster.gateway_url}/metrics), workers {', '.join(cluster.worker_urls)}"
+        f"\nIn a second terminal: curl {cluster.gateway_url}/v1/models"
+        "\n(README.md has a chat with an image). Press Ctrl-C here to stop the cluster."
+    )
+    announce_port(cluster.gateway_url)
+    try:
+        while all(p.alive() for p in [*cluster.workers, *cluster.gateways]):
+            time.sleep(1)
+        print("a process of the cluster exited; stopping")
+    except KeyboardInterrupt:
+        pass
 
 
 if __name__ == "__main__":

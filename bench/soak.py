@@ -7,8 +7,8 @@ connection, a stream that stops without [DONE]). The workers' caches are small, 
 evicted all the time and the gateway's index churns. RSS of every process is sampled every few
 seconds; at the end the gateway's index is compared with the workers' snapshots.
 
-    python -m bench.soak                       # 10 minutes, concurrency 16, 3 workers
-    python -m bench.soak --duration 60 --concurrency 8
+    .venv/bin/python -m bench.soak                      # 10 minutes, concurrency 16, 3 workers
+    .venv/bin/python -m bench.soak --duration 60 --concurrency 8
 """
 
 from __future__ import annotations
@@ -177,14 +177,42 @@ async def sample_rss(cluster: Cluster, every: float, out: list[dict], stop: asyn
             pass
 
 
+def progress_every(duration_s: float) -> float:
+    """About ten progress lines per run, at most one every 30 s and at least 5 s apart."""
+    return min(30.0, max(5.0, duration_s / 10))
+
+
+async def report_progress(
+    cfg: SoakConfig, tally: Tally, samples: list[dict], stop: asyncio.Event
+) -> None:
+    """A line every few seconds while the load runs: elapsed time, counts, gateway RSS."""
+    t0, every = time.monotonic(), progress_every(cfg.duration_s)
+    while True:
+        try:
+            await asyncio.wait_for(stop.wait(), every)
+            return
+        except TimeoutError:
+            pass
+        elapsed = time.monotonic() - t0
+        done = tally.ok + tally.failed + tally.lost
+        rss = samples[-1].get("gateway-0") if samples else None
+        print(
+            f"soak {elapsed:5.0f}/{cfg.duration_s:.0f} s: {done} requests "
+            f"({done / elapsed:.1f}/s), ok {tally.ok}, failed {tally.failed}, lost {tally.lost}"
+            + (f"; gateway RSS {rss / 2**20:.0f} MiB" if rss else ""),
+            flush=True,
+        )
+
+
 async def soak(cfg: SoakConfig, cluster: Cluster) -> tuple[Tally, list[dict], float]:
     tally, samples, stop = Tally(), [], asyncio.Event()
     sampler = asyncio.create_task(sample_rss(cluster, cfg.sample_every_s, samples, stop))
+    progress = asyncio.create_task(report_progress(cfg, tally, samples, stop))
     t0 = time.monotonic()
     await drive(cfg, cluster.gateway_url, tally)
     elapsed = time.monotonic() - t0
     stop.set()
-    await sampler
+    await asyncio.gather(sampler, progress)
     return tally, samples, elapsed
 
 
@@ -213,8 +241,15 @@ def run(cfg: SoakConfig) -> dict:
         log_dir=cfg.out_dir / "logs" / "soak",
         startup_timeout=120,
     )
+    print(
+        f"soak: starting {cfg.workers} sim workers and a gateway; then {cfg.duration_s:.0f} s at "
+        f"concurrency {cfg.concurrency}, a progress line every "
+        f"{progress_every(cfg.duration_s):.0f} s",
+        flush=True,
+    )
     with Cluster(spec) as cluster:
         tally, samples, elapsed = asyncio.run(soak(cfg, cluster))
+        print("soak: load done; checking that the gateway's index converges...", flush=True)
         # Idle now: the index must settle to exactly what the workers hold.
         mismatches: dict[str, str] = {}
         for _ in range(50):
@@ -274,7 +309,9 @@ def print_report(res: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog=".venv/bin/python -m bench.soak", description=__doc__.split("\n")[0]
+    )
     d = SoakConfig()
     p.add_argument("--duration", type=float, default=d.duration_s, help="seconds")
     p.add_argument("--concurrency", type=int, default=d.concurrency)

@@ -1,4 +1,5 @@
 # kvgate gateway: the OpenAI-compatible routing proxy. No torch, no GPU.
+#   make images   (REGISTRY=... to tag for your registry; docs/kubernetes.md), or
 #   docker build -f docker/gateway.Dockerfile -t ghcr.io/kvgate/kvgate-gateway:0.1.0 .
 FROM python:3.11-slim
 

@@ -1,8 +1,11 @@
 # kvgate worker: the torch inference engine with its OpenAI API and KV-event publisher.
+#   make images   (REGISTRY=... to tag for your registry; docs/kubernetes.md), or
 #   docker build -f docker/worker.Dockerfile -t ghcr.io/kvgate/kvgate-worker:0.1.0 .
-# PyPI's Linux x86_64 torch wheel bundles the CUDA runtime libraries (as pip packages), so a slim
-# Python base is enough; the node's NVIDIA driver arrives through the NVIDIA container toolkit.
-# Build with --build-arg TORCH=... to pick another build (it must stay torch==2.13.0).
+# PyPI's Linux x86_64 torch wheel is the CUDA build: it pulls the CUDA runtime libraries in as
+# nvidia-* pip packages, so a slim Python base is enough; the node's NVIDIA driver arrives through
+# the NVIDIA container toolkit. --build-arg TORCH=... picks another build (it must stay
+# torch==2.13.0): `make images TORCH_INDEX=https://download.pytorch.org/whl/cpu` passes
+# TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" for a CPU-only worker.
 FROM python:3.11-slim
 
 ARG TORCH=torch==2.13.0
