@@ -32,6 +32,11 @@ def build_discovery(config: GatewayConfig) -> Discovery:
 
 
 def create_app(config: GatewayConfig, discovery: Discovery | None = None) -> FastAPI:
+    if discovery is None and config.discovery == "static" and not config.workers:
+        log.warning(
+            "no workers: start the gateway with --workers URL[,URL] (or --discovery k8s); "
+            "until then every request is answered 503"
+        )
     discovery = discovery or build_discovery(config)
 
     @contextlib.asynccontextmanager

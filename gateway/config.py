@@ -56,6 +56,7 @@ class GatewayConfig:
     max_inflight_per_replica: int | None = 256
     max_queue: int = 1024
     queue_timeout: float = 30.0
+    max_render_queue: int = 64  # requests rendering or waiting for a render thread; then 429
     # Plain vLLM workers (no /kvgate/info): where their --kv-events-config publishes.
     vllm_kv_events_port: int | None = None
     vllm_kv_events_replay_port: int | None = None
@@ -98,3 +99,5 @@ class GatewayConfig:
             raise ValueError("max_inflight_per_replica must be positive")
         if self.max_queue < 0 or self.queue_timeout < 0:
             raise ValueError("max_queue and queue_timeout must be >= 0")
+        if self.max_render_queue <= 0:
+            raise ValueError("max_render_queue must be positive")

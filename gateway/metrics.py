@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
 _TOKEN_BUCKETS = (0, 1, 16, 64, 256, 1024, 4096, 16384)
@@ -71,10 +75,22 @@ class GatewayMetrics:
             ["replica"],
             registry=r,
         )
-        self.in_flight = Gauge(
-            "kvgate_in_flight_requests", "Requests in flight", ["replica"], registry=r
-        )
+        self.in_flight = _InFlight()
+        r.register(self.in_flight)
         self.retries = Counter("kvgate_retries", "Attempts retried on another replica", registry=r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _InFlight(Collector):
+    """kvgate_in_flight_requests{replica}, read from `Replica.in_flight` when scraped."""
+
+    def __init__(self) -> None:
+        self.source: Callable[[], Iterable[tuple[str, int]]] = tuple
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        g = GaugeMetricFamily("kvgate_in_flight_requests", "Requests in flight", labels=["replica"])
+        for rid, n in self.source():
+            g.add_metric([rid], n)
+        yield g
