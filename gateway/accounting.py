@@ -13,8 +13,9 @@ from gateway.state import GatewayState
 
 def attempt_failed(state: GatewayState, rep: Replica, policy: str, reason: str) -> None:
     state.breaker.failure(rep, reason)
-    state.metrics.requests.labels(rep.id, policy, "retried").inc()
-    state.metrics.retries.inc()
+    m = state.metrics
+    m.child(m.requests, rep.id, policy, "retried").inc()
+    m.retries.inc()
 
 
 def attempt_answered(state: GatewayState, rep: Replica) -> None:
@@ -23,7 +24,8 @@ def attempt_answered(state: GatewayState, rep: Replica) -> None:
 
 def answered_here(state: GatewayState, policy: str, status: str) -> None:
     """A request the gateway answered itself (refused, overloaded, or every replica failed)."""
-    state.metrics.requests.labels("none", policy, status).inc()
+    m = state.metrics
+    m.child(m.requests, "none", policy, status).inc()
 
 
 def finished(
@@ -37,11 +39,11 @@ def finished(
 ) -> None:
     """A request a replica served: its status and predicted vs reported cached tokens."""
     m = state.metrics
-    m.requests.labels(rep.id, policy, status).inc()
-    m.prompt_tokens.labels(rep.id).inc(prompt_tokens)
-    m.predicted_cached.labels(rep.id).inc(predicted)
+    m.child(m.requests, rep.id, policy, status).inc()
+    m.child(m.prompt_tokens, rep.id).inc(prompt_tokens)
+    m.child(m.predicted_cached, rep.id).inc(predicted)
     details = (usage or {}).get("prompt_tokens_details") or {}
     reported = details.get("cached_tokens")
     if reported is not None:
-        m.reported_cached.labels(rep.id).inc(reported)
+        m.child(m.reported_cached, rep.id).inc(reported)
         m.prediction_error.observe(abs(predicted - reported))

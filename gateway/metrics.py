@@ -15,6 +15,7 @@ _TOKEN_BUCKETS = (0, 1, 16, 64, 256, 1024, 4096, 16384)
 class GatewayMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
+        self._children: dict[tuple[str, tuple[str, ...]], Counter] = {}
         self.requests = Counter(
             "kvgate_requests", "Requests proxied", ["replica", "policy", "status"], registry=r
         )
@@ -78,6 +79,15 @@ class GatewayMetrics:
         self.in_flight = _InFlight()
         r.register(self.in_flight)
         self.retries = Counter("kvgate_retries", "Attempts retried on another replica", registry=r)
+
+    def child(self, metric: Counter, *labels: str) -> Counter:
+        """`metric.labels(*labels)`, looked up once per label set (it takes a lock and a
+        tuple build on every call; the request path records a few per request)."""
+        key = (metric._name, labels)
+        c = self._children.get(key)
+        if c is None:
+            c = self._children[key] = metric.labels(*labels)
+        return c
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

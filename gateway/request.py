@@ -25,6 +25,9 @@ from gateway.replicas import Replica
 from gateway.state import GatewayState
 
 POLICY_HEADER = "x-kvgate-routing-policy"
+# A text-only request up to this many characters (or token ids) renders on the event loop: it
+# costs less than the hop to a render thread and back (docs/benchmarks.md, Gateway overhead).
+INLINE_RENDER_CHARS = 4096
 
 OpenAIRequest = ChatCompletionRequest | CompletionRequest
 
@@ -100,9 +103,12 @@ class ProxyRequest:
             renderer = await st.get_renderer()
         except RuntimeError as e:  # the render assets could not be loaded
             raise GatewayError(503, str(e), code="assets_unavailable") from e
-        self.prompt, self.keys = await st.render_queue.run(
-            render_request, renderer, self.body, self.ns
-        )
+        if _is_small_text(self.body):
+            self.prompt, self.keys = render_request(renderer, self.body, self.ns)
+        else:
+            self.prompt, self.keys = await st.render_queue.run(
+                render_request, renderer, self.body, self.ns
+            )
         st.metrics.render_seconds.observe(time.perf_counter() - t0)
 
     async def rank(self) -> None:
@@ -184,6 +190,31 @@ class ProxyRequest:
 
     def _uncharge(self, rep: Replica) -> None:
         rep.in_flight_prefill_tokens -= len(self.prompt) - self.predicted
+
+
+def _is_small_text(req: OpenAIRequest) -> bool:
+    """Text only (no images, no tools) and at most INLINE_RENDER_CHARS characters in all."""
+    budget = INLINE_RENDER_CHARS
+    if isinstance(req, CompletionRequest):
+        p = req.prompt
+        if isinstance(p, list) and p and not isinstance(p[0], int):
+            p = p[0]
+        return len(p) <= budget
+    if req.tools:
+        return False
+    for msg in req.messages:
+        content = msg.get("content")
+        if isinstance(content, str):
+            budget -= len(content)
+        elif isinstance(content, list):
+            for part in content:
+                if not isinstance(part, dict) or part.get("type") != "text":
+                    return False
+                text = part.get("text")
+                budget -= len(text) if isinstance(text, str) else 0
+        if budget < 0:
+            return False
+    return True
 
 
 def _candidates(state: GatewayState, model: str | None) -> list[Replica]:
