@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -109,14 +110,22 @@ def _headers(px: ProxyRequest) -> dict[str, str]:
     }
 
 
+class _Answer(msgspec.Struct):
+    """The one field of a worker's answer the gateway reads (the rest is skipped unparsed)."""
+
+    usage: dict | None = None
+
+
+_ANSWER = msgspec.json.Decoder(_Answer)
+
+
 def _usage(status: int, content: bytes) -> dict | None:
     if status != 200:
         return None
     try:
-        usage = json.loads(content).get("usage")
-    except (ValueError, AttributeError):
+        return _ANSWER.decode(content).usage
+    except msgspec.DecodeError:
         return None
-    return usage if isinstance(usage, dict) else None
 
 
 def _status_label(exc: Exception, status: int) -> str:
