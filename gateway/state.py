@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from cachekey.keys import HashNamespace
+from cachekey.render import Renderer
 from gateway.admission import Admission, RenderQueue
 from gateway.assets import load_assets
 from gateway.breaker import CircuitBreaker
@@ -72,8 +73,6 @@ class GatewayState:
             return self.renderer
         async with self._assets_lock:
             if self.renderer is None:
-                from cachekey.render import Renderer
-
                 urls = [r.url for r in self.replicas.replicas.values() if r.instance_id]
                 assets = await load_assets(self.config.model_dir, urls, self.http)
                 limits = self.config.limits.render_limits()
