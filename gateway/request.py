@@ -126,6 +126,7 @@ class ProxyRequest:
         )
         ranked = await self.policy.rank(ctx)
         st.metrics.routing_seconds.observe(time.perf_counter() - t0)
+        self.admitted = False  # place() turns the claim into a slot, or gives it up
         rep = await st.admission.place(ranked)
         self.ranked = [rep, *(r for r in ranked if r is not rep)]
         self._charge(rep)

@@ -41,6 +41,7 @@ class UpstreamResponse:
         self.complete = False
         self._error: Exception | None = None
         self._closed = False
+        self._whole = False  # read() takes the whole body: no back-pressure
 
     @property
     def origin(self) -> str:
@@ -60,7 +61,7 @@ class UpstreamResponse:
     def _feed(self, data: bytes) -> None:
         self._chunks.append(data)
         self._buffered += len(data)
-        if self._buffered > _PAUSE_BYTES:
+        if self._buffered > _PAUSE_BYTES and not self._whole:
             self._conn.pause()
         self._wake()
 
@@ -87,6 +88,8 @@ class UpstreamResponse:
 
     async def read(self) -> bytes:
         """The whole body."""
+        self._whole = True
+        self._conn.resume()
         while not self.complete:
             await self._wait(self._conn.pool.read_timeout)
         body = b"".join(self._chunks)

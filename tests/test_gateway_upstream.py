@@ -65,6 +65,8 @@ class Server:
                 await asyncio.sleep(0.05)
             w.write(b"0\r\n\r\n")
             return True
+        if self.mode == "big":
+            body = b"x" * (3 << 20)  # past the client's back-pressure mark
         close = self.mode == "close"
         extra = b"connection: close\r\n" if close else b""
         path = head.split(b" ")[1]
@@ -146,6 +148,23 @@ def test_refused_and_silent_workers_raise() -> None:
             pool = _pool(s.port, read_timeout=0.2)
             with pytest.raises(UpstreamTimeout):
                 await pool.post("/a", b"{}")
+            await pool.close()
+
+    asyncio.run(scenario())
+
+
+def test_large_answer_read_whole_and_large_stream_drained() -> None:
+    async def scenario() -> None:
+        async with Server("big") as s:
+            pool = _pool(s.port, read_timeout=5.0)
+            body = await (await pool.post("/big", b"{}")).read()
+            assert body == b"/big " + b"x" * (3 << 20)
+            resp = await pool.post("/big", b"{}")
+            await asyncio.sleep(0.2)  # the answer arrives while nobody reads: reading pauses
+            got = b"".join([c async for c in resp.iter_raw()])
+            assert len(got) == len(body)
+            resp.close()
+            assert s.connections == 1
             await pool.close()
 
     asyncio.run(scenario())
