@@ -6,12 +6,14 @@ the user what to change, not where the code failed.
 
 from __future__ import annotations
 
+from cachekey.openai_errors import CONTEXT_LENGTH_EXCEEDED, error_body
+
 
 class RenderError(ValueError):
     """A request that cannot be rendered into a prompt."""
 
     status_code: int = 400
-    error_type: str = "invalid_request_error"
+    code: str = "invalid_request"
 
     def __init__(self, message: str, *, param: str | None = None) -> None:
         super().__init__(message)
@@ -20,39 +22,42 @@ class RenderError(ValueError):
 
     def to_dict(self) -> dict[str, dict[str, str | None]]:
         """The OpenAI error body."""
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.error_type,
-                "param": self.param,
-                "code": type(self).__name__,
-            }
-        }
+        return error_body(self.status_code, self.message, param=self.param, code=self.code)
 
 
 class InvalidImageError(RenderError):
     """The image data is not valid base64, or not an image in a supported format."""
+
+    code = "invalid_image"
 
 
 class ImageTooLargeError(RenderError):
     """The image (or its encoded form) exceeds the configured size limits."""
 
     status_code = 413
+    code = "image_too_large"
 
 
 class UnsupportedContentError(RenderError):
     """A message shape, role or content-part type this model cannot take."""
 
+    code = "unsupported_content"
+
 
 class PromptTooLongError(RenderError):
     """The rendered prompt is longer than the model (or the configured limit) allows."""
+
+    code = CONTEXT_LENGTH_EXCEEDED
 
 
 class ImageFetchError(RenderError):
     """A remote image URL that is disabled, refused or could not be fetched."""
 
     status_code = 422
+    code = "image_fetch_failed"
 
 
 class TemplateError(RenderError):
     """The chat template failed (for example its own raise_exception for a bad conversation)."""
+
+    code = "template_error"

@@ -1,9 +1,11 @@
-"""Admission: a bounded number of in-flight requests per replica and a bounded wait queue.
+"""Admission: bounded requests per replica, a bounded wait queue and a bounded render queue.
 
-A routed request takes a slot on the best-ranked replica with room; if none has room it waits
-(at most `max_queue` waiters, at most `queue_timeout` seconds) for any slot among its ranked
-replicas. Past either bound it is refused with `Overloaded` (a 429 with Retry-After). The only
-per-request state is one waiter count, so memory stays bounded under any load.
+`Replica.in_flight` is the one in-flight counter; admission moves it. A request is admitted
+before any render work: it needs a free slot among its candidate replicas that no other
+admitted-but-not-yet-placed request has claimed (`pending`). Once ranked it is placed on the
+best-ranked replica with room; a retry moves its slot to the next replica with room. Past the
+queue (`max_queue` waiters, `queue_timeout` seconds) a request gets `Overloaded`, a 429 with
+Retry-After. The only per-request state is a few counters, so memory stays bounded under any load.
 """
 
 from __future__ import annotations
@@ -11,77 +13,134 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 from gateway.config import GatewayConfig
-from gateway.index import ReplicaId
+from gateway.errors import Overloaded
 from gateway.replicas import Replica
 
-
-class Overloaded(Exception):
-    def __init__(self, message: str, retry_after: int) -> None:
-        super().__init__(message)
-        self.message = message
-        self.retry_after = retry_after
+T = TypeVar("T")
 
 
 class Admission:
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
-        self.held: dict[ReplicaId, int] = {}
+        self.cap = config.max_inflight_per_replica
+        self.pending = 0  # admitted, not yet placed on a replica
         self.waiting = 0
         self._freed = asyncio.Event()
 
-    def _try_take(self, ranked: list[Replica]) -> Replica | None:
-        cap = self.config.max_inflight_per_replica
+    def _has_room(self, candidates: list[Replica]) -> bool:
+        cap = self.cap
+        if cap is None:
+            return True
+        free = 0
+        for r in candidates:
+            if r.in_flight < cap:
+                free += cap - r.in_flight
+                if free > self.pending:
+                    return True
+        return False
+
+    def _take(self, ranked: list[Replica]) -> Replica | None:
+        cap = self.cap
         for rep in ranked:
-            n = self.held.get(rep.id, 0)
-            if cap is None or n < cap:
-                self.held[rep.id] = n + 1
+            if cap is None or rep.in_flight < cap:
+                rep.in_flight += 1
                 return rep
         return None
 
-    async def acquire(self, ranked: list[Replica]) -> Replica:
-        """A slot on the first replica in `ranked` with room; waits, or raises Overloaded."""
-        rep = self._try_take(ranked)
-        if rep is not None:
-            return rep
+    async def admit(self, candidates: list[Replica]) -> None:
+        """Claim a free slot among `candidates` (placed later by `place`); wait or raise."""
+        if not self._has_room(candidates):
+            await self._wait_for(lambda: self._has_room(candidates))
+        self.pending += 1
+
+    async def place(self, ranked: list[Replica]) -> Replica:
+        """Turn the claim into a slot on the best-ranked replica with room."""
+        self.pending -= 1
+        rep = self._take(ranked)
+        if rep is None:  # requests for other candidates took the room meanwhile
+            rep = await self._wait_for(lambda: self._take(ranked))
+        return rep
+
+    def withdraw(self) -> None:
+        """Give up a claim that was never placed (the request failed before routing)."""
+        self.pending -= 1
+        self._wake()
+
+    def move(self, rep: Replica, ranked: list[Replica]) -> Replica | None:
+        """Free `rep`'s slot and take one on the first of `ranked` with room (a retry)."""
+        self.release(rep)
+        return self._take(ranked)
+
+    def release(self, rep: Replica) -> None:
+        rep.in_flight -= 1
+        self._wake()
+
+    def _wake(self) -> None:
+        if self.waiting:
+            # Every waiter re-checks its own condition; later ones wait on a fresh event.
+            freed, self._freed = self._freed, asyncio.Event()
+            freed.set()
+
+    async def _wait_for(self, take: Callable[[], T]) -> T:
         c = self.config
         retry = max(1, math.ceil(min(c.queue_timeout, 5.0)))
         if self.waiting >= c.max_queue:
             raise Overloaded(
                 f"gateway overloaded: all replicas at --max-inflight-per-replica "
-                f"{c.max_inflight_per_replica} and the queue is full (--max-queue {c.max_queue})",
+                f"{self.cap} and the queue is full (--max-queue {c.max_queue})",
                 retry,
             )
         deadline = time.monotonic() + c.queue_timeout
         self.waiting += 1
         try:
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
+            while (left := deadline - time.monotonic()) > 0:
                 freed = self._freed
                 try:
                     await asyncio.wait_for(freed.wait(), left)
                 except TimeoutError:
                     break
-                rep = self._try_take(ranked)
-                if rep is not None:
-                    return rep
+                got = take()
+                if got:
+                    return got
         finally:
             self.waiting -= 1
         raise Overloaded(
             f"gateway overloaded: no replica slot freed within --queue-timeout "
-            f"{c.queue_timeout:g}s (--max-inflight-per-replica {c.max_inflight_per_replica})",
+            f"{c.queue_timeout:g}s (--max-inflight-per-replica {self.cap})",
             retry,
         )
 
-    def release(self, rep_id: ReplicaId) -> None:
-        n = self.held.get(rep_id, 0) - 1
-        if n > 0:
-            self.held[rep_id] = n
-        else:
-            self.held.pop(rep_id, None)  # no entry kept for idle (or removed) replicas
-        # Wake every waiter (each re-checks its own ranking); later ones wait on a fresh event.
-        freed, self._freed = self._freed, asyncio.Event()
-        freed.set()
+
+class RenderQueue:
+    """The render threads and a bounded queue in front of them: when full, 429 at once.
+
+    Rendering (tokenization, image decode, remote fetches) runs here, never on the event loop;
+    a few threads so one slow image fetch does not hold up every other request, and a bound so
+    a burst of slow requests cannot queue everyone else behind it for long.
+    """
+
+    def __init__(self, threads: int, max_queue: int) -> None:
+        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="kvgate-render")
+        self.max_queue = max_queue
+        self.queued = 0  # submitted and not finished (running ones included)
+
+    async def run(self, fn: Callable[..., T], *args: object) -> T:
+        if self.queued >= self.max_queue:
+            raise Overloaded(
+                f"gateway overloaded: the render queue is full ({self.max_queue} requests "
+                f"rendering or waiting to; --max-render-queue)",
+                1,
+            )
+        self.queued += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+        finally:
+            self.queued -= 1
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)

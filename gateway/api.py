@@ -7,13 +7,19 @@ import asyncio
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from gateway.protocol import error_response
-from gateway.serving import OpenAIServing, RequestError, authenticate
+from gateway.errors import GatewayError, error_response
+from gateway.serving import OpenAIServing, authenticate
 from gateway.state import GatewayState
 
 
 def _state(request: Request) -> GatewayState:
     return request.app.state.gateway
+
+
+def _no_worker(st: GatewayState) -> Response:
+    """503 naming every worker and why it takes no traffic."""
+    msg = "no healthy worker: " + st.replicas.describe()
+    return error_response(GatewayError(503, msg, code="no_healthy_worker"))
 
 
 def attach_routes(app: FastAPI) -> None:
@@ -30,9 +36,11 @@ def attach_routes(app: FastAPI) -> None:
         st = _state(request)
         try:
             authenticate(st, request)
-        except RequestError as e:
-            return e.response
+        except Exception as e:
+            return error_response(e)
         reps = st.replicas.available()
+        if not reps:
+            return _no_worker(st)
         results = await asyncio.gather(
             *(st.http.get(f"{r.url}/v1/models", timeout=st.config.connect_timeout) for r in reps),
             return_exceptions=True,
@@ -47,9 +55,10 @@ def attach_routes(app: FastAPI) -> None:
 
     @app.get("/health")
     async def health(request: Request) -> Response:
-        n = len(_state(request).replicas.available())
+        st = _state(request)
+        n = len(st.replicas.available())
         if n == 0:
-            return error_response(503, "no healthy worker", "service_unavailable")
+            return _no_worker(st)
         return JSONResponse({"status": "ok", "healthy_replicas": n})
 
     @app.get("/metrics")

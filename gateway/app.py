@@ -8,14 +8,38 @@ import logging
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
+from starlette.requests import Request
+from starlette.types import Receive, Scope, Send
 
 from gateway.api import attach_routes
 from gateway.config import GatewayConfig
 from gateway.discovery import Discovery
 from gateway.discovery.static import StaticDiscovery
+from gateway.serving import OpenAIServing
 from gateway.state import GatewayState
 
 log = logging.getLogger(__name__)
+
+_PROXIED = {"/v1/chat/completions": "chat_completions", "/v1/completions": "completions"}
+
+
+class GatewayApp(FastAPI):
+    """FastAPI, with the two proxied POST routes served before its middleware and routing.
+
+    They are the hot path: `OpenAIServing` answers every failure itself, so the exception
+    middleware, dependency solving and routing would only add per-request time (profiled in
+    docs/benchmarks.md). The same routes stay registered for the OpenAPI schema.
+    """
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            name = _PROXIED.get(scope["path"])
+            if name is not None:
+                serving = OpenAIServing(self.state.gateway)
+                response = await getattr(serving, name)(Request(scope, receive))
+                await response(scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
 
 
 def build_discovery(config: GatewayConfig) -> Discovery:
@@ -32,6 +56,11 @@ def build_discovery(config: GatewayConfig) -> Discovery:
 
 
 def create_app(config: GatewayConfig, discovery: Discovery | None = None) -> FastAPI:
+    if discovery is None and config.discovery == "static" and not config.workers:
+        log.warning(
+            "no workers: start the gateway with --workers URL[,URL] (or --discovery k8s); "
+            "until then every request is answered 503"
+        )
     discovery = discovery or build_discovery(config)
 
     @contextlib.asynccontextmanager
@@ -47,6 +76,6 @@ def create_app(config: GatewayConfig, discovery: Discovery | None = None) -> Fas
                 await task
             await state.close()
 
-    app = FastAPI(title="kvgate gateway", lifespan=lifespan)
+    app = GatewayApp(title="kvgate gateway", lifespan=lifespan)
     attach_routes(app)
     return app

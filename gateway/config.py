@@ -126,6 +126,9 @@ class GatewayConfig:
     )
     max_queue: int = option(1024, "requests waiting for a slot before new ones get 429")
     queue_timeout: float = option(30.0, "seconds a request may wait for a slot before its 429")
+    max_render_queue: int = option(
+        64, "requests rendering or waiting for a render thread before new ones get 429"
+    )
     # Plain vLLM workers (no /kvgate/info): where their --kv-events-config publishes.
     vllm_kv_events_port: int | None = option(
         None, "KV-events port of plain vLLM workers (no /kvgate/info)"
@@ -174,3 +177,5 @@ class GatewayConfig:
             raise ValueError("max_queue and queue_timeout must be >= 0")
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}")
+        if self.max_render_queue <= 0:
+            raise ValueError("max_render_queue must be positive")

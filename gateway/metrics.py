@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
 _TOKEN_BUCKETS = (0, 1, 16, 64, 256, 1024, 4096, 16384)
@@ -11,6 +15,7 @@ _TOKEN_BUCKETS = (0, 1, 16, 64, 256, 1024, 4096, 16384)
 class GatewayMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
+        self._children: dict[tuple[str, tuple[str, ...]], Counter] = {}
         self.requests = Counter(
             "kvgate_requests", "Requests proxied", ["replica", "policy", "status"], registry=r
         )
@@ -76,10 +81,31 @@ class GatewayMetrics:
             ["replica"],
             registry=r,
         )
-        self.in_flight = Gauge(
-            "kvgate_in_flight_requests", "Requests in flight", ["replica"], registry=r
-        )
+        self.in_flight = _InFlight()
+        r.register(self.in_flight)
         self.retries = Counter("kvgate_retries", "Attempts retried on another replica", registry=r)
+
+    def child(self, metric: Counter, *labels: str) -> Counter:
+        """`metric.labels(*labels)`, looked up once per label set (it takes a lock and a
+        tuple build on every call; the request path records a few per request)."""
+        key = (metric._name, labels)
+        c = self._children.get(key)
+        if c is None:
+            c = self._children[key] = metric.labels(*labels)
+        return c
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _InFlight(Collector):
+    """kvgate_in_flight_requests{replica}, read from `Replica.in_flight` when scraped."""
+
+    def __init__(self) -> None:
+        self.source: Callable[[], Iterable[tuple[str, int]]] = tuple
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        g = GaugeMetricFamily("kvgate_in_flight_requests", "Requests in flight", labels=["replica"])
+        for rid, n in self.source():
+            g.add_metric([rid], n)
+        yield g

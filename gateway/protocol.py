@@ -1,10 +1,9 @@
-"""Request models (pydantic; unknown fields allowed and forwarded) and OpenAI error bodies."""
+"""Request models (pydantic; unknown fields allowed and forwarded)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -26,27 +25,3 @@ class ChatCompletionRequest(_Request):
 
 class CompletionRequest(_Request):
     prompt: str | list[int] | list[str] | list[list[int]]
-
-
-def error_body(
-    message: str,
-    err_type: str = "invalid_request_error",
-    param: str | None = None,
-    code: str | int | None = None,
-) -> dict[str, dict[str, Any]]:
-    return {"error": {"message": message, "type": err_type, "param": param, "code": code}}
-
-
-def error_response(
-    status: int,
-    message: str,
-    err_type: str = "invalid_request_error",
-    param: str | None = None,
-    code: str | int | None = None,
-    headers: dict[str, str] | None = None,
-) -> JSONResponse:
-    return JSONResponse(
-        error_body(message, err_type, param, code if code is not None else status),
-        status_code=status,
-        headers=headers,
-    )

@@ -1,8 +1,7 @@
-"""Forwarding to workers: pooled keep-alive httpx, retries before the first byte, SSE passthrough.
+"""Relaying a worker's answer: SSE passthrough that reads (and may hide) the usage chunk.
 
-A connect error or a 5xx before any byte reached the client moves on to the next replica in
-the ranking. Once a stream has started it is passed through chunk by chunk; if it breaks, the
-client gets an SSE error event and `data: [DONE]`, never a hang.
+Once a stream has started it is passed through chunk by chunk; if it breaks, the client gets an
+SSE error event and `data: [DONE]`, never a hang. Retries before the first byte: gateway/retry.py.
 """
 
 from __future__ import annotations
@@ -10,72 +9,16 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 
-import httpx
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from gateway.protocol import error_body
-from gateway.replicas import Replica
+from cachekey.openai_errors import error_body
+from gateway.upstream import UpstreamError, UpstreamResponse
 
 log = logging.getLogger(__name__)
 
 _DONE = b"data: [DONE]\n\n"
-
-
-@dataclass(slots=True)
-class Attempt:
-    """The outcome of trying replicas in order: the replica that answered and its response."""
-
-    replica: Replica
-    response: httpx.Response
-    retried: int
-
-
-class NoReplicaError(Exception):
-    def __init__(
-        self, message: str, last_status: int | None = None, last_body: bytes = b""
-    ) -> None:
-        super().__init__(message)
-        self.last_status = last_status
-        self.last_body = last_body
-
-
-async def send_with_retries(
-    ranked: list[Replica],
-    path: str,
-    body: bytes,
-    *,
-    stream: bool,
-    max_attempts: int,
-    on_try: Callable[[Replica], None],
-    on_fail: Callable[[Replica], None],
-) -> Attempt:
-    """POST `body` to the replicas in order until one answers without a connect error or 5xx."""
-    last_status, last_body, last_err = None, b"", "no replica available"
-    for n, rep in enumerate(ranked[:max_attempts]):
-        on_try(rep)
-        headers = {"content-type": "application/json"}
-        if rep.dp_rank is not None:
-            headers["X-data-parallel-rank"] = str(rep.dp_rank)
-        assert rep.client is not None
-        req = rep.client.build_request("POST", f"{rep.url}{path}", content=body, headers=headers)
-        try:
-            resp = await rep.client.send(req, stream=stream)
-        except httpx.TransportError as e:
-            last_err = f"{rep.id}: {type(e).__name__}"
-            on_fail(rep)
-            continue
-        if resp.status_code >= 500:
-            last_status = resp.status_code
-            last_body = await resp.aread()
-            await resp.aclose()
-            last_err = f"{rep.id}: HTTP {resp.status_code}"
-            on_fail(rep)
-            continue
-        return Attempt(rep, resp, n)
-    raise NoReplicaError(last_err, last_status, last_body)
 
 
 class SSERelay:
@@ -145,25 +88,25 @@ class RelayResponse(StreamingResponse):
 
 
 async def relay_stream(
-    resp: httpx.Response, relay: SSERelay, on_end: Callable[[str], None]
+    resp: UpstreamResponse, relay: SSERelay, on_end: Callable[[str], None]
 ) -> AsyncIterator[bytes]:
     """Yield the worker's stream; on a break after the first byte, end with an error + DONE."""
     status = "200"
     try:
-        async for chunk in resp.aiter_raw():
+        async for chunk in resp.iter_raw():
             out = relay.feed(chunk)
             if out:
                 yield out
         rest = relay.flush()
         if rest:
             yield rest
-    except httpx.HTTPError as e:
+    except UpstreamError as e:
         status = "stream_error"
-        log.warning("stream from %s broke: %s", resp.request.url, e)
-        err = error_body(f"upstream stream broke: {type(e).__name__}", "server_error", code=502)
+        log.warning("stream from %s broke: %s", resp.origin, e)
+        err = error_body(502, f"upstream stream broke: {e}", code="upstream_stream_broke")
         yield b"data: " + json.dumps(err).encode() + b"\n\n"
         if not relay.saw_done:
             yield _DONE
     finally:
-        await resp.aclose()
+        resp.close()
         on_end(status)

@@ -1,10 +1,12 @@
-"""Replicas: the workers behind the gateway, their health, load view and circuit breaker.
+"""Replicas: the workers behind the gateway, their health and load view.
 
 A replica is one worker base URL (plus its data-parallel rank from /kvgate/info). Each replica
 has one poller task reading /kvgate/info, /health and /metrics every `poll_interval`: the info
 gives the instance id (a change means a restarted worker: its index entries are dropped and a
 new event subscriber reloads them), /metrics gives the queue and KV usage. The gateway's own
-in-flight accounting is updated on the request path.
+in-flight count (`Replica.in_flight`, the one counter admission, policies and metrics read) is
+kept by admission on the request path. A replica that is not available says why
+(`down_reason`); the gateway logs it, and names it in its 503s.
 """
 
 from __future__ import annotations
@@ -26,9 +28,12 @@ from gateway.index import BlockIndex, ReplicaId
 from gateway.metrics import GatewayMetrics
 from gateway.parity import check_parity
 from gateway.subscriber import EventSource, KVEventSubscriber
+from gateway.upstream import UpstreamPool
 from gateway.vllm_compat import vllm_info
 
 log = logging.getLogger(__name__)
+
+_REWARN_SECONDS = 30.0  # how often an unreachable worker is logged again
 
 _LOAD_GAUGES = {
     "vllm:num_requests_waiting": "waiting",
@@ -50,6 +55,8 @@ class Replica:
     info_error: str | None = None  # why its last /kvgate/info was refused (logged once)
     healthy: bool = False
     parity_ok: bool = True
+    down_reason: str | None = "not polled yet"  # why it is not healthy (None when it is)
+    warned_at: float | None = None  # last time its being down was logged
     # Load view: worker-reported (polled) and the gateway's own accounting.
     waiting: float = 0.0
     running: float = 0.0
@@ -60,12 +67,11 @@ class Replica:
     # over replicas even when nothing is in flight (a sequential trace).
     recent_prefill: float = 0.0
     recent_at: float = 0.0
-    # Circuit breaker.
+    # Circuit breaker (gateway/breaker.py).
     failures: int = 0
     ejected_until: float = 0.0
-    # Its own pool: httpx scans every pooled connection per request, so one pool per worker
-    # keeps that scan short, and the pollers' traffic out of it.
-    client: httpx.AsyncClient | None = field(default=None, repr=False)
+    # Keep-alive connections for requests; the pollers' traffic goes through httpx.
+    pool: UpstreamPool | None = field(default=None, repr=False)
     subscriber: KVEventSubscriber | None = field(default=None, repr=False)
     poll_task: asyncio.Task | None = field(default=None, repr=False)
     sub_task: asyncio.Task | None = field(default=None, repr=False)
@@ -80,6 +86,16 @@ class Replica:
         self.recent_prefill = self.recent_prefill_at(now, half_life) + tokens
         self.recent_at = now
 
+    def describe(self, now: float) -> str:
+        """`url (why it takes no traffic)`, or `url (healthy...)`."""
+        if self.available(now):
+            state = "healthy" if self.parity_ok else "healthy, parity mismatch: routed by load only"
+        elif now < self.ejected_until:
+            state = self.down_reason or "ejected"
+        else:
+            state = self.down_reason or "unhealthy"
+        return f"{self.url} ({state})"
+
 
 def parse_load(text: str) -> dict[str, float]:
     """The three load gauges from a vLLM-style /metrics page (summed over label sets)."""
@@ -93,6 +109,14 @@ def parse_load(text: str) -> dict[str, float]:
             with contextlib.suppress(ValueError):
                 out[attr] += float(line.rsplit(" ", 1)[1])
     return out
+
+
+def _reason(resp: httpx.Response) -> str:
+    """The message of a worker's error body, else the start of its text."""
+    try:
+        return str(resp.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return resp.text[:200] or resp.reason_phrase
 
 
 async def _cancel(task: asyncio.Task | None) -> None:
@@ -131,7 +155,7 @@ class ReplicaSet:
             await self._remove(rid)
         for rid, url in wanted.items():
             if rid not in self.replicas:
-                rep = self.replicas[rid] = Replica(id=rid, url=url, client=self._new_client())
+                rep = self.replicas[rid] = Replica(id=rid, url=url, pool=self._new_pool(url))
                 rep.poll_task = asyncio.create_task(self._poll_loop(rep))
                 self.metrics.replica_healthy.labels(rid).set(0)
 
@@ -139,8 +163,8 @@ class ReplicaSet:
         rep = self.replicas.pop(rid)
         await self._stop_subscriber(rep)
         await _cancel(rep.poll_task)
-        if rep.client is not None:
-            await rep.client.aclose()
+        if rep.pool is not None:
+            await rep.pool.close()
         self.index.drop_replica(rid)
         for g in (self.metrics.replica_healthy, self.metrics.parity_mismatch):
             with contextlib.suppress(KeyError):
@@ -151,12 +175,13 @@ class ReplicaSet:
             await self._remove(rid)
         self._zmq.destroy(linger=0)
 
-    def _new_client(self) -> httpx.AsyncClient:
+    def _new_pool(self, url: str) -> UpstreamPool:
         c = self.config
-        return httpx.AsyncClient(
-            verify=self._ssl,
-            limits=httpx.Limits(max_connections=512, max_keepalive_connections=64),
-            timeout=httpx.Timeout(c.request_timeout, connect=c.connect_timeout),
+        return UpstreamPool(
+            url,
+            connect_timeout=c.connect_timeout,
+            read_timeout=c.request_timeout,
+            ssl_context=self._ssl,
         )
 
     # ---- views -----------------------------------------------------------------------------
@@ -165,17 +190,13 @@ class ReplicaSet:
         now = time.monotonic()
         return [r for r in self.replicas.values() if r.available(now)]
 
-    def record_success(self, rep: Replica) -> None:
-        rep.failures = 0
-
-    def record_failure(self, rep: Replica) -> None:
-        rep.failures += 1
-        if rep.failures >= self.config.eject_after_failures:
-            log.warning("ejecting %s for %.1fs", rep.id, self.config.eject_seconds)
-            rep.ejected_until = time.monotonic() + self.config.eject_seconds
-            rep.failures = 0
-            rep.healthy = False  # back only after a good /health probe
-            self.metrics.replica_healthy.labels(rep.id).set(0)
+    def describe(self, model: str | None = None) -> str:
+        """Every replica (of `model`, when given) and its state, for error messages."""
+        now = time.monotonic()
+        reps = [r for r in self.replicas.values() if model is None or r.model in (model, None)]
+        if not reps:
+            return "no worker is configured (--workers or --discovery k8s)"
+        return "; ".join(r.describe(now) for r in reps)
 
     # ---- polling ---------------------------------------------------------------------------
 
@@ -197,25 +218,39 @@ class ReplicaSet:
                 self._http.get(f"{rep.url}/health", timeout=t),
                 self._http.get(f"{rep.url}/metrics", timeout=t),
             )
-        except httpx.HTTPError:
-            await self._mark_down(rep)
+        except httpx.HTTPError as e:
+            await self._mark_down(rep, f"unreachable: {type(e).__name__}: {e}".rstrip(": "))
             return
         info = self._read_info(rep, info_r)
         if info is None and info_r.status_code == 404 and health_r.status_code == 200:
             info = await vllm_info(self._http, rep.url, metrics_r.text, self.config)
         if info is None:
-            await self._mark_down(rep)
+            reason = rep.info_error or f"/kvgate/info answered {info_r.status_code}"
+            await self._mark_down(rep, reason)
             return
         if info.instance_id != rep.instance_id:
             await self._new_instance(rep, info)
         if metrics_r.status_code == 200:
             for attr, value in parse_load(metrics_r.text).items():
                 setattr(rep, attr, value)
-        healthy = health_r.status_code == 200 and time.monotonic() >= rep.ejected_until
+        self._set_health(rep, health_r)
+
+    def _set_health(self, rep: Replica, health_r: httpx.Response) -> None:
+        ejected = time.monotonic() < rep.ejected_until
+        healthy = health_r.status_code == 200 and not ejected
+        if not healthy and not ejected:
+            rep.down_reason = f"/health {health_r.status_code}: {_reason(health_r)}"
         if healthy != rep.healthy:
-            log.info("replica %s healthy=%s", rep.id, healthy)
+            if healthy:
+                log.info("replica %s healthy", rep.id)
+            else:
+                log.warning("replica %s unhealthy: %s", rep.id, rep.down_reason)
             rep.healthy = healthy
+            rep.down_reason = None if healthy else rep.down_reason
+            rep.warned_at = time.monotonic()
             self.changed.set()
+        elif not healthy:
+            self._warn_down(rep)
         self.metrics.replica_healthy.labels(rep.id).set(1 if healthy else 0)
 
     def _read_info(self, rep: Replica, resp: httpx.Response) -> WorkerInfo | None:
@@ -231,14 +266,26 @@ class ReplicaSet:
         rep.info_error = None
         return info
 
-    async def _mark_down(self, rep: Replica) -> None:
-        if rep.healthy or rep.instance_id is not None:
-            log.warning("replica %s unreachable; dropping its index entries", rep.id)
+    async def _mark_down(self, rep: Replica, reason: str) -> None:
+        was_up = rep.healthy or rep.instance_id is not None
+        rep.down_reason = reason
+        if was_up:
+            log.warning("replica %s %s; dropping its index entries", rep.id, reason)
+            rep.warned_at = time.monotonic()
+        else:
+            self._warn_down(rep)
         rep.healthy = False
         rep.instance_id = None
         self.metrics.replica_healthy.labels(rep.id).set(0)
         await self._stop_subscriber(rep)
         self.index.drop_replica(rep.id)
+
+    def _warn_down(self, rep: Replica) -> None:
+        """Log a replica that is down at once, then every _REWARN_SECONDS while it stays down."""
+        now = time.monotonic()
+        if rep.warned_at is None or now - rep.warned_at >= _REWARN_SECONDS:
+            rep.warned_at = now
+            log.warning("worker %s takes no traffic: %s", rep.url, rep.down_reason)
 
     async def _new_instance(self, rep: Replica, info: WorkerInfo) -> None:
         if rep.instance_id is not None:

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import httpx
 
 from cachekey.keys import HashNamespace
-from gateway.admission import Admission
+from cachekey.render import Renderer
+from gateway.admission import Admission, RenderQueue
 from gateway.assets import load_assets
+from gateway.breaker import CircuitBreaker
 from gateway.config import GatewayConfig
 from gateway.fetch import ImageFetcher, RemoteImagesDisabled
 from gateway.image_fetch import AllowList, FetchPolicy
@@ -34,12 +35,9 @@ class GatewayState:
     policies: dict[str, Policy]
     fetcher: ImageFetcher | RemoteImagesDisabled
     admission: Admission
+    breaker: CircuitBreaker
+    render_queue: RenderQueue
     tenants: TenantRegistry | None = None  # None: no API keys, no tenant salts
-    # Rendering (tokenization, image decode, remote fetches) runs here, never on the event
-    # loop; a few threads so one slow image fetch does not hold up every other request.
-    render_pool: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(4, thread_name_prefix="kvgate-render")
-    )
     renderer: object | None = None
     _assets_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -49,15 +47,19 @@ class GatewayState:
         index = BlockIndex(config.index_max_blocks, config.speculative_ttl)
         # Control traffic (polls, snapshots, assets); requests use each replica's own pool.
         http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=config.connect_timeout))
+        replicas = ReplicaSet(config, index, metrics, http)
+        metrics.in_flight.source = lambda: ((r.id, r.in_flight) for r in replicas.replicas.values())
         return cls(
             config=config,
             metrics=metrics,
             index=index,
             http=http,
-            replicas=ReplicaSet(config, index, metrics, http),
+            replicas=replicas,
             policies={name: ctor(config) for name, ctor in POLICIES.items()},
             fetcher=_build_fetcher(config),
             admission=Admission(config),
+            breaker=CircuitBreaker(config, metrics),
+            render_queue=RenderQueue(4, config.max_render_queue),
             tenants=(
                 TenantRegistry(config.api_keys_file, config.tenant_salt_secret)
                 if config.api_keys_file
@@ -71,8 +73,6 @@ class GatewayState:
             return self.renderer
         async with self._assets_lock:
             if self.renderer is None:
-                from cachekey.render import Renderer
-
                 urls = [r.url for r in self.replicas.replicas.values() if r.instance_id]
                 assets = await load_assets(self.config.model_dir, urls, self.http)
                 limits = self.config.limits.render_limits()
@@ -109,7 +109,7 @@ class GatewayState:
         await self.replicas.close()
         await self.http.aclose()
         self.fetcher.close()
-        self.render_pool.shutdown(wait=False, cancel_futures=True)
+        self.render_queue.close()
 
 
 def _build_fetcher(config: GatewayConfig) -> ImageFetcher | RemoteImagesDisabled:

@@ -143,23 +143,30 @@ def test_parse_load_reads_vllm_gauges():
 
 
 def test_circuit_breaker_ejects_after_repeated_failures():
+    from gateway.breaker import CircuitBreaker
     from gateway.index import BlockIndex
     from gateway.metrics import GatewayMetrics
     from gateway.replicas import ReplicaSet
 
     cfg = GatewayConfig(eject_after_failures=3, eject_seconds=30.0)
-    replicas = ReplicaSet(cfg, BlockIndex(), GatewayMetrics(), http=None)
+    metrics = GatewayMetrics()
+    replicas = ReplicaSet(cfg, BlockIndex(), metrics, http=None)
+    breaker = CircuitBreaker(cfg, metrics)
     try:
         a, b = _reps(2)
         replicas.replicas = {a.id: a, b.id: b}
-        replicas.record_failure(a)
-        replicas.record_failure(a)
-        replicas.record_success(a)  # a success resets the streak
-        replicas.record_failure(a)
+        breaker.failure(a, "HTTP 500")
+        breaker.failure(a, "HTTP 500")
+        breaker.success(a)  # a success resets the streak
+        breaker.failure(a, "HTTP 500")
         assert {r.id for r in replicas.available()} == {a.id, b.id}
-        replicas.record_failure(a)
-        replicas.record_failure(a)
+        breaker.failure(a, "HTTP 500")
+        breaker.failure(a, "connect failed")
         assert [r.id for r in replicas.available()] == [b.id]
+        # A 503 names the ejected replica, why, and the healthy one.
+        described = replicas.describe()
+        assert f"{a.url} (ejected after 3 failures in a row (last: connect failed))" in described
+        assert f"{b.url} (healthy)" in described
         a.healthy = True  # even a good probe does not end the ejection early
         assert [r.id for r in replicas.available()] == [b.id]
         a.ejected_until = 0.0

@@ -113,8 +113,9 @@ def test_streams_release_their_slots(cluster) -> None:
 def test_admission_unit_bounds_and_handoff() -> None:
     import asyncio
 
-    from gateway.admission import Admission, Overloaded
+    from gateway.admission import Admission
     from gateway.config import GatewayConfig
+    from gateway.errors import Overloaded
     from gateway.index import ReplicaId
     from gateway.replicas import Replica
 
@@ -122,17 +123,77 @@ def test_admission_unit_bounds_and_handoff() -> None:
         cfg = GatewayConfig(max_inflight_per_replica=1, max_queue=1, queue_timeout=5.0)
         adm = Admission(cfg)
         a, b = Replica(ReplicaId("a"), "http://a"), Replica(ReplicaId("b"), "http://b")
-        assert await adm.acquire([a, b]) is a
-        assert await adm.acquire([a, b]) is b  # the next best with room
-        waiter = asyncio.create_task(adm.acquire([a, b]))
+        await adm.admit([a, b])
+        await adm.admit([a, b])  # two free slots: two claims
+        assert adm.pending == 2
+        assert await adm.place([a, b]) is a
+        assert await adm.place([a, b]) is b  # the next best with room
+        assert (a.in_flight, b.in_flight, adm.pending) == (1, 1, 0)
+        waiter = asyncio.create_task(adm.admit([a, b]))  # no room: waits before any render
         await asyncio.sleep(0.01)
         assert adm.waiting == 1 and not waiter.done()
         with pytest.raises(Overloaded, match="--max-queue"):
-            await adm.acquire([a])  # the queue (1) is full: refused at once
-        adm.release(b.id)
-        assert await asyncio.wait_for(waiter, 1.0) is b
-        for r in (a, b):
-            adm.release(r.id)
-        assert adm.held == {} and adm.waiting == 0  # nothing left behind
+            await adm.admit([a])  # the queue (1) is full: refused at once
+        adm.release(b)
+        await asyncio.wait_for(waiter, 1.0)
+        assert await adm.place([a, b]) is b
+        # A retry moves the slot: b's is freed, a has no room, so none is taken.
+        assert adm.move(b, [a]) is None and b.in_flight == 0
+        adm.release(a)
+        assert (a.in_flight, b.in_flight, adm.pending, adm.waiting) == (0, 0, 0, 0)
+
+    asyncio.run(scenario())
+
+
+def test_claims_count_against_free_slots() -> None:
+    """Requests admitted but still rendering hold their claim: no more pass than slots exist."""
+    import asyncio
+
+    from gateway.admission import Admission
+    from gateway.config import GatewayConfig
+    from gateway.errors import Overloaded
+    from gateway.index import ReplicaId
+    from gateway.replicas import Replica
+
+    async def scenario() -> None:
+        cfg = GatewayConfig(max_inflight_per_replica=2, max_queue=0, queue_timeout=1.0)
+        adm = Admission(cfg)
+        a = Replica(ReplicaId("a"), "http://a")
+        await adm.admit([a])
+        await adm.admit([a])
+        with pytest.raises(Overloaded):
+            await adm.admit([a])  # both slots claimed by requests not yet placed
+        adm.withdraw()  # one failed while rendering: its claim is free again
+        await adm.admit([a])
+        assert adm.pending == 2 and a.in_flight == 0
+
+    asyncio.run(scenario())
+
+
+def test_full_render_queue_gives_429() -> None:
+    import asyncio
+    import threading
+
+    from gateway.admission import RenderQueue
+    from gateway.errors import Overloaded, error_response
+
+    async def scenario() -> None:
+        q = RenderQueue(threads=1, max_queue=2)
+        gate = threading.Event()
+        try:
+            running = [asyncio.create_task(q.run(gate.wait, 5)) for _ in range(2)]
+            await asyncio.sleep(0.01)
+            with pytest.raises(Overloaded) as info:
+                await q.run(gate.wait, 5)
+            resp = error_response(info.value)
+            assert resp.status_code == 429 and int(resp.headers["retry-after"]) >= 1
+            err = json.loads(resp.body)["error"]
+            assert err["type"] == "rate_limit_error" and "render queue" in err["message"]
+            gate.set()
+            assert await asyncio.gather(*running) == [True, True]
+            assert q.queued == 0
+        finally:
+            gate.set()
+            q.close()
 
     asyncio.run(scenario())

@@ -9,15 +9,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from cachekey import openai_errors
 from cachekey.errors import PromptTooLongError, RenderError
-
-_TYPES = {
-    400: "invalid_request_error",
-    404: "not_found_error",
-    413: "invalid_request_error",
-    422: "invalid_request_error",
-    503: "service_unavailable",
-}
+from cachekey.openai_errors import clean_message
 
 
 class APIError(Exception):
@@ -48,14 +42,7 @@ class EngineDeadError(APIError):
 def error_body(
     message: str, status_code: int, *, param: str | None = None, code: str | None = None
 ) -> dict:
-    return {
-        "error": {
-            "message": message,
-            "type": _TYPES.get(status_code, "internal_error"),
-            "param": param,
-            "code": code if code is not None else status_code,
-        }
-    }
+    return openai_errors.error_body(status_code, message, param=param, code=code)
 
 
 def as_api_error(exc: Exception) -> APIError:
@@ -64,9 +51,9 @@ def as_api_error(exc: Exception) -> APIError:
         return exc
     if isinstance(exc, PromptTooLongError):
         # vLLM answers an over-long prompt with 400, whatever the render layer's default.
-        return APIError(exc.message, 400, param=exc.param, code=type(exc).__name__)
+        return APIError(exc.message, 400, param=exc.param, code=exc.code)
     if isinstance(exc, RenderError):
-        return APIError(exc.message, exc.status_code, param=exc.param, code=type(exc).__name__)
+        return APIError(exc.message, exc.status_code, param=exc.param, code=exc.code)
     if isinstance(exc, ValueError):
         return APIError(str(exc), 400)
     return APIError(f"internal error: {type(exc).__name__}: {exc}", 500)
@@ -89,7 +76,7 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     if first.get("type") == "json_invalid":
         return "malformed JSON body", None
     param = ".".join(loc) or None
-    return f"{param or 'body'}: {first.get('msg', 'invalid value')}", param
+    return f"{param or 'body'}: {clean_message(first.get('msg', 'invalid value'))}", param
 
 
 async def _error_response(_: Request, exc: Exception) -> JSONResponse:

@@ -50,7 +50,6 @@ class OpenAIServing:
     object_name = "text_completion"
     chunk_object_name = "text_completion"
     id_prefix = "cmpl"
-    default_max_tokens_is_remaining = False
 
     def __init__(self, ctx: ServingContext) -> None:
         self.ctx = ctx

@@ -1,0 +1,42 @@
+"""The OpenAI error body, `{"error": {"message", "type", "param", "code"}}`, for gateway and worker.
+
+`type` follows the HTTP status as OpenAI's API sets it: `invalid_request_error` for 4xx (401
+and 404 included; OpenAI tells them apart by `code`, e.g. `invalid_api_key`, `model_not_found`),
+`rate_limit_error` for 429 and `server_error` for 5xx. `code` is a short snake_case string or
+None, never the HTTP status. No web framework here: callers wrap the dict in their response.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+INVALID_REQUEST = "invalid_request_error"
+RATE_LIMIT = "rate_limit_error"
+SERVER_ERROR = "server_error"
+
+# Codes OpenAI's API uses, and a few of kvgate's own for what OpenAI has no code for.
+MODEL_NOT_FOUND = "model_not_found"
+INVALID_API_KEY = "invalid_api_key"
+RATE_LIMIT_EXCEEDED = "rate_limit_exceeded"
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+
+
+def error_type(status: int) -> str:
+    """OpenAI's `type` for an HTTP status."""
+    if status == 429:
+        return RATE_LIMIT
+    return SERVER_ERROR if status >= 500 else INVALID_REQUEST
+
+
+def error_body(
+    status: int, message: str, *, param: str | None = None, code: str | None = None
+) -> dict[str, dict[str, Any]]:
+    return {"error": {"message": message, "type": error_type(status), "param": param, "code": code}}
+
+
+def clean_message(message: str) -> str:
+    """A validation message without pydantic's "Value error, " / "Assertion failed, " prefixes."""
+    for prefix in ("Value error, ", "Assertion failed, "):
+        if message.startswith(prefix):
+            return message[len(prefix) :]
+    return message

@@ -1,0 +1,107 @@
+"""The one place where a failure on the request path becomes an OpenAI error response.
+
+Each stage raises what it naturally raises (a limit, a render error, a validation error, an
+overload, an unreachable worker); `error_response` maps every one of them to a status and an
+OpenAI body (`cachekey.openai_errors`). Nothing else on the request path builds an error body.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from pydantic import ValidationError
+from starlette.responses import Response
+
+from cachekey.errors import RenderError
+from cachekey.openai_errors import (
+    INVALID_API_KEY,
+    RATE_LIMIT_EXCEEDED,
+    clean_message,
+    error_body,
+)
+from gateway.limits import LimitError, render_error_hint
+from gateway.tenants import AuthError
+
+log = logging.getLogger(__name__)
+
+
+class GatewayError(Exception):
+    """A request the gateway answers itself: status, message and the body's param and code."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers
+
+
+class Overloaded(GatewayError):
+    """No room now: 429 with Retry-After."""
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(
+            429, message, code=RATE_LIMIT_EXCEEDED, headers={"retry-after": str(retry_after)}
+        )
+        self.retry_after = retry_after
+
+
+class UpstreamFailed(Exception):
+    """Every replica tried failed; the last worker answer (a 5xx), if any, is passed on."""
+
+    def __init__(self, message: str, status: int | None = None, body: bytes = b"") -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = body
+
+
+def as_gateway_error(exc: BaseException) -> GatewayError:
+    """The status, message, param and code the client sees for `exc`."""
+    if isinstance(exc, GatewayError):
+        return exc
+    if isinstance(exc, AuthError):
+        return GatewayError(
+            401, str(exc), code=INVALID_API_KEY, headers={"www-authenticate": "Bearer"}
+        )
+    if isinstance(exc, LimitError):
+        return GatewayError(exc.status, exc.message, param=exc.param, code="limit_exceeded")
+    if isinstance(exc, RenderError):
+        msg = exc.message + render_error_hint(exc)
+        return GatewayError(exc.status_code, msg, param=exc.param, code=exc.code)
+    if isinstance(exc, ValidationError):
+        errors = exc.errors()
+        if not errors:
+            return GatewayError(400, "invalid request")
+        first = errors[0]
+        param = ".".join(str(x) for x in first["loc"]) or None
+        msg = clean_message(first.get("msg", "invalid value"))
+        return GatewayError(400, f"{param or 'body'}: {msg}", param=param)
+    if isinstance(exc, json.JSONDecodeError | UnicodeDecodeError):
+        return GatewayError(400, f"malformed JSON body: {exc}")
+    if isinstance(exc, RecursionError):
+        return GatewayError(400, "malformed JSON body: nested too deeply")
+    if isinstance(exc, UpstreamFailed):
+        return GatewayError(502, f"all replicas failed: {exc}", code="upstream_failed")
+    log.exception("unexpected error on the request path", exc_info=exc)
+    return GatewayError(500, f"internal error: {type(exc).__name__}")
+
+
+def error_response(exc: BaseException) -> Response:
+    """The response for any failure (a worker's own 5xx answer is passed on as it came)."""
+    if isinstance(exc, UpstreamFailed) and exc.status is not None:
+        return Response(exc.body, exc.status, media_type="application/json")
+    err = as_gateway_error(exc)
+    body = error_body(err.status, err.message, param=err.param, code=err.code)
+    return Response(
+        json.dumps(body).encode(), err.status, headers=err.headers, media_type="application/json"
+    )

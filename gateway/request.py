@@ -1,0 +1,246 @@
+"""ProxyRequest: one request from admission to release, and everything the gateway knows about it.
+
+It owns the parsed request (the one source of truth: the forwarded body is derived from it once,
+in `payload`), its rendering and block keys, the ranked replicas, and the replica holding its
+slot with the load charged there. `release` is the one place the slot is given back.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import xxhash
+
+from cachekey.keys import HashNamespace, block_keys, clamp_match
+from cachekey.types import BlockKey, Prompt
+from gateway import accounting
+from gateway.errors import GatewayError
+from gateway.images import pin_images
+from gateway.index import ReplicaId
+from gateway.policies import Policy, RouteContext
+from gateway.protocol import ChatCompletionRequest, CompletionRequest
+from gateway.replicas import Replica
+from gateway.state import GatewayState
+
+POLICY_HEADER = "x-kvgate-routing-policy"
+# A text-only request up to this many characters (or token ids) renders on the event loop: it
+# costs less than the hop to a render thread and back (docs/benchmarks.md, Gateway overhead).
+INLINE_RENDER_CHARS = 4096
+
+OpenAIRequest = ChatCompletionRequest | CompletionRequest
+
+
+def render_request(renderer, req: OpenAIRequest, ns: HashNamespace) -> tuple[Prompt, list]:
+    """Prompt and block keys of a request (runs in the render thread pool)."""
+    if isinstance(req, ChatCompletionRequest):
+        prompt = renderer.render_chat(
+            req.messages,
+            add_generation_prompt=req.add_generation_prompt,
+            tools=req.tools,
+            chat_template_kwargs=req.chat_template_kwargs,
+        )
+    else:
+        p = req.prompt
+        if isinstance(p, list) and p and not isinstance(p[0], int):
+            p = p[0]  # a batch is routed by its first prompt
+        prompt = renderer.render_completion(p)
+    return prompt, block_keys(prompt.token_ids, ns, prompt.mm_items, None, req.cache_salt)
+
+
+@dataclass(slots=True, eq=False)
+class ProxyRequest:
+    state: GatewayState
+    endpoint: str
+    body: OpenAIRequest
+    headers: Mapping[str, str]
+    policy_name: str
+    policy: Policy
+    candidates: list[Replica]
+    ns: HashNamespace
+    wants_usage: bool = False  # the client asked for the usage chunk of a stream
+    admitted: bool = False
+    prompt: Prompt = field(default_factory=lambda: Prompt([]))
+    keys: list[BlockKey] = field(default_factory=list)
+    matched: dict[ReplicaId, int] = field(default_factory=dict)
+    ranked: list[Replica] = field(default_factory=list)
+    replica: Replica | None = None  # holds the slot
+    predicted: int = 0  # cached tokens expected on `replica`
+    released: bool = False
+
+    @classmethod
+    def route(
+        cls, state: GatewayState, endpoint: str, body: OpenAIRequest, headers: Mapping[str, str]
+    ) -> ProxyRequest:
+        """The policy and the candidate replicas of a parsed request (404/503 when none)."""
+        name = headers.get(POLICY_HEADER) or state.config.policy
+        policy = state.policies.get(name)
+        if policy is None:
+            raise GatewayError(400, f"unknown routing policy {name!r}", param=POLICY_HEADER)
+        candidates = _candidates(state, body.model)
+        ns = state.namespace_for(candidates)
+        if not candidates or ns is None:
+            raise GatewayError(
+                503,
+                f"no healthy worker{f' for model `{body.model}`' if body.model else ''}: "
+                + state.replicas.describe(body.model),
+                code="no_healthy_worker",
+            )
+        wants_usage = bool((body.stream_options or {}).get("include_usage"))
+        return cls(state, endpoint, body, headers, name, policy, candidates, ns, wants_usage)
+
+    # -- the stages, in order ----------------------------------------------------------------
+
+    async def admit(self) -> None:
+        await self.state.admission.admit(self.candidates)
+        self.admitted = True
+
+    async def render(self) -> None:
+        st = self.state
+        t0 = time.perf_counter()
+        try:
+            renderer = await st.get_renderer()
+        except RuntimeError as e:  # the render assets could not be loaded
+            raise GatewayError(503, str(e), code="assets_unavailable") from e
+        if _is_small_text(self.body):
+            self.prompt, self.keys = render_request(renderer, self.body, self.ns)
+        else:
+            self.prompt, self.keys = await st.render_queue.run(
+                render_request, renderer, self.body, self.ns
+            )
+        st.metrics.render_seconds.observe(time.perf_counter() - t0)
+
+    async def rank(self) -> None:
+        """Rank the candidates and take a slot on the best one with room."""
+        st = self.state
+        t0 = time.perf_counter()
+        bs = self.ns.block_size
+        keys = self.keys
+        self.matched = st.index.match(keys, [r.id for r in self.candidates if r.parity_ok])
+        seed = (
+            keys[0] if keys else xxhash.xxh3_128_digest(repr(self.prompt.token_ids[:bs]).encode())
+        )
+        ctx = RouteContext(
+            self.candidates, keys, len(self.prompt), bs, self.matched, self.headers, seed
+        )
+        ranked = await self.policy.rank(ctx)
+        st.metrics.routing_seconds.observe(time.perf_counter() - t0)
+        self.admitted = False  # place() turns the claim into a slot, or gives it up
+        rep = await st.admission.place(ranked)
+        self.ranked = [rep, *(r for r in ranked if r is not rep)]
+        self._charge(rep)
+
+    def payload(self) -> bytes:
+        """The body to forward, derived once from the parsed request."""
+        b = self.body
+        if isinstance(b, ChatCompletionRequest):
+            pin_images(b.messages, self.prompt)
+        if b.stream:  # always read the usage chunk; the relay hides it unless asked for
+            b.stream_options = {**(b.stream_options or {}), "include_usage": True}
+        return b.model_dump_json(exclude_unset=True).encode()
+
+    def retry_elsewhere(self, tried: set[ReplicaId], give_up: bool) -> Replica | None:
+        """After a failed attempt the slot moves to the next-ranked replica with room (or,
+        when no attempt is left, is given back)."""
+        rep = self.replica
+        assert rep is not None
+        self._uncharge(rep)
+        rest = [] if give_up else [r for r in self.ranked if r.id not in tried]
+        nxt = self.replica = self.state.admission.move(rep, rest)
+        if nxt is not None:
+            self._charge(nxt)
+        return nxt
+
+    def release(self, status: str, usage: dict | None = None) -> None:
+        """The one place the slot is given back and the request's outcome recorded."""
+        if self.released:
+            return
+        self.released = True
+        st, rep = self.state, self.replica
+        if rep is None:
+            if self.admitted:
+                st.admission.withdraw()
+            accounting.answered_here(st, self.policy_name, status)
+            return
+        self._uncharge(rep)
+        st.admission.release(rep)
+        accounting.finished(
+            st, rep, self.policy_name, status, len(self.prompt), self.predicted, usage
+        )
+
+    # -- load charged to the replica holding the slot ---------------------------------------
+
+    def _predicted_for(self, rep: Replica) -> int:
+        """The worker's cache hit we expect: the match, clamped as the worker clamps it."""
+        if not rep.parity_ok:
+            return 0
+        bs = self.ns.block_size
+        n = self.matched.get(rep.id, 0) * bs
+        return clamp_match(n, len(self.prompt), bs, self.prompt.mm_items)
+
+    def _charge(self, rep: Replica) -> None:
+        st = self.state
+        self.replica = rep
+        self.predicted = self._predicted_for(rep)
+        uncached = len(self.prompt) - self.predicted
+        rep.in_flight_prefill_tokens += uncached
+        rep.add_recent_prefill(uncached, time.monotonic(), st.config.recent_half_life)
+        if rep.parity_ok:
+            st.index.add_speculative(rep.id, self.keys)
+
+    def _uncharge(self, rep: Replica) -> None:
+        rep.in_flight_prefill_tokens -= len(self.prompt) - self.predicted
+
+
+def _is_small_text(req: OpenAIRequest) -> bool:
+    """Text only (no images, no tools) and at most INLINE_RENDER_CHARS characters in all."""
+    budget = INLINE_RENDER_CHARS
+    if isinstance(req, CompletionRequest):
+        p = req.prompt
+        if isinstance(p, list) and p and not isinstance(p[0], int):
+            p = p[0]
+        return len(p) <= budget
+    if req.tools:
+        return False
+    for msg in req.messages:
+        content = msg.get("content")
+        if isinstance(content, str):
+            budget -= len(content)
+        elif isinstance(content, list):
+            for part in content:
+                if not isinstance(part, dict) or part.get("type") != "text":
+                    return False
+                text = part.get("text")
+                budget -= len(text) if isinstance(text, str) else 0
+        if budget < 0:
+            return False
+    return True
+
+
+def _candidates(state: GatewayState, model: str | None) -> list[Replica]:
+    """The available replicas serving `model` (404 for a model no known worker serves)."""
+    candidates = state.replicas.available()
+    if model:
+        serving = [r for r in candidates if r.model == model]
+        if serving or not candidates:
+            return serving
+        known = sorted({r.model for r in state.replicas.replicas.values() if r.model})
+        if model not in known:
+            raise GatewayError(
+                404,
+                f"The model `{model}` does not exist. Served models: "
+                + ", ".join(f"`{m}`" for m in known),
+                param="model",
+                code="model_not_found",
+            )
+        return serving
+    served = {r.model for r in candidates}
+    if len(served) > 1:
+        raise GatewayError(
+            400,
+            "`model` is required: this gateway serves "
+            + ", ".join(f"`{m}`" for m in sorted(m for m in served if m)),
+            param="model",
+        )
+    return candidates

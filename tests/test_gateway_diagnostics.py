@@ -1,0 +1,128 @@
+"""A gateway that says what is wrong: unreachable workers are logged (rate-limited) until they
+come up, and 503s and /v1/models name every worker and why it takes no traffic."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import httpx
+import pytest
+
+from bench.cluster import HOST, Cluster, ClusterSpec, Proc, free_port
+from gateway.config import GatewayConfig
+from gateway.index import BlockIndex
+from gateway.metrics import GatewayMetrics
+from gateway.replicas import Replica, ReplicaSet
+
+
+def _wait_for(pred, timeout: float = 30.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _get(url: str) -> httpx.Response | None:
+    try:
+        return httpx.get(url, timeout=5)
+    except httpx.HTTPError:
+        return None
+
+
+def test_unreachable_worker_named_until_it_comes_up(tmp_path) -> None:
+    c = Cluster(ClusterSpec(workers=1, engine="sim", log_dir=tmp_path))
+    worker = c.make_worker(0)  # its port is chosen; the process is not started yet
+    port = free_port()
+    gw = Proc(
+        "gateway",
+        ["-m", "gateway", "--workers", worker.url, "--host", HOST, "--port", str(port),
+         "--poll-interval", "0.2"],
+        port,
+        tmp_path / "gateway.log",
+    )  # fmt: skip
+    gw.start()
+    try:
+        health = _wait_for(lambda: _get(f"{gw.url}/health"), what="the gateway to listen")
+        assert health.status_code == 503
+        chat = httpx.post(
+            f"{gw.url}/v1/chat/completions",
+            json={"model": "demo", "messages": [{"role": "user", "content": "hi"}]},
+            timeout=10,
+        )
+        models = httpx.get(f"{gw.url}/v1/models", timeout=10)
+        for r in (health, chat, models):
+            assert r.status_code == 503, r.text
+            err = r.json()["error"]
+            assert (err["type"], err["code"]) == ("server_error", "no_healthy_worker")
+            assert f"{worker.url} (unreachable: ConnectError" in err["message"], err["message"]
+        log = gw.log_path.read_text()
+        line = f"worker {worker.url} takes no traffic: unreachable: ConnectError"
+        assert log.count(line) == 1, log  # logged at once, then only every 30 s
+        worker.start()
+        worker.wait_healthy(60)
+        _wait_for(lambda: (r := _get(f"{gw.url}/health")) and r.status_code == 200, what="up")
+        assert f"replica {worker.url} healthy" in gw.log_path.read_text()
+        ok = httpx.post(
+            f"{gw.url}/v1/chat/completions",
+            json={
+                "model": "demo",
+                "max_tokens": 2,
+                "messages": [{"role": "user", "content": "hi"}],
+            },
+            timeout=30,
+        )
+        assert ok.status_code == 200, ok.text
+    finally:
+        gw.kill()
+        worker.kill()
+
+
+def test_down_worker_is_logged_again_only_after_the_rate_limit(caplog) -> None:
+    """Real polls of a closed port: the first is logged, the next ones not until 30 s passed."""
+    url = f"http://{HOST}:{free_port()}"
+
+    async def scenario() -> None:
+        http = httpx.AsyncClient()
+        replicas = ReplicaSet(
+            GatewayConfig(connect_timeout=1.0), BlockIndex(), GatewayMetrics(), http
+        )
+        rep = replicas.replicas[url] = Replica(url, url)
+        try:
+            for _ in range(3):
+                await replicas.poll_once(rep)
+            assert "unreachable: ConnectError" in (rep.down_reason or "")
+            assert caplog.text.count(f"worker {url} takes no traffic") == 1
+            rep.warned_at -= 31.0  # as if the rate limit's 30 s had passed
+            await replicas.poll_once(rep)
+            assert caplog.text.count(f"worker {url} takes no traffic") == 2
+        finally:
+            await replicas.close()
+            await http.aclose()
+
+    with caplog.at_level(logging.WARNING, logger="gateway.replicas"):
+        asyncio.run(scenario())
+
+
+def test_no_workers_at_all_is_a_warning(caplog) -> None:
+    from gateway.app import create_app
+
+    with caplog.at_level(logging.WARNING, logger="gateway.app"):
+        create_app(GatewayConfig())
+    assert "no workers: start the gateway with --workers" in caplog.text
+
+
+@pytest.mark.parametrize("ejected", [False, True])
+def test_describe_names_health_reasons(ejected: bool) -> None:
+    rep = Replica("http://w0", "http://w0", healthy=False, down_reason="/health 503: engine dead")
+    if ejected:
+        rep.ejected_until = time.monotonic() + 60
+        rep.down_reason = "ejected after 3 failures in a row (last: HTTP 500)"
+    text = rep.describe(time.monotonic())
+    assert text == f"http://w0 ({rep.down_reason})"
+    rep.healthy, rep.parity_ok, rep.ejected_until = True, False, 0.0
+    assert "parity mismatch" in rep.describe(time.monotonic())
