@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from bench.cluster import free_port  # noqa: F401 (tests import it from here)
 
 
 @pytest.fixture(scope="session")
