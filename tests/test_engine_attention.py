@@ -1,13 +1,27 @@
-"""PagedAttentionContext against dense causal attention: chunks, prefixes, GQA, batched decode."""
+"""Paged attention against dense causal attention: chunks, prefixes, GQA, batched decode, and
+every decode kernel (the Triton one in Triton's interpreter on the CPU) against the reference."""
 
 from __future__ import annotations
 
+import json
+import math
+import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from worker.engine.paged_attention import PagedAttentionContext, SeqSpan
+import worker.engine.triton_decode as triton_decode
+from worker.engine.decode_attention import paged_decode_reference, select_decode_fn
+from worker.engine.paged_attention import (
+    DecodeContext,
+    DecodeRows,
+    PagedAttentionContext,
+    PrefillSpan,
+)
 from worker.models.attention import causal_attention
 
 BS, LAYERS, HEADS, KV_HEADS, DIM, BLOCKS = 4, 2, 4, 2, 8, 64
@@ -18,8 +32,35 @@ def slots_of(table: list[int], n: int) -> torch.Tensor:
     return (t[:, None] * BS + torch.arange(BS)).flatten()[:n]
 
 
+def naive_attention(q, k, v, scale: float, q_start: int) -> torch.Tensor:
+    """Softmax attention written out in float64 (no SDPA), GQA by head index."""
+    group = q.shape[1] // k.shape[1]
+    k = k.double().repeat_interleave(group, 1)
+    v = v.double().repeat_interleave(group, 1)
+    scores = torch.einsum("qhd,khd->hqk", q.double(), k) * scale
+    pos_q = torch.arange(q_start, q_start + q.shape[0])[:, None]
+    scores = scores.masked_fill(torch.arange(k.shape[0])[None, :] > pos_q, -math.inf)
+    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).to(q.dtype)
+
+
+@pytest.mark.parametrize("q_start", [0, 5, 17])
+def test_causal_attention_aligns_the_mask_to_the_end_of_the_keys(q_start: int) -> None:
+    torch.manual_seed(q_start)
+    q = torch.randn(6, HEADS, DIM)
+    k = torch.randn(q_start + 6, KV_HEADS, DIM)
+    v = torch.randn(q_start + 6, KV_HEADS, DIM)
+    got = causal_attention(q, k, v, 0.4, q_start=q_start)
+    torch.testing.assert_close(got, naive_attention(q, k, v, 0.4, q_start), atol=1e-5, rtol=1e-5)
+
+
+def test_causal_attention_rejects_mismatched_keys() -> None:
+    with pytest.raises(ValueError, match="cannot serve"):
+        causal_attention(torch.zeros(3, 4, 8), torch.zeros(4, 2, 8), torch.zeros(4, 2, 8), 1.0, 2)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_chunked_paged_attention_equals_dense(dtype: torch.dtype) -> None:
+    """Mixed steps: prefill chunks (fresh and after a prefix) and one-token rows side by side."""
     rng = random.Random(0)
     torch.manual_seed(0)
     lengths = [13, 7, 22]
@@ -33,9 +74,10 @@ def test_chunked_paged_attention_equals_dense(dtype: torch.dtype) -> None:
     kv = torch.zeros((LAYERS, 2, BLOCKS, BS, KV_HEADS, DIM), dtype=dtype)
     done = [0, 0, 0]
     got: list[list[torch.Tensor]] = [[], [], []]
-    # Every sequence advances by a different chunk size each step; decode-like 1-token steps too.
+    saw_mixed = False
     while any(d < n for d, n in zip(done, lengths, strict=True)):
         spans, qs, ks, vs, slot_parts, owners = [], [], [], [], [], []
+        d_rows, d_tables, d_lens = [], [], []
         row = 0
         for i, n in enumerate(lengths):
             if done[i] == n:
@@ -43,44 +85,122 @@ def test_chunked_paged_attention_equals_dense(dtype: torch.dtype) -> None:
             step = min(n - done[i], rng.choice([1, 1, 3, 5, 9]))
             lo, hi = done[i], done[i] + step
             all_slots = slots_of(tables[i], hi)
-            spans.append(SeqSpan(row, step, hi, all_slots))
+            if step == 1 and lo > 0:
+                d_rows.append(row)
+                d_tables.append(tables[i])
+                d_lens.append(hi)
+            else:
+                spans.append(PrefillSpan(row, step, hi, all_slots if lo else None))
             slot_parts.append(all_slots[lo:hi])
             qs.append(q_all[i][lo:hi])
             ks.append(k_all[i][lo:hi])
             vs.append(v_all[i][lo:hi])
-            owners.append((i, step))
+            owners.append((i, row, step))
             row += step
             done[i] = hi
-        ctx = PagedAttentionContext(kv, torch.cat(slot_parts), spans)
+        decodes = None
+        if d_rows:
+            width = max(len(t) for t in d_tables)
+            padded = torch.tensor([t + [0] * (width - len(t)) for t in d_tables])
+            decodes = DecodeRows(torch.tensor(d_rows), padded, torch.tensor(d_lens))
+            saw_mixed |= bool(spans)
+        ctx = PagedAttentionContext(
+            kv, torch.cat(slot_parts), spans, decodes, paged_decode_reference
+        )
         q, k, v = torch.cat(qs), torch.cat(ks), torch.cat(vs)
         for layer in range(LAYERS):
             out = ctx.attend(layer, q, k, v, 0.3)
-        for (i, step), span in zip(owners, spans, strict=True):
-            got[i].append(out[span.q_start : span.q_start + step])
+        for i, start, step in owners:
+            got[i].append(out[start : start + step])
+    assert saw_mixed  # the schedule above did mix prefill chunks and decode rows in one step
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     for i in range(len(lengths)):
         torch.testing.assert_close(torch.cat(got[i]), expected[i], atol=tol, rtol=tol)
 
 
-def test_batched_decode_path_is_used_and_exact() -> None:
+def test_decode_context_writes_in_place_and_attends_through_tables() -> None:
     torch.manual_seed(1)
     kv = torch.randn((1, 2, BLOCKS, BS, KV_HEADS, DIM))
-    tables, lengths = [[5, 9, 2], [40], [7, 8]], [11, 3, 6]
-    spans = [
-        SeqSpan(i, 1, n, slots_of(t, n))
-        for i, (t, n) in enumerate(zip(tables, lengths, strict=True))
-    ]
-    new_slots = torch.stack([s.slots[-1] for s in spans])
-    ctx = PagedAttentionContext(kv, new_slots, spans)
-    assert ctx._decode_gather is not None
+    tables, lengths = [[5, 9, 2], [40, 0, 0], [7, 8, 0]], [11, 3, 6]
+    last = torch.stack([slots_of(t, n)[-1] for t, n in zip(tables, lengths, strict=True)])
+    ctx = DecodeContext(
+        kv, last, torch.tensor(tables), torch.tensor(lengths), paged_decode_reference
+    )
     q = torch.randn(3, HEADS, DIM)
     k = torch.randn(3, KV_HEADS, DIM)
     v = torch.randn(3, KV_HEADS, DIM)
     out = ctx.attend(0, q, k, v, 0.5)
     flat_k, flat_v = kv[0, 0].view(-1, KV_HEADS, DIM), kv[0, 1].view(-1, KV_HEADS, DIM)
-    for i, span in enumerate(spans):
-        assert torch.equal(flat_k[span.slots[-1]], k[i])  # the new token was written in place
-        ref = causal_attention(
-            q[i : i + 1], flat_k[span.slots], flat_v[span.slots], 0.5, q_start=span.context_len - 1
-        )
+    for i, (table, n) in enumerate(zip(tables, lengths, strict=True)):
+        slots = slots_of(table, n)
+        assert torch.equal(flat_k[slots[-1]], k[i])  # the new token was written in place
+        ref = naive_attention(q[i : i + 1], flat_k[slots], flat_v[slots], 0.5, n - 1)
         torch.testing.assert_close(out[i : i + 1], ref, atol=1e-5, rtol=1e-5)
+
+
+def test_reference_is_the_choice_on_cpu() -> None:
+    name, fn = select_decode_fn("auto", torch.device("cpu"), 16, 64, 8)
+    assert (name, fn) == ("reference", paged_decode_reference)
+    with pytest.raises(ValueError, match="decode attention must be one of"):
+        select_decode_fn("flash", torch.device("cpu"), 16, 64, 8)
+
+
+# --- the Triton kernel -------------------------------------------------------------------------
+
+
+TRITON_CASES = {
+    # heads, kv heads, head dim, block size, splits
+    "gqa": (4, 2, 32, 16, 1),
+    "gqa_splits_odd_dim": (8, 2, 24, 4, 3),
+    "mha_more_splits_than_pages": (4, 4, 16, 16, 4),
+}
+
+
+def triton_errors(device: str) -> dict[str, float]:
+    """Max |triton - reference| per case and dtype, over scattered tables and ragged lengths."""
+    errors = {}
+    for case, (heads, kv_heads, dim, block_size, splits) in sorted(TRITON_CASES.items()):
+        for dtype in (torch.float32, torch.bfloat16):
+            gen = torch.Generator().manual_seed(7)
+            num_blocks, pages = 24, 6
+            shape = (num_blocks, block_size, kv_heads, dim)
+            k_cache = torch.randn(shape, generator=gen).to(device, dtype)
+            v_cache = torch.randn(shape, generator=gen).to(device, dtype)
+            lens = torch.tensor([1, block_size + 3, pages * block_size, 2], device=device)
+            perms = [torch.randperm(num_blocks, generator=gen)[:pages] for _ in lens]
+            tables = torch.stack(perms).to(device)
+            q = torch.randn(len(lens), heads, dim, generator=gen).to(device, dtype)
+            got = triton_decode.paged_decode_triton(q, k_cache, v_cache, tables, lens, 0.3, splits)
+            ref = paged_decode_reference(q, k_cache, v_cache, tables, lens, 0.3)
+            assert got.dtype == dtype and got.shape == ref.shape
+            errors[f"{case}/{str(dtype)[6:]}"] = (got.float() - ref.float()).abs().max().item()
+    return errors
+
+
+def test_triton_decode_matches_reference() -> None:
+    """On CUDA the compiled kernel; on the CPU the same kernel in Triton's interpreter, in a
+    fresh interpreter process (TRITON_INTERPRET must be set before triton is first imported)."""
+    if torch.cuda.is_available():
+        errors = triton_errors("cuda")
+    else:
+        code = (
+            "import json, sys; sys.path.insert(0, sys.argv[1]); import test_engine_attention as t;"
+            " print(json.dumps(t.triton_errors('cpu')))"
+        )
+        env = dict(os.environ, TRITON_INTERPRET="1")
+        tests_dir = str(Path(__file__).parent)
+        proc = subprocess.run(
+            [sys.executable, "-c", code, tests_dir], env=env, capture_output=True, text=True
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        errors = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(errors) == 2 * len(TRITON_CASES)
+    for name, err in errors.items():
+        assert err <= (1e-5 if name.endswith("float32") else 2e-2), (name, err)
+
+
+def test_triton_split_count_covers_the_gpu() -> None:
+    assert triton_decode.num_splits_for(1, 8, 132) == 16
+    assert triton_decode.num_splits_for(64, 8, 132) == 1
+    assert triton_decode.num_splits_for(16, 8, 132) == 3
+    assert triton_decode.supports(16, 128) and not triton_decode.supports(12, 128)

@@ -8,11 +8,10 @@ from pathlib import Path
 _ENGINES = ("torch", "sim")
 _DEVICES = ("auto", "cpu", "cuda")
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
+DECODE_BACKENDS = ("auto", "reference", "triton")
 
 # On CPU the KV cache gets a fixed, modest budget: the host runs other things too.
 CPU_KV_CACHE_BYTES = 256 * 1024 * 1024
-# On CUDA the KV cache takes this fraction of the memory free after the weights are loaded.
-CUDA_KV_CACHE_FRACTION = 0.8
 # The sim engine has no tensors; without num_blocks it pretends to have this many.
 SIM_DEFAULT_NUM_BLOCKS = 8192
 
@@ -27,6 +26,13 @@ class EngineConfig:
     block_size: int = 16
     num_blocks: int | None = None
     kv_cache_memory_bytes: int | None = None
+    # CUDA: the fraction of the GPU's memory this engine may use in all (weights, the activation
+    # peak of a profiled maximum-size step, the KV cache); the KV cache gets the rest.
+    gpu_memory_utilization: float = 0.9
+    # CUDA: run decode steps eagerly instead of replaying captured CUDA graphs.
+    enforce_eager: bool = False
+    # Decode attention kernel: auto (triton on CUDA, reference elsewhere), reference, triton.
+    decode_attention: str = "auto"
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None
@@ -44,6 +50,11 @@ class EngineConfig:
         _choice("engine", self.engine, _ENGINES)
         _choice("device", self.device, _DEVICES)
         _choice("dtype", self.dtype, _DTYPES)
+        _choice("decode_attention", self.decode_attention, DECODE_BACKENDS)
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}"
+            )
         _positive("block_size", self.block_size)
         _positive("max_num_seqs", self.max_num_seqs)
         _positive("max_num_batched_tokens", self.max_num_batched_tokens)

@@ -1,0 +1,99 @@
+"""KV cache sizing from a profiled step, as vLLM's profile_run does.
+
+The runner runs one step of the largest size the scheduler can produce (max_num_batched_tokens
+tokens, sampling max_num_seqs rows) before the KV cache exists and measures the memory that step
+needed on top of the weights. The KV cache then gets what is left of
+`gpu_memory_utilization * total` after everything already in use (weights, CUDA context, other
+processes) and that activation peak.
+
+On CUDA the peak comes from the caching allocator's statistics. Elsewhere `LiveTensorBytes`
+counts the storages that the step's tensor ops create and frees as they die: the same real step,
+measured without a device allocator (kernel-internal scratch is not visible to it).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+
+class LiveTensorBytes(TorchDispatchMode):
+    """Peak bytes of tensor storages allocated by ops run under this mode and still alive."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+        self._seen: set[int] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self._track(t.untyped_storage())
+        return out
+
+    def _track(self, storage: torch.UntypedStorage) -> None:
+        key = storage.data_ptr()
+        size = storage.nbytes()
+        if size == 0 or key in self._seen:
+            return
+        self._seen.add(key)
+        self.live += size
+        self.peak = max(self.peak, self.live)
+        weakref.finalize(storage, self._release, key, size)
+
+    def _release(self, key: int, size: int) -> None:
+        self._seen.discard(key)
+        self.live -= size
+
+
+def step_peak_bytes(run_step: Callable[[], object], device: torch.device) -> int:
+    """Memory a step needs beyond what is allocated before it (its activation peak)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        run_step()
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - before
+    with LiveTensorBytes() as meter:
+        result = run_step()
+        del result
+    return meter.peak
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryBudget:
+    total: int  # device memory
+    in_use: int  # used by anything now: weights, context, other processes
+    activation_peak: int  # the profiled step's need on top of that
+    utilization: float  # the fraction of `total` this engine may use
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return int(self.total * self.utilization) - self.in_use - self.activation_peak
+
+
+def cuda_budget(device: torch.device, activation_peak: int, utilization: float) -> MemoryBudget:
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(device)
+    return MemoryBudget(total, total - free, activation_peak, utilization)
+
+
+def num_kv_blocks(budget: MemoryBudget, bytes_per_block: int) -> int:
+    kv_bytes = budget.kv_cache_bytes
+    if kv_bytes < bytes_per_block:
+        raise ValueError(
+            f"no memory left for the KV cache: {budget.utilization:.2f} of {budget.total} B, "
+            f"minus {budget.in_use} B in use and a {budget.activation_peak} B step peak, "
+            f"leaves {kv_bytes} B (one block needs {bytes_per_block} B); raise "
+            "gpu_memory_utilization or lower max_num_batched_tokens"
+        )
+    return kv_bytes // bytes_per_block
