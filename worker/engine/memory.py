@@ -23,33 +23,48 @@ from torch.utils._pytree import tree_leaves
 
 
 class LiveTensorBytes(TorchDispatchMode):
-    """Peak bytes of tensor storages allocated by ops run under this mode and still alive."""
+    """Peak bytes of tensor storages allocated by ops run under this mode and still alive.
+
+    Storages an op reads that were not allocated under the mode (weights, caches, inputs) are
+    foreign: views of them and in-place results are not new memory.
+    """
 
     def __init__(self) -> None:
         super().__init__()
         self.live = 0
         self.peak = 0
-        self._seen: set[int] = set()
+        self._owned: set[int] = set()
+        self._foreign: set[int] = set()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        for t in tree_leaves((args, kwargs)):
+            if isinstance(t, torch.Tensor):
+                self._note_foreign(t.untyped_storage())
         out = func(*args, **(kwargs or {}))
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
-                self._track(t.untyped_storage())
+                self._note_new(t.untyped_storage())
         return out
 
-    def _track(self, storage: torch.UntypedStorage) -> None:
+    def _note_foreign(self, storage: torch.UntypedStorage) -> None:
+        key = storage.data_ptr()
+        if key in self._owned or key in self._foreign:
+            return
+        self._foreign.add(key)
+        weakref.finalize(storage, self._foreign.discard, key)
+
+    def _note_new(self, storage: torch.UntypedStorage) -> None:
         key = storage.data_ptr()
         size = storage.nbytes()
-        if size == 0 or key in self._seen:
+        if size == 0 or key in self._owned or key in self._foreign:
             return
-        self._seen.add(key)
+        self._owned.add(key)
         self.live += size
         self.peak = max(self.peak, self.live)
         weakref.finalize(storage, self._release, key, size)
 
     def _release(self, key: int, size: int) -> None:
-        self._seen.discard(key)
+        self._owned.discard(key)
         self.live -= size
 
 

@@ -103,6 +103,7 @@ class ModelRunner:
         budget = config.kv_cache_memory_bytes
         if budget is None and self.device.type == "cuda":
             peak = self.profile_max_step(config.max_num_batched_tokens, config.max_num_seqs)
+            peak += self.prefix_gather_bytes(config.max_model_len or self.max_model_len)
             memory = cuda_budget(self.device, peak, config.gpu_memory_utilization)
             blocks = num_kv_blocks(memory, per_block) - 1
             logger.info("profiled step peak %.2f GiB; %d KV blocks", peak / 2**30, blocks)
@@ -113,6 +114,11 @@ class ModelRunner:
         if blocks < 1:
             raise ValueError(f"the KV cache budget holds no block of {per_block} B")
         return blocks
+
+    def prefix_gather_bytes(self, max_len: int) -> int:
+        """A chunk after a cached prefix reads back one layer's K and V for its whole context,
+        which the profiled fresh prefill does not: the longest context's worth, added."""
+        return self.info.kv_bytes_per_token() // self.info.num_layers * max_len
 
     @torch.inference_mode()
     def profile_max_step(self, num_tokens: int, num_seqs: int) -> int:

@@ -35,9 +35,12 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool) -> Tensor:
         return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=gqa)
     if num_q == num_k:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
-    return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=causal_lower_right(num_q, num_k), scale=scale, enable_gqa=gqa
-    )
+    if q.device.type == "cuda":  # flash / memory-efficient kernels with the lower-right variant
+        mask = causal_lower_right(num_q, num_k)
+    else:  # what causal_lower_right materialises off CUDA anyway
+        offset = num_k - num_q
+        mask = torch.ones(num_q, num_k, dtype=torch.bool, device=q.device).tril(offset)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
 
 
 def causal_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, q_start: int = 0) -> Tensor:
