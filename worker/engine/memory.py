@@ -3,8 +3,10 @@
 The runner runs one step of the largest size the scheduler can produce (max_num_batched_tokens
 tokens, sampling max_num_seqs rows) before the KV cache exists and measures the memory that step
 needed on top of the weights. The KV cache then gets what is left of
-`gpu_memory_utilization * total` after everything already in use (weights, CUDA context, other
-processes) and that activation peak.
+`gpu_memory_utilization * total` after what this engine took since it started (weights, allocator
+slack) and that activation peak. As in vLLM, the fraction is this engine's share of the device:
+other processes' memory does not count against it, but the engine refuses to start when less than
+its share is free (so several workers can share one GPU with a fraction each).
 
 On CUDA the peak comes from the caching allocator's statistics. Elsewhere `LiveTensorBytes`
 counts the storages that the step's tensor ops create and frees as they die: the same real step,
@@ -87,7 +89,7 @@ def step_peak_bytes(run_step: Callable[[], object], device: torch.device) -> int
 @dataclass(frozen=True, slots=True)
 class MemoryBudget:
     total: int  # device memory
-    in_use: int  # used by anything now: weights, context, other processes
+    in_use: int  # taken by this engine since it started: weights, allocator slack
     activation_peak: int  # the profiled step's need on top of that
     utilization: float  # the fraction of `total` this engine may use
 
@@ -96,10 +98,23 @@ class MemoryBudget:
         return int(self.total * self.utilization) - self.in_use - self.activation_peak
 
 
-def cuda_budget(device: torch.device, activation_peak: int, utilization: float) -> MemoryBudget:
+def cuda_free_at_start(device: torch.device, utilization: float) -> int:
+    """Free device memory before the engine loads anything; raises if its share is not free."""
+    free, total = torch.cuda.mem_get_info(device)
+    if free < utilization * total:
+        raise ValueError(
+            f"gpu_memory_utilization {utilization} asks for {utilization * total / 2**30:.1f} GiB "
+            f"but only {free / 2**30:.1f} GiB of the GPU are free; lower it"
+        )
+    return free
+
+
+def cuda_budget(
+    device: torch.device, free_at_start: int, activation_peak: int, utilization: float
+) -> MemoryBudget:
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(device)
-    return MemoryBudget(total, total - free, activation_peak, utilization)
+    return MemoryBudget(total, free_at_start - free, activation_peak, utilization)
 
 
 def num_kv_blocks(budget: MemoryBudget, bytes_per_block: int) -> int:
@@ -107,7 +122,7 @@ def num_kv_blocks(budget: MemoryBudget, bytes_per_block: int) -> int:
     if kv_bytes < bytes_per_block:
         raise ValueError(
             f"no memory left for the KV cache: {budget.utilization:.2f} of {budget.total} B, "
-            f"minus {budget.in_use} B in use and a {budget.activation_peak} B step peak, "
+            f"minus {budget.in_use} B of weights and a {budget.activation_peak} B step peak, "
             f"leaves {kv_bytes} B (one block needs {bytes_per_block} B); raise "
             "gpu_memory_utilization or lower max_num_batched_tokens"
         )

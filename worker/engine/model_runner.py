@@ -18,7 +18,12 @@ from worker.engine.decode_attention import select_decode_fn
 from worker.engine.decode_runner import DecodeRunner
 from worker.engine.encoder_cache import EncoderCache
 from worker.engine.input_batch import prepare_inputs
-from worker.engine.memory import cuda_budget, num_kv_blocks, step_peak_bytes
+from worker.engine.memory import (
+    cuda_budget,
+    cuda_free_at_start,
+    num_kv_blocks,
+    step_peak_bytes,
+)
 from worker.engine.mm_inputs import VisionInputs
 from worker.engine.outputs import VisionCounters
 from worker.engine.paged_attention import PagedAttentionContext, PrefillSpan
@@ -38,6 +43,9 @@ class ModelRunner:
         if config.device == "cuda" and not torch.cuda.is_available():
             raise ValueError("device 'cuda' requested but CUDA is not available")
         self.device = resolve_device(config.device)
+        self._free_at_start = 0
+        if self.device.type == "cuda" and config.num_blocks is None:
+            self._free_at_start = cuda_free_at_start(self.device, config.gpu_memory_utilization)
         self.dtype = resolve_dtype(config.dtype, read_config(model_dir), self.device)
         self.model = load_model(model_dir, self.device, self.dtype)
         self.info = info = self.model.info
@@ -104,7 +112,9 @@ class ModelRunner:
         if budget is None and self.device.type == "cuda":
             peak = self.profile_max_step(config.max_num_batched_tokens, config.max_num_seqs)
             peak += self.prefix_gather_bytes(config.max_model_len or self.max_model_len)
-            memory = cuda_budget(self.device, peak, config.gpu_memory_utilization)
+            memory = cuda_budget(
+                self.device, self._free_at_start, peak, config.gpu_memory_utilization
+            )
             blocks = num_kv_blocks(memory, per_block) - 1
             logger.info("profiled step peak %.2f GiB; %d KV blocks", peak / 2**30, blocks)
         else:
