@@ -15,7 +15,11 @@ import pytest
 import torch
 
 import worker.engine.triton_decode as triton_decode
-from worker.engine.decode_attention import paged_decode_reference, select_decode_fn
+from worker.engine.decode_attention import (
+    ReferenceDecode,
+    paged_decode_reference,
+    select_decode_kernel,
+)
 from worker.engine.paged_attention import (
     DecodeContext,
     DecodeRows,
@@ -104,9 +108,7 @@ def test_chunked_paged_attention_equals_dense(dtype: torch.dtype) -> None:
             padded = torch.tensor([t + [0] * (width - len(t)) for t in d_tables])
             decodes = DecodeRows(torch.tensor(d_rows), padded, torch.tensor(d_lens))
             saw_mixed |= bool(spans)
-        ctx = PagedAttentionContext(
-            kv, torch.cat(slot_parts), spans, decodes, paged_decode_reference
-        )
+        ctx = PagedAttentionContext(kv, torch.cat(slot_parts), spans, decodes, ReferenceDecode())
         q, k, v = torch.cat(qs), torch.cat(ks), torch.cat(vs)
         for layer in range(LAYERS):
             out = ctx.attend(layer, q, k, v, 0.3)
@@ -123,9 +125,7 @@ def test_decode_context_writes_in_place_and_attends_through_tables() -> None:
     kv = torch.randn((1, 2, BLOCKS, BS, KV_HEADS, DIM))
     tables, lengths = [[5, 9, 2], [40, 0, 0], [7, 8, 0]], [11, 3, 6]
     last = torch.stack([slots_of(t, n)[-1] for t, n in zip(tables, lengths, strict=True)])
-    ctx = DecodeContext(
-        kv, last, torch.tensor(tables), torch.tensor(lengths), paged_decode_reference
-    )
+    ctx = DecodeContext(kv, last, torch.tensor(tables), torch.tensor(lengths), ReferenceDecode())
     q = torch.randn(3, HEADS, DIM)
     k = torch.randn(3, KV_HEADS, DIM)
     v = torch.randn(3, KV_HEADS, DIM)
@@ -139,10 +139,10 @@ def test_decode_context_writes_in_place_and_attends_through_tables() -> None:
 
 
 def test_reference_is_the_choice_on_cpu() -> None:
-    name, fn = select_decode_fn("auto", torch.device("cpu"), 16, 64, 8)
-    assert (name, fn) == ("reference", paged_decode_reference)
+    kernel = select_decode_kernel("auto", torch.device("cpu"), 16, 64, 8)
+    assert isinstance(kernel, ReferenceDecode) and kernel.name == "reference"
     with pytest.raises(ValueError, match="decode attention must be one of"):
-        select_decode_fn("flash", torch.device("cpu"), 16, 64, 8)
+        select_decode_kernel("flash", torch.device("cpu"), 16, 64, 8)
 
 
 # --- the Triton kernel -------------------------------------------------------------------------

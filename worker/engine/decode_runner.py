@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from worker.engine.decode_attention import DecodeFn
+from worker.engine.decode_attention import DecodeKernel
 from worker.engine.paged_attention import DecodeContext
 from worker.engine.scheduler import ScheduledSeq
 from worker.engine.staging import HostStager
@@ -39,7 +39,7 @@ class DecodeRunner:
         block_size: int,
         max_num_seqs: int,
         max_model_len: int,
-        decode_fn: DecodeFn,
+        kernel: DecodeKernel,
         stager: HostStager,
         pad_block: int,
         use_graphs: bool,
@@ -48,7 +48,7 @@ class DecodeRunner:
         self.kv_cache = kv_cache
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
-        self.decode_fn = decode_fn
+        self.kernel = kernel
         self.stager = stager
         self.pad_block = pad_block
         self.device = kv_cache.device
@@ -57,6 +57,10 @@ class DecodeRunner:
         self.tables = torch.zeros(
             (max_num_seqs, self.max_pages), dtype=torch.long, device=self.device
         )
+        # Host-side images of the buffers, filled in place each step.
+        self._host_small = np.zeros((4, max_num_seqs), dtype=np.int64)
+        self._host_tables = np.zeros((max_num_seqs, self.max_pages), dtype=np.int64)
+        self._pad_column = np.array([[0], [0], [pad_block * block_size], [1]], dtype=np.int64)
         self.buckets = batch_buckets(max_num_seqs) if use_graphs else []
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, Tensor]] = {}
 
@@ -69,26 +73,22 @@ class DecodeRunner:
 
     def stage(self, batch: list[ScheduledSeq], rows: int) -> int:
         """Fill the first `rows` rows of the buffers (padding past the batch); returns the widest
-        block table of the step."""
+        block table of the step. Table entries past a row's own length are stale: never read."""
         n, bs = len(batch), self.block_size
-        small = np.empty((4, rows), dtype=np.int64)
-        small[:, n:] = np.array([[0], [0], [self.pad_block * bs], [1]])
+        small, tables = self._host_small, self._host_tables
+        small[:, n:rows] = self._pad_column
+        tables[n:rows, 0] = self.pad_block
         width = 1
         for i, item in enumerate(batch):
             seq = item.seq
             pos = seq.num_computed_tokens
-            small[:, i] = (
-                seq.token_ids[pos],
-                pos,
-                seq.block_table[pos // bs] * bs + pos % bs,
-                pos + 1,
-            )
-            width = max(width, pos // bs + 1)
-        tables = np.full((rows, width), self.pad_block, dtype=np.int64)
-        for i, item in enumerate(batch):
-            table = item.seq.block_table[:width]
-            tables[i, : len(table)] = table
-        staged = self.stager.stage(np.concatenate([small.reshape(-1), tables.reshape(-1)]))
+            table = seq.block_table
+            pages = pos // bs + 1
+            small[:, i] = (seq.token_ids[pos], pos, table[pos // bs] * bs + pos % bs, pos + 1)
+            tables[i, :pages] = table[:pages]
+            width = max(width, pages)
+        packed = np.concatenate((small[:, :rows].ravel(), tables[:rows, :width].ravel()))
+        staged = self.stager.stage(packed)
         self.small[:, :rows].copy_(staged[: 4 * rows].view(4, rows))
         self.tables[:rows, :width].copy_(staged[4 * rows :].view(rows, width))
         return width
@@ -99,7 +99,7 @@ class DecodeRunner:
             self.small[_SLOTS, :rows],
             self.tables[:rows, :width],
             self.small[_LENS, :rows],
-            self.decode_fn,
+            self.kernel,
         )
         ids = self.small[_IDS, :rows]
         embeds = self.model.embed_tokens(ids)  # decode tokens are text, images or not

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 from torch import Tensor
 
-from worker.engine.decode_attention import DecodeFn
+from worker.engine.decode_attention import DecodeKernel
 from worker.engine.paged_attention import DecodeRows, PagedAttentionContext, PrefillSpan
 from worker.engine.scheduler import ScheduledSeq
 from worker.engine.staging import HostStager
@@ -57,7 +57,7 @@ def prepare_inputs(
     block_size: int,
     kv_cache: Tensor,
     stager: HostStager,
-    decode_fn: DecodeFn,
+    kernel: DecodeKernel,
 ) -> StepInputs:
     ids: list[int] = []
     positions: list[np.ndarray] = []
@@ -110,7 +110,7 @@ def prepare_inputs(
     return StepInputs(
         input_ids=input_ids,
         positions=pos,
-        ctx=PagedAttentionContext(kv_cache, slot_mapping, prefills, decodes, decode_fn),
+        ctx=PagedAttentionContext(kv_cache, slot_mapping, prefills, decodes, kernel),
         logits_rows=rows,
         sampling=sampling,
         q_starts=q_starts,

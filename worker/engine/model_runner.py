@@ -14,7 +14,7 @@ from torch import Tensor
 
 from cachekey.assets import ModelAssets
 from worker.engine.config import CPU_KV_CACHE_BYTES, EngineConfig
-from worker.engine.decode_attention import select_decode_fn
+from worker.engine.decode_attention import select_decode_kernel
 from worker.engine.decode_runner import DecodeRunner
 from worker.engine.encoder_cache import EncoderCache
 from worker.engine.input_batch import prepare_inputs
@@ -53,9 +53,10 @@ class ModelRunner:
         self.block_size = config.block_size
         # Full attention equals sliding-window attention as long as no sequence outgrows it.
         self.max_model_len = min(info.max_position_embeddings, info.sliding_window or 1 << 62)
-        self.decode_attention, self.decode_fn = select_decode_fn(
+        self.decode_kernel = select_decode_kernel(
             config.decode_attention, self.device, self.block_size, info.head_dim, info.num_kv_heads
         )
+        self.decode_attention = self.decode_kernel.name
         self.stager = HostStager(self.device)
         self.sampler = Sampler(self.device)
         self.vision: VisionInputs | None = None
@@ -86,7 +87,7 @@ class ModelRunner:
             self.block_size,
             config.max_num_seqs,
             max_len,
-            self.decode_fn,
+            self.decode_kernel,
             self.stager,
             pad_block=self.num_blocks,
             use_graphs=self.use_cuda_graphs,
@@ -146,7 +147,7 @@ class ModelRunner:
                 per_image = self.info.tokens_per_image or num_tokens
                 images = self.vision.encode_dummy(max(1, num_tokens // per_image))
             span = PrefillSpan(0, num_tokens, num_tokens, None)
-            ctx = PagedAttentionContext(kv_cache, slots, [span], None, self.decode_fn)
+            ctx = PagedAttentionContext(kv_cache, slots, [span], None, self.decode_kernel)
             hidden = self.model(ids, slots, ctx, self.model.embed_tokens(ids))
             del images
             rows = hidden[-min(num_seqs, num_tokens) :]
@@ -186,7 +187,7 @@ class ModelRunner:
                 hidden = hidden[sampling]
         else:
             inputs = prepare_inputs(
-                batch, self.block_size, self.kv_cache, self.stager, self.decode_fn
+                batch, self.block_size, self.kv_cache, self.stager, self.decode_kernel
             )
             embeds = None
             if self.vision is not None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from worker.engine.decode_attention import DecodeFn
+from worker.engine.decode_attention import DecodeKernel
 from worker.models.attention import causal_attention
 
 
@@ -30,7 +30,8 @@ def write_kv(kv_cache: Tensor, layer_idx: int, slots: Tensor, k: Tensor, v: Tens
 
 
 class DecodeContext:
-    """Every row is one token whose context is read through its block table."""
+    """Every row is one token whose context is read through its block table; the kernel's plan
+    of the tables is made once and used by every layer."""
 
     def __init__(
         self,
@@ -38,18 +39,17 @@ class DecodeContext:
         slot_mapping: Tensor,
         block_tables: Tensor,
         context_lens: Tensor,
-        decode_fn: DecodeFn,
+        kernel: DecodeKernel,
     ) -> None:
         self.kv_cache = kv_cache
         self.slot_mapping = slot_mapping
-        self.block_tables = block_tables
-        self.context_lens = context_lens
-        self.decode_fn = decode_fn
+        self.kernel = kernel
+        self.plan = kernel.plan(block_tables, context_lens, kv_cache.shape[3])
 
     def attend(self, layer_idx: int, q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
         write_kv(self.kv_cache, layer_idx, self.slot_mapping, k, v)
         layer = self.kv_cache[layer_idx]
-        return self.decode_fn(q, layer[0], layer[1], self.block_tables, self.context_lens, scale)
+        return self.kernel.run(q, layer[0], layer[1], self.plan, scale)
 
 
 @dataclass(slots=True)
@@ -69,6 +69,7 @@ class DecodeRows:
     rows: Tensor  # [N] rows of the step that decode
     block_tables: Tensor  # [N, P]
     context_lens: Tensor  # [N]
+    plan: object = None  # the kernel's, made on first use
 
 
 class PagedAttentionContext:
@@ -80,13 +81,13 @@ class PagedAttentionContext:
         slot_mapping: Tensor,
         prefills: list[PrefillSpan],
         decodes: DecodeRows | None,
-        decode_fn: DecodeFn,
+        kernel: DecodeKernel,
     ) -> None:
         self.kv_cache = kv_cache
         self.slot_mapping = slot_mapping
         self.prefills = prefills
         self.decodes = decodes
-        self.decode_fn = decode_fn
+        self.kernel = kernel
 
     def attend(self, layer_idx: int, q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
         write_kv(self.kv_cache, layer_idx, self.slot_mapping, k, v)
@@ -107,7 +108,7 @@ class PagedAttentionContext:
             out[rows] = causal_attention(q[rows], keys, values, scale, q_start=start)
         d = self.decodes
         if d is not None:
-            out[d.rows] = self.decode_fn(
-                q[d.rows], k_cache, v_cache, d.block_tables, d.context_lens, scale
-            )
+            if d.plan is None:
+                d.plan = self.kernel.plan(d.block_tables, d.context_lens, k_cache.shape[1])
+            out[d.rows] = self.kernel.run(q[d.rows], k_cache, v_cache, d.plan, scale)
         return out
