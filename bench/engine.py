@@ -161,7 +161,9 @@ def long_prompt(args: argparse.Namespace, model: str, report: Callable) -> None:
     ids = ref.random_ids(random.Random(7), args.long, engine.runner.vocab_size)
     report(f"long_ttft_{args.long}_ms", time_to_first_token(engine, clock, "long", ids) * 1e3)
     if args.device == "cuda":
-        report("long_peak_gib", torch.cuda.max_memory_allocated() / 2**30)
+        free, total = torch.cuda.mem_get_info()
+        report("long_gpu_used_gib", (total - free) / 2**30)
+        report("long_gpu_total_gib", total / 2**30)
     del engine
 
 
@@ -185,6 +187,7 @@ def main() -> None:
         help="also the floors and transformers on the same weights (default: GPU suite only)",
     )
     parser.add_argument("--long", type=int, default=0, help="also one prompt of this length")
+    parser.add_argument("--only-long", action="store_true", help="only the --long prompt")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -217,8 +220,10 @@ def main() -> None:
 
     model, params = resolve_model(args.model, args.models_dir, device)
     print(f"engine bench: {args.model} on {result['device']} ({args.dtype})", flush=True)
-    params = engine_figures(args, model, suite, report) or params
-    report("params", params)
+    if not args.only_long:
+        params = engine_figures(args, model, suite, report) or params
+    if params:
+        report("params", params)
     if args.long:
         long_prompt(args, model, report)
     if args.compare is False or (args.compare is None and suite is not SUITES["gpu"]):
