@@ -17,7 +17,12 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
+
+# On CUDA: flash first, then memory-efficient, never cuDNN. cuDNN's SDPA builds a new plan for
+# every new shape (milliseconds of CPU each), and prompt lengths are all different.
+_CUDA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 class AttentionContext(Protocol):
@@ -29,6 +34,13 @@ class AttentionContext(Protocol):
 def sdpa(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool) -> Tensor:
     """q: [B, Hq, Tq, D]; k/v: [B, Hkv, Tk, D] with Tk >= Tq. Causal means lower-right aligned:
     query i sees keys 0..Tk - Tq + i (a chunk continuing a cached prefix)."""
+    if q.device.type == "cuda":
+        with sdpa_kernel(_CUDA_BACKENDS):
+            return _sdpa(q, k, v, scale, causal)
+    return _sdpa(q, k, v, scale, causal)
+
+
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool) -> Tensor:
     num_q, num_k = q.shape[-2], k.shape[-2]
     gqa = q.shape[1] != k.shape[1]
     if not causal:
