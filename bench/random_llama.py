@@ -104,6 +104,7 @@ def write_random_llama(path: Path, shape: str, device: str = "cpu") -> int:
     if (path / "model.safetensors").is_file():
         return count
     path.mkdir(parents=True, exist_ok=True)
+    print(f"writing {count / 1e9:.2f}e9 random bfloat16 parameters to {path}", flush=True)
     gen = torch.Generator(device=device).manual_seed(0)
     tensors = {}
     for name, size in shapes.items():
