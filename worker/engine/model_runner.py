@@ -44,7 +44,8 @@ class ModelRunner:
             raise ValueError("device 'cuda' requested but CUDA is not available")
         self.device = resolve_device(config.device)
         self._free_at_start = 0
-        if self.device.type == "cuda" and config.num_blocks is None:
+        sized_from_memory = config.num_blocks is None and config.kv_cache_memory_bytes is None
+        if self.device.type == "cuda" and sized_from_memory:
             self._free_at_start = cuda_free_at_start(self.device, config.gpu_memory_utilization)
         self.dtype = resolve_dtype(config.dtype, read_config(model_dir), self.device)
         self.model = load_model(model_dir, self.device, self.dtype)
