@@ -1,9 +1,16 @@
-"""Engine benchmark: TTFT cold vs with a ~90% prefix hit, and decode throughput at batch 1 and 8.
+"""Engine benchmark: TTFT cold and with a ~90% prefix hit, decode tokens/s; CPU and GPU.
 
-    .venv/bin/python -m bench.engine --threads 1     # CPU demo model, float32
-    .venv/bin/python -m bench.engine --device cuda --dtype bfloat16 --model /path/to/hf-model
+    .venv/bin/python -m bench.engine --threads 1          # CPU suite: demo model, float32
+    python -m bench.engine --device cuda --dtype bfloat16 --model llama-1b   # GPU suite
 
-Prints a table and writes bench/results/engine.json.
+The CPU suite: TTFT at 2,048 tokens, decode at batch 1 and 8 (128-token prompts). The GPU suite
+(the default on CUDA) has the scenarios of the issue: TTFT cold and with a 90% prefix hit at 2,048
+and 8,000 tokens; decode at batch 1/8/32/64 with 128-token prompts and batch 16 at 2,048 tokens of
+context; then transformers on the same weights, and the device's floors, in the same run.
+`--long N` adds one N-token prompt on an engine with default memory settings (it must finish).
+`--model` is a directory, `demo`, or a shape (llama-1b, llama-3b, llama-8b) written once with
+random weights under --models-dir. `--clock cpu` times with process CPU time instead of the wall
+clock (CPU only: steadier on a shared host). Prints each figure as it is measured; writes JSON.
 """
 
 from __future__ import annotations
@@ -14,8 +21,12 @@ import platform
 import random
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
+from bench import engine_reference as ref
 from bench.report import write_json
 from cachekey import Prompt
 from worker.engine.config import EngineConfig
@@ -23,132 +34,220 @@ from worker.engine.llm_engine import LLMEngine
 from worker.engine.sampling_params import SamplingParams
 
 RESULTS = Path(__file__).resolve().parent / "results" / "engine.json"
+SUITES = {
+    "cpu": {"prompt_lens": [2048], "decode": [(1, 128), (8, 128)]},
+    "gpu": {
+        "prompt_lens": [2048, 8000],
+        "decode": [(1, 128), (8, 128), (32, 128), (64, 128), (16, 2048)],
+    },
+}
 
 
-def random_tokens(rng: random.Random, n: int, vocab: int) -> list[int]:
-    # Low ids are special tokens in most vocabularies (the demo's image placeholder among them).
-    return [rng.randrange(100, vocab) for _ in range(n)]
+class Clock:
+    def __init__(self, kind: str, device: torch.device) -> None:
+        self.now = time.process_time if kind == "cpu" else time.perf_counter
+        self.device = device
+
+    def __call__(self) -> float:
+        ref.synchronize(self.device)
+        return self.now()
 
 
-def time_to_first_token(engine: LLMEngine, request_id: str, prompt: Prompt) -> tuple[float, int]:
+def time_to_first_token(engine: LLMEngine, clock: Clock, rid: str, ids: list[int]) -> float:
     params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
-    start = time.perf_counter()
-    engine.add_request(request_id, prompt, params)
-    while True:
-        outs = engine.step()
-        if outs:
-            elapsed = time.perf_counter() - start
-            while engine.has_unfinished_requests():
-                engine.step()
-            return elapsed, outs[0].num_cached_tokens
+    start = clock()
+    engine.add_request(rid, Prompt(tuple(ids)), params)
+    while not engine.step():
+        pass
+    elapsed = clock() - start
+    while engine.has_unfinished_requests():
+        engine.step()
+    return elapsed
 
 
-def bench_ttft(engine: LLMEngine, prompt_len: int, hit: float, reps: int, vocab: int) -> dict:
-    rng = random.Random(0)
-    cold, warm, cached = [], [], []
-    shared_len = int(prompt_len * hit)
+def bench_ttft(engine: LLMEngine, clock: Clock, n: int, hit: float, reps: int, vocab: int) -> dict:
+    rng = random.Random(n)
+    shared = int(n * hit)
+    cold, warm = [], []
     for rep in range(reps):
-        base = random_tokens(rng, prompt_len, vocab)
-        t, _ = time_to_first_token(engine, f"cold-{rep}", Prompt(tuple(base)))
-        cold.append(t)
-        follow = base[:shared_len] + random_tokens(rng, prompt_len - shared_len, vocab)
-        t, n_cached = time_to_first_token(engine, f"warm-{rep}", Prompt(tuple(follow)))
-        warm.append(t)
-        cached.append(n_cached)
-    cold_s, warm_s = statistics.median(cold), statistics.median(warm)
-    return {
-        "prompt_tokens": prompt_len,
-        "cached_tokens": statistics.median(cached),
-        "ttft_cold_s": cold_s,
-        "ttft_hit_s": warm_s,
-        "speedup": cold_s / warm_s,
-    }
+        base = ref.random_ids(rng, n, vocab)
+        cold.append(time_to_first_token(engine, clock, f"cold-{n}-{rep}", base))
+        follow = base[:shared] + ref.random_ids(rng, n - shared, vocab)
+        warm.append(time_to_first_token(engine, clock, f"warm-{n}-{rep}", follow))
+    return {"cold_ms": statistics.median(cold) * 1e3, "hit_ms": statistics.median(warm) * 1e3}
 
 
-def decode_once(engine: LLMEngine, tag: str, batch: int, new_tokens: int, vocab: int) -> float:
-    """Decode tokens/s of `batch` requests with 128-token prompts (prefill not counted)."""
+def decode_rate(
+    engine: LLMEngine, clock: Clock, tag: str, batch: int, plen: int, new: int, vocab: int
+) -> float:
+    """Decode tokens/s of `batch` requests with plen-token prompts (prefill not counted)."""
     rng = random.Random(tag)
-    params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True)
     for i in range(batch):
-        prompt = Prompt(tuple(random_tokens(rng, 128, vocab)))
-        engine.add_request(f"{tag}-{i}", prompt, params)
+        engine.add_request(f"{tag}-{i}", Prompt(tuple(ref.random_ids(rng, plen, vocab))), params)
     produced = 0
     while produced < batch:  # prefill and every first token
         produced += len(engine.step())
-    start = time.perf_counter()
+    start = clock()
     decoded = 0
     while engine.has_unfinished_requests():
         decoded += len(engine.step())
-    return decoded / (time.perf_counter() - start)
+    return decoded / (clock() - start)
 
 
-def bench_decode(engine: LLMEngine, batch: int, new_tokens: int, reps: int, vocab: int) -> dict:
-    decode_once(engine, f"warm-{batch}", batch, 8, vocab)  # first-call overheads of this shape
-    rates = [decode_once(engine, f"dec-{batch}-{r}", batch, new_tokens, vocab) for r in range(reps)]
-    return {"batch": batch, "new_tokens": new_tokens, "tokens_per_s": statistics.median(rates)}
+def resolve_model(name: str, models_dir: Path, device: torch.device) -> tuple[str, int | None]:
+    """(model directory, parameter count when generated here)."""
+    from bench.random_llama import SHAPES, write_random_llama
 
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="demo", help="model directory, or 'demo'")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--prompt-len", type=int, default=2048)
-    parser.add_argument("--hit", type=float, default=0.9, help="shared prefix fraction")
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--decode-tokens", type=int, default=128)
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument(
-        "--threads", type=int, default=None, help="torch CPU threads (1 is steadier on busy hosts)"
-    )
-    args = parser.parse_args()
-    import torch
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-
-    model = args.model
-    if model == "demo":
+    if name == "demo":
         from cachekey.demo import ensure_demo_model
 
-        model = str(ensure_demo_model())
+        return str(ensure_demo_model()), None
+    if name in SHAPES:
+        path = models_dir / name
+        print(f"model: random-weight {name} in {path}", flush=True)
+        return str(path), write_random_llama(path, name, device.type)
+    return name, None
+
+
+def engine_figures(args: argparse.Namespace, model: str, suite: dict, report: Callable) -> int:
+    device = torch.device(args.device)
+    longest = max(suite["prompt_lens"])
+    # Only fields every engine version has, unless asked: the CPU A/B runs this file on old code.
+    extra = {"enforce_eager": True} if args.enforce_eager else {}
     engine = LLMEngine(
         EngineConfig(
             model=model,
             device=args.device,
             dtype=args.dtype,
-            num_blocks=(args.prompt_len * 2 + 8 * (128 + args.decode_tokens)) // 16 + 64,
-            max_num_batched_tokens=max(2048, args.prompt_len),
+            num_blocks=args.num_blocks,
+            max_num_seqs=max(b for b, _ in suite["decode"]),
+            max_num_batched_tokens=args.max_num_batched_tokens or max(2048, longest),
+            **extra,
         )
     )
-    vocab = engine.runner.vocab_size
+    runner = engine.runner
+    report("engine_num_blocks", runner.num_blocks)
+    attention = getattr(runner, "decode_attention", "-")
+    print(f"decode attention: {attention}; cuda graphs: {getattr(runner, 'use_cuda_graphs', '-')}")
+    clock = Clock(args.clock, device)
+    vocab = runner.vocab_size
     rng = random.Random(42)
-    for i in range(2):  # first-call overheads of the prefill shapes
-        warm_prompt = Prompt(tuple(random_tokens(rng, args.prompt_len, vocab)))
-        time_to_first_token(engine, f"warmup-{i}", warm_prompt)
-    ttft = bench_ttft(engine, args.prompt_len, args.hit, args.reps, vocab)
-    decode = [bench_decode(engine, b, args.decode_tokens, args.reps, vocab) for b in (1, 8)]
-    result = {
+    for i in range(2):  # first-call costs of the prefill shapes
+        time_to_first_token(engine, clock, f"warmup-{i}", ref.random_ids(rng, longest, vocab))
+    for n in suite["prompt_lens"]:
+        ttft = bench_ttft(engine, clock, n, args.hit, args.reps, vocab)
+        report(f"engine_ttft_cold_{n}_ms", ttft["cold_ms"])
+        report(f"engine_ttft_hit{round(args.hit * 100)}_{n}_ms", ttft["hit_ms"])
+    for batch, plen in suite["decode"]:
+        decode_rate(engine, clock, f"warm-{batch}-{plen}", batch, plen, 8, vocab)
+        rates = [
+            decode_rate(engine, clock, f"d-{batch}-{plen}-{r}", batch, plen, args.new_tokens, vocab)
+            for r in range(args.reps)
+        ]
+        report(f"engine_decode_b{batch}_ctx{plen}_tok_s", statistics.median(rates))
+    params = sum(p.numel() for p in runner.model.parameters())
+    del engine, runner
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return params
+
+
+def long_prompt(args: argparse.Namespace, model: str, report: Callable) -> None:
+    """One args.long-token prompt on an engine with every memory setting at its default."""
+    engine = LLMEngine(EngineConfig(model=model, device=args.device, dtype=args.dtype))
+    report("long_engine_num_blocks", engine.runner.num_blocks)
+    clock = Clock("wall", torch.device(args.device))
+    ids = ref.random_ids(random.Random(7), args.long, engine.runner.vocab_size)
+    report(f"long_ttft_{args.long}_ms", time_to_first_token(engine, clock, "long", ids) * 1e3)
+    if args.device == "cuda":
+        free, total = torch.cuda.mem_get_info()
+        report("long_gpu_used_gib", (total - free) / 2**30)
+        report("long_gpu_total_gib", total / 2**30)
+    del engine
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="demo", help="directory, 'demo', or a shape name")
+    parser.add_argument("--models-dir", type=Path, default=Path("/tmp/kvgate-bench-models"))
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--suite", choices=sorted(SUITES), default=None, help="default: by device")
+    parser.add_argument("--hit", type=float, default=0.9, help="shared prefix fraction")
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--num-blocks", type=int, default=None, help="default: from memory")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None)
+    parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    parser.add_argument(
+        "--compare",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also the floors and transformers on the same weights (default: GPU suite only)",
+    )
+    parser.add_argument("--long", type=int, default=0, help="also one prompt of this length")
+    parser.add_argument("--only-long", action="store_true", help="only the --long prompt")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    if args.clock == "cpu" and device.type != "cpu":
+        parser.error("--clock cpu measures host CPU time: only for --device cpu")
+    suite = SUITES[args.suite or ("gpu" if device.type == "cuda" else "cpu")]
+    if args.num_blocks is None and device.type == "cpu":
+        longest = max(suite["prompt_lens"])
+        args.num_blocks = (2 * longest + 8 * (128 + args.new_tokens)) // 16 + 64
+    dtype = getattr(torch, args.dtype)
+    result: dict = {
         "model": args.model,
-        "device": str(engine.runner.device),
-        "dtype": str(engine.runner.dtype).removeprefix("torch."),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "dtype": args.dtype,
+        "torch": torch.__version__,
+        "clock": args.clock,
         "torch_threads": torch.get_num_threads(),
         "cpu": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
-        "ttft": ttft,
-        "decode": decode,
-        "decode_batch8_over_batch1": decode[1]["tokens_per_s"] / decode[0]["tokens_per_s"],
+        "figures": {},
     }
-    print(f"engine bench: {result['model']} on {result['device']} ({result['dtype']})")
-    print(f"{'metric':<38}{'value':>12}")
-    cold_label = f"TTFT cold, {ttft['prompt_tokens']} tokens (ms)"
-    print(f"{cold_label:<38}{ttft['ttft_cold_s'] * 1e3:>12.1f}")
-    hit_label = f"TTFT with {ttft['cached_tokens']:.0f} cached tokens (ms)"
-    print(f"{hit_label:<38}{ttft['ttft_hit_s'] * 1e3:>12.1f}")
-    print(f"{'TTFT speedup (cold / hit)':<38}{ttft['speedup']:>12.2f}")
-    for d in decode:
-        print(f"{'decode tokens/s, batch ' + str(d['batch']):<38}{d['tokens_per_s']:>12.1f}")
-    print(f"{'decode batch 8 / batch 1':<38}{result['decode_batch8_over_batch1']:>12.2f}")
+
+    def report(name: str, value: float) -> None:
+        result["figures"][name] = value
+        print(f"{name:<40}{value:>14.1f}", flush=True)
+
+    model, params = resolve_model(args.model, args.models_dir, device)
+    print(f"engine bench: {args.model} on {result['device']} ({args.dtype})", flush=True)
+    if not args.only_long:
+        params = engine_figures(args, model, suite, report) or params
+    if params:
+        report("params", params)
+    if args.long:
+        long_prompt(args, model, report)
+    if args.compare is False or (args.compare is None and suite is not SUITES["gpu"]):
+        write_json(args.out, result)
+        return
+    for name, value in ref.floors(device, dtype, params, min(suite["prompt_lens"])).items():
+        report(f"floor_{name}", value)
+    try:
+        import transformers
+
+        result["transformers"] = transformers.__version__
+        ref.transformers_figures(
+            Path(model),
+            device,
+            dtype,
+            suite["prompt_lens"],
+            suite["decode"],
+            args.new_tokens,
+            args.reps,
+            report,
+        )
+    except Exception as exc:  # keep the engine's figures when transformers fails
+        result["hf_error"] = repr(exc)
+        print(f"transformers failed: {exc!r}", flush=True)
     write_json(args.out, result)
 
 

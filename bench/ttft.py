@@ -1,4 +1,4 @@
-"""Time to first token and throughput per routing policy, with real compute (`torch` workers).
+r"""Time to first token and throughput per routing policy, with real compute (`torch` workers).
 
 One cluster of `--workers` torch workers running the demo model on the CPU and one gateway serves
 the same shared-prefix chat workload once per policy (chosen per request with the
@@ -8,11 +8,18 @@ requests and tokens per second of wall time for the whole trace.
 
     python -m bench.ttft                             # table + bench/results/ttft.json
     python -m bench.ttft --workers 2 --policies cache_aware,round_robin,least_loaded
+    python -m bench.ttft --model llama-1b --device cuda --dtype bfloat16 --workers 4 \
+        --num-blocks 700 --tenants 12 --concurrency 8          # 4 workers on one GPU
+
+`--model` is a model directory, `demo`, or a random-weight shape (llama-1b, llama-3b, llama-8b,
+written once under --models-dir). Images are sent only to a multimodal model. The workers are
+served as `demo` whatever the model, so the workload's requests name them the same way.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 from dataclasses import asdict, dataclass
@@ -86,18 +93,44 @@ def warm_up(urls: list[str]) -> None:
         httpx.post(f"{u}/v1/chat/completions", json=body, timeout=120).raise_for_status()
 
 
+def resolve_model(name: str, models_dir: Path, device: str) -> str:
+    """A model directory for the workers: `demo` as it is, a shape name generated once."""
+    from bench.random_llama import SHAPES, write_random_llama
+
+    if name in SHAPES:
+        write_random_llama(models_dir / name, name, "cuda" if device == "cuda" else "cpu")
+        return str(models_dir / name)
+    return name
+
+
+def is_multimodal(model: str) -> bool:
+    if model == "demo":
+        return True
+    config = json.loads((Path(model) / "config.json").read_text())
+    return "vision_config" in config
+
+
 def run(args: argparse.Namespace) -> list[Row]:
-    workload = Workload(workload_spec(args, args.tenants, max_tokens=args.max_tokens))
+    model = resolve_model(args.model, args.models_dir, args.device)
+    images = {} if is_multimodal(model) else {"image_prob": 0.0}
+    workload = Workload(
+        workload_spec(args, args.tenants, max_tokens=args.max_tokens, **images)  # type: ignore[arg-type]
+    )
     # One torch thread per worker: the workers share the cores, and OpenMP spin-waiting on a
     # busy host makes CPU timings swing wildly.
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+    worker_args = ["--device", args.device, "--dtype", args.dtype]
+    if args.gpu_memory_utilization is not None:
+        worker_args += ["--gpu-memory-utilization", str(args.gpu_memory_utilization)]
     cluster = ClusterSpec(
         workers=args.workers,
         engine="torch",
+        model=model,
         num_blocks=args.num_blocks,
+        worker_args=worker_args,
         gateway_args=("--poll-interval", "0.2"),
         log_dir=args.log_dir,
-        startup_timeout=300.0,
+        startup_timeout=600.0,
     )
     rows: list[Row] = []
     with Cluster(cluster) as c:
@@ -131,8 +164,20 @@ def ratios(rows: list[Row], base: str = "round_robin") -> dict[str, dict[str, fl
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--policies", default="cache_aware,round_robin,least_loaded")
+    ap.add_argument("--model", default="demo", help="directory, 'demo', or a shape name")
+    ap.add_argument("--models-dir", type=Path, default=Path("/tmp/kvgate-bench-models"))
+    ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="cpu")
+    ap.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto")
+    ap.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=None,
+        help="per worker, when --num-blocks is not set and the workers share a GPU",
+    )
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--num-blocks", type=int, default=640, help="KV blocks per worker")
+    ap.add_argument(
+        "--num-blocks", type=int, default=640, help="KV blocks per worker (0: from memory)"
+    )
     ap.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     ap.add_argument("--tenants", type=int, default=6)
     add_workload_args(ap)
@@ -141,6 +186,7 @@ def main() -> None:
     ap.add_argument("--log-dir", type=Path, default=Path("bench/results/logs/ttft"))
     ap.add_argument("--out", type=Path, default=Path("bench/results/ttft.json"))
     args = ap.parse_args()
+    args.num_blocks = args.num_blocks or None
     rows = run(args)
     rel = ratios(rows)
     for policy, entry in rel.items():

@@ -101,5 +101,6 @@ def test_kv_cache_sized_from_memory_budget(demo_model_dir: Path) -> None:
         EngineConfig(model=str(demo_model_dir), device="cpu", kv_cache_memory_bytes=1 << 20)
     )
     per_block = engine.runner.info.kv_bytes_per_token() * 16
-    assert engine.stats().num_blocks == (1 << 20) // per_block
+    # One block of the budget is the spare block that padded decode rows write to.
+    assert engine.stats().num_blocks == (1 << 20) // per_block - 1
     assert engine.runner.kv_cache.nbytes <= 1 << 20

@@ -283,22 +283,80 @@ def test_llava_matches_transformers(case: str, tmp_path: Path) -> None:
     )
 
 
-def test_llava_new_checkpoint_layout(tmp_path: Path) -> None:
-    """Checkpoints written as `model.language_model.*` / `lm_head` load the same."""
-    hf = _hf_llava(_llava_config(), tmp_path / "classic")
-    new_dir = tmp_path / "new"
-    new_dir.mkdir()
-    (new_dir / "config.json").write_text((tmp_path / "classic" / "config.json").read_text())
-    state = {k: v.contiguous() for k, v in hf.state_dict().items()}
-    assert any(k.startswith("model.language_model.") for k in state)
-    save_file(state, new_dir / "model.safetensors", metadata={"format": "pt"})
-    ours = load_model(new_dir, "cpu", "float32")
+def _llava_parts(hf) -> dict[str, dict[str, torch.Tensor]]:
+    """The HF model's tensors by component, whichever transformers built it: 4.x nests the CLIP
+    tower under `vision_model.`, 5.x does not."""
+    parts: dict[str, dict[str, torch.Tensor]] = {"text": {}, "tower": {}, "proj": {}, "head": {}}
+    prefixes = (
+        ("model.language_model.", "text"),
+        ("model.vision_tower.vision_model.", "tower"),
+        ("model.vision_tower.", "tower"),
+        ("model.multi_modal_projector.", "proj"),
+        ("lm_head.", "head"),
+    )
+    for name, tensor in hf.state_dict().items():
+        prefix, part = next((p, part) for p, part in prefixes if name.startswith(p))
+        parts[part][name[len(prefix) :]] = tensor.contiguous()
+    return parts
+
+
+# Checkpoint layouts: transformers <4.52 save_pretrained; 4.52+ state dict and save; 5.x
+# save_pretrained (checked against transformers 5.17) and 5.x state dict.
+LLAVA_LAYOUTS = {
+    "classic": (
+        "language_model.model.",
+        "vision_tower.vision_model.",
+        "multi_modal_projector.",
+        "language_model.lm_head.",
+    ),
+    "v4_nested": (
+        "model.language_model.",
+        "model.vision_tower.vision_model.",
+        "model.multi_modal_projector.",
+        "lm_head.",
+    ),
+    "v5_saved": (
+        "language_model.model.",
+        "vision_tower.",
+        "multi_modal_projector.",
+        "language_model.lm_head.",
+    ),
+    "v5_state_dict": (
+        "model.language_model.",
+        "model.vision_tower.",
+        "model.multi_modal_projector.",
+        "lm_head.",
+    ),
+}
+
+
+def test_llava_loads_every_checkpoint_layout_identically(tmp_path: Path) -> None:
+    """The same weights written in each layout load into the same model: identical outputs."""
+    hf = _hf_llava(_llava_config(), tmp_path / "hf")
+    parts = _llava_parts(hf)
+    assert all(parts.values())
     pixel_values = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(9))
     input_ids = _image_prompt(16)
     with torch.inference_mode():
         expected = hf(input_ids=input_ids[None], pixel_values=pixel_values).logits[0]
-        embeds = ours.embed_with_images(input_ids, ours.encode_images(pixel_values)[0])
-    torch.testing.assert_close(_our_logits(ours, input_ids, embeds), expected, atol=TOL, rtol=0)
+    outputs = {}
+    for layout, prefixes in LLAVA_LAYOUTS.items():
+        out_dir = tmp_path / layout
+        out_dir.mkdir()
+        (out_dir / "config.json").write_text((tmp_path / "hf" / "config.json").read_text())
+        state = {
+            prefix + name: tensor
+            for prefix, part in zip(prefixes, ("text", "tower", "proj", "head"), strict=True)
+            for name, tensor in parts[part].items()
+        }
+        save_file(state, out_dir / "model.safetensors", metadata={"format": "pt"})
+        ours = load_model(out_dir, "cpu", "float32")
+        with torch.inference_mode():
+            embeds = ours.embed_with_images(input_ids, ours.encode_images(pixel_values)[0])
+        outputs[layout] = _our_logits(ours, input_ids, embeds)
+    for layout, got in outputs.items():
+        assert torch.equal(got, outputs["classic"]), layout
+    torch.testing.assert_close(outputs["classic"], expected, atol=TOL, rtol=0)
 
 
 def test_llava_old_buffers_in_checkpoint_are_skipped(tmp_path: Path) -> None:

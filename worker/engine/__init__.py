@@ -6,7 +6,10 @@ free_queue / block_pool       blocks, ref counts, O(1) LRU, key -> block map, KV
 block_manager                 admission with the prefix cache (equality guard, clamping)
 scheduler                     continuous batching, chunked prefill, preemption by recompute
 model_runner / input_batch    the torch step: inputs, paged attention, logits, sampling
-paged_attention               attention over block tables (CPU and CUDA)
+decode_runner / staging       decode steps through fixed buffers (CUDA graphs); one copy a step
+paged_attention               attention contexts over block tables (CPU and CUDA)
+decode_attention              decode kernels: portable reference, Triton (triton_decode) on CUDA
+memory                        KV cache sizing from a profiled maximum-size step
 mm_inputs / encoder_cache     image embeddings merged by position, LRU of encoder outputs
 sampler / detokenizer         token choice; streaming text with stop strings
 sim_runner                    the `sim` engine's timing model (no torch)

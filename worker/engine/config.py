@@ -11,11 +11,10 @@ from cachekey.keys import DEFAULT_HASH_SEED
 _ENGINES = ("torch", "sim")
 _DEVICES = ("auto", "cpu", "cuda")
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
+DECODE_BACKENDS = ("auto", "reference", "triton")
 
 # On CPU the KV cache gets a fixed, modest budget: the host runs other things too.
 CPU_KV_CACHE_BYTES = 256 * 1024 * 1024
-# On CUDA the KV cache takes this fraction of the memory free after the weights are loaded.
-CUDA_KV_CACHE_FRACTION = 0.8
 # The sim engine has no tensors; without num_blocks it pretends to have this many.
 SIM_DEFAULT_NUM_BLOCKS = 8192
 
@@ -52,9 +51,20 @@ class EngineConfig:
     kv_cache_memory_bytes: int | None = option(
         None,
         "KV-cache memory when --num-blocks is not given",
-        default_text=f"{format_size(CPU_KV_CACHE_BYTES)} on CPU, "
-        f"{CUDA_KV_CACHE_FRACTION:.0%} of the free GPU memory on CUDA",
+        default_text=f"{format_size(CPU_KV_CACHE_BYTES)} on CPU; on CUDA what "
+        "--gpu-memory-utilization leaves after the weights and a profiled step",
         **_SIZE,
+    )
+    gpu_memory_utilization: float = option(
+        0.9,
+        "CUDA: this engine's share of the GPU's memory (weights, the activation peak of a "
+        "profiled maximum-size step and the KV cache); the KV cache gets what is left",
+    )
+    enforce_eager: bool = option(False, "CUDA: run decode eagerly instead of CUDA graphs")
+    decode_attention: str = option(
+        "auto",
+        "decode attention kernel: auto is triton on CUDA and the portable reference elsewhere",
+        choices=DECODE_BACKENDS,
     )
     max_num_seqs: int = option(32, "requests in the running batch at most")
     max_num_batched_tokens: int = option(2048, "tokens per engine step at most")
@@ -87,6 +97,11 @@ class EngineConfig:
         _choice("engine", self.engine, _ENGINES)
         _choice("device", self.device, _DEVICES)
         _choice("dtype", self.dtype, _DTYPES)
+        _choice("decode_attention", self.decode_attention, DECODE_BACKENDS)
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}"
+            )
         _positive("block_size", self.block_size)
         _positive("max_num_seqs", self.max_num_seqs)
         _positive("max_num_batched_tokens", self.max_num_batched_tokens)

@@ -1,14 +1,19 @@
-"""Flatten one scheduled step into model inputs: ids, positions, slots, attention spans."""
+"""Flatten one scheduled step into model inputs: ids, positions, slots, attention spans.
+
+All integer inputs are computed on the host with numpy, packed, and sent in one copy (staging).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
+import numpy as np
 from torch import Tensor
 
-from worker.engine.paged_attention import PagedAttentionContext, SeqSpan
+from worker.engine.decode_attention import DecodeKernel
+from worker.engine.paged_attention import DecodeRows, PagedAttentionContext, PrefillSpan
 from worker.engine.scheduler import ScheduledSeq
+from worker.engine.staging import HostStager
 
 
 @dataclass(slots=True)
@@ -24,17 +29,47 @@ class StepInputs:
     q_starts: list[int]
 
 
+def slots_of(block_table: list[int], start: int, end: int, block_size: int) -> np.ndarray:
+    """Cache slots of positions start..end-1 of a sequence with this block table."""
+    table = np.asarray(block_table, dtype=np.int64)
+    pos = np.arange(start, end, dtype=np.int64)
+    return table[pos // block_size] * block_size + pos % block_size
+
+
+class _Packer:
+    """Collects int64 arrays; `unpack` cuts the staged device tensor back into them."""
+
+    def __init__(self) -> None:
+        self.parts: list[np.ndarray] = []
+
+    def add(self, values: np.ndarray | list[int]) -> int:
+        self.parts.append(np.asarray(values, dtype=np.int64).reshape(-1))
+        return len(self.parts) - 1
+
+    def stage(self, stager: HostStager) -> list[Tensor]:
+        sizes = [p.shape[0] for p in self.parts]
+        flat = stager.stage(np.concatenate(self.parts) if self.parts else np.zeros(0, np.int64))
+        return list(flat.split(sizes))
+
+
 def prepare_inputs(
-    batch: list[ScheduledSeq], block_size: int, kv_cache: Tensor, device: torch.device
+    batch: list[ScheduledSeq],
+    block_size: int,
+    kv_cache: Tensor,
+    stager: HostStager,
+    kernel: DecodeKernel,
 ) -> StepInputs:
     ids: list[int] = []
-    positions: list[int] = []
-    slot_parts: list[Tensor] = []
-    spans: list[SeqSpan] = []
+    positions: list[np.ndarray] = []
+    slots: list[np.ndarray] = []
+    spans: list[tuple[int, int, int, int | None]] = []  # q_start, num_q, end, packed prefix
+    decode_rows: list[int] = []
+    decode_tables: list[list[int]] = []
+    decode_lens: list[int] = []
     logits_rows: list[int] = []
     sampling: list[int] = []
     q_starts: list[int] = []
-    offsets = torch.arange(block_size)
+    pack = _Packer()
     for index, item in enumerate(batch):
         seq, n = item.seq, item.num_new_tokens
         start = seq.num_computed_tokens
@@ -42,20 +77,41 @@ def prepare_inputs(
         q_start = len(ids)
         q_starts.append(q_start)
         ids += seq.token_ids[start:end]
-        positions += range(start, end)
-        table = torch.tensor(seq.block_table, dtype=torch.long)
-        slots = (table[:, None] * block_size + offsets).flatten()[:end]
-        slot_parts.append(slots[start:end])
-        spans.append(SeqSpan(q_start, n, end, slots.to(device)))
+        positions.append(np.arange(start, end, dtype=np.int64))
+        slots.append(slots_of(seq.block_table, start, end, block_size))
+        if n == 1 and start > 0:
+            decode_rows.append(q_start)
+            decode_tables.append(seq.block_table[: -(-end // block_size)])
+            decode_lens.append(end)
+        else:
+            prefix = pack.add(slots_of(seq.block_table, 0, end, block_size)) if start else None
+            spans.append((q_start, n, end, prefix))
         if item.completes_prompt:
             logits_rows.append(len(ids) - 1)
             sampling.append(index)
-    slot_mapping = torch.cat(slot_parts).to(device)
+    fixed = [pack.add(ids), pack.add(np.concatenate(positions)), pack.add(np.concatenate(slots))]
+    fixed.append(pack.add(logits_rows))
+    if decode_rows:
+        width = max(len(t) for t in decode_tables)
+        tables = np.zeros((len(decode_tables), width), dtype=np.int64)
+        for row, table in enumerate(decode_tables):
+            tables[row, : len(table)] = table
+        fixed += [pack.add(decode_rows), pack.add(tables), pack.add(decode_lens)]
+    staged = pack.stage(stager)
+    input_ids, pos, slot_mapping, rows = (staged[i] for i in fixed[:4])
+    decodes = None
+    if decode_rows:
+        d_rows, d_tables, d_lens = (staged[i] for i in fixed[4:])
+        decodes = DecodeRows(d_rows, d_tables.view(len(decode_rows), -1), d_lens)
+    prefills = [
+        PrefillSpan(q, n, end, None if prefix is None else staged[prefix])
+        for q, n, end, prefix in spans
+    ]
     return StepInputs(
-        input_ids=torch.tensor(ids, dtype=torch.long, device=device),
-        positions=torch.tensor(positions, dtype=torch.long, device=device),
-        ctx=PagedAttentionContext(kv_cache, slot_mapping, spans),
-        logits_rows=torch.tensor(logits_rows, dtype=torch.long, device=device),
+        input_ids=input_ids,
+        positions=pos,
+        ctx=PagedAttentionContext(kv_cache, slot_mapping, prefills, decodes, kernel),
+        logits_rows=rows,
         sampling=sampling,
         q_starts=q_starts,
     )

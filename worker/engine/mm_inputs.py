@@ -63,6 +63,16 @@ class VisionInputs:
     def release(self, request_id: str) -> None:
         self._pixels.pop(request_id, None)
 
+    def has_image_rows(self, batch: list[ScheduledSeq]) -> bool:
+        """Whether any scheduled token of the step is an image placeholder."""
+        return bool(_needs(batch, [0] * len(batch)))
+
+    def encode_dummy(self, num_images: int) -> Tensor:
+        """The vision tower on blank images (memory profiling of a maximum-size step)."""
+        size = self.processor.image_size
+        pixels = torch.zeros((num_images, 3, size, size), device=self.device, dtype=self.dtype)
+        return self.model.encode_images(pixels)
+
     def step_embeddings(
         self, batch: list[ScheduledSeq], q_starts: list[int], input_ids: Tensor
     ) -> Tensor:

@@ -1,23 +1,40 @@
-"""ModelRunner: owns the model, the paged KV cache and the sampler; runs one step."""
+"""ModelRunner: owns the model, the paged KV cache and the sampler; runs one step.
+
+Pure-decode steps go through DecodeRunner (fixed buffers; CUDA graphs on CUDA), every other step
+(prefill chunks, mixed batches, image rows) runs eagerly from `prepare_inputs`.
+"""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from cachekey.assets import ModelAssets
-from worker.engine.config import CPU_KV_CACHE_BYTES, CUDA_KV_CACHE_FRACTION, EngineConfig
+from worker.engine.config import CPU_KV_CACHE_BYTES, EngineConfig
+from worker.engine.decode_attention import select_decode_kernel
+from worker.engine.decode_runner import DecodeRunner
 from worker.engine.encoder_cache import EncoderCache
 from worker.engine.input_batch import prepare_inputs
+from worker.engine.memory import (
+    cuda_budget,
+    cuda_free_at_start,
+    num_kv_blocks,
+    step_peak_bytes,
+)
 from worker.engine.mm_inputs import VisionInputs
 from worker.engine.outputs import VisionCounters
+from worker.engine.paged_attention import PagedAttentionContext, PrefillSpan
 from worker.engine.sampler import Sampler
 from worker.engine.scheduler import ScheduledSeq
 from worker.engine.sequence import Sequence
+from worker.engine.staging import HostStager
 from worker.models.image_processor import ImageProcessor
 from worker.models.loader import load_model, read_config, resolve_device, resolve_dtype
+
+logger = logging.getLogger("worker.engine")
 
 
 class ModelRunner:
@@ -26,27 +43,22 @@ class ModelRunner:
         if config.device == "cuda" and not torch.cuda.is_available():
             raise ValueError("device 'cuda' requested but CUDA is not available")
         self.device = resolve_device(config.device)
+        self._free_at_start = 0
+        sized_from_memory = config.num_blocks is None and config.kv_cache_memory_bytes is None
+        if self.device.type == "cuda" and sized_from_memory:
+            self._free_at_start = cuda_free_at_start(self.device, config.gpu_memory_utilization)
         self.dtype = resolve_dtype(config.dtype, read_config(model_dir), self.device)
         self.model = load_model(model_dir, self.device, self.dtype)
-        self.info = self.model.info
-        self.vocab_size = self.info.vocab_size
+        self.info = info = self.model.info
+        self.vocab_size = info.vocab_size
         self.block_size = config.block_size
-        self.num_blocks = self._num_blocks(config)
-        info = self.info
-        self.kv_cache = torch.zeros(
-            (
-                info.num_layers,
-                2,
-                self.num_blocks,
-                self.block_size,
-                info.num_kv_heads,
-                info.head_dim,
-            ),
-            dtype=self.dtype,
-            device=self.device,
-        )
         # Full attention equals sliding-window attention as long as no sequence outgrows it.
         self.max_model_len = min(info.max_position_embeddings, info.sliding_window or 1 << 62)
+        self.decode_kernel = select_decode_kernel(
+            config.decode_attention, self.device, self.block_size, info.head_dim, info.num_kv_heads
+        )
+        self.decode_attention = self.decode_kernel.name
+        self.stager = HostStager(self.device)
         self.sampler = Sampler(self.device)
         self.vision: VisionInputs | None = None
         if info.is_multimodal:
@@ -59,24 +71,91 @@ class ModelRunner:
                 self.device,
                 self.dtype,
             )
+        self.num_blocks = self._num_blocks(config)
+        # One block more than the scheduler knows of: padded decode rows write there.
+        self.kv_cache = self._allocate_kv(self.num_blocks + 1)
+        max_len = min(self.max_model_len, self.num_blocks * self.block_size)
+        if config.max_model_len is not None:
+            max_len = min(max_len, config.max_model_len)
+        self.use_cuda_graphs = (
+            self.device.type == "cuda"
+            and not config.enforce_eager
+            and self.decode_attention == "triton"  # the reference gathers a per-step width
+        )
+        self.decoder = DecodeRunner(
+            self.model,
+            self.kv_cache,
+            self.block_size,
+            config.max_num_seqs,
+            max_len,
+            self.decode_kernel,
+            self.stager,
+            pad_block=self.num_blocks,
+            use_graphs=self.use_cuda_graphs,
+        )
+        if self.use_cuda_graphs:
+            with torch.inference_mode():
+                self.decoder.capture()
         # Debug hook for tests: every logits row each request sampled from, in order.
         self.keep_logits = False
         self.logits: dict[str, list[Tensor]] = {}
 
+    def _allocate_kv(self, num_blocks: int) -> Tensor:
+        info = self.info
+        shape = (info.num_layers, 2, num_blocks, self.block_size, info.num_kv_heads, info.head_dim)
+        return torch.zeros(shape, dtype=self.dtype, device=self.device)
+
     def _num_blocks(self, config: EngineConfig) -> int:
+        """Blocks the scheduler may use; a memory budget also pays for the spare padding block."""
         if config.num_blocks is not None:
             return config.num_blocks
-        budget = config.kv_cache_memory_bytes
-        if budget is None:
-            if self.device.type == "cuda":
-                free, _ = torch.cuda.mem_get_info(self.device)
-                budget = int(free * CUDA_KV_CACHE_FRACTION)
-            else:
-                budget = CPU_KV_CACHE_BYTES
         per_block = self.info.kv_bytes_per_token() * self.block_size
-        if budget < per_block:
-            raise ValueError(f"KV cache budget {budget} B is below one block ({per_block} B)")
-        return budget // per_block
+        budget = config.kv_cache_memory_bytes
+        if budget is None and self.device.type == "cuda":
+            peak = self.profile_max_step(config.max_num_batched_tokens, config.max_num_seqs)
+            peak += self.prefix_gather_bytes(config.max_model_len or self.max_model_len)
+            memory = cuda_budget(
+                self.device, self._free_at_start, peak, config.gpu_memory_utilization
+            )
+            blocks = num_kv_blocks(memory, per_block) - 1
+            logger.info("profiled step peak %.2f GiB; %d KV blocks", peak / 2**30, blocks)
+        else:
+            if budget is None:
+                budget = CPU_KV_CACHE_BYTES
+            blocks = budget // per_block - 1
+        if blocks < 1:
+            raise ValueError(f"the KV cache budget holds no block of {per_block} B")
+        return blocks
+
+    def prefix_gather_bytes(self, max_len: int) -> int:
+        """A chunk after a cached prefix reads back one layer's K and V for its whole context,
+        which the profiled fresh prefill does not: the longest context's worth, added."""
+        return self.info.kv_bytes_per_token() // self.info.num_layers * max_len
+
+    @torch.inference_mode()
+    def profile_max_step(self, num_tokens: int, num_seqs: int) -> int:
+        """Activation peak of the largest step: num_tokens prompt tokens in one chunk (images on
+        as many of them as fit), then logits and sampling for num_seqs rows."""
+        num_tokens = min(num_tokens, self.max_model_len)
+        num_blocks = -(-num_tokens // self.block_size)
+        kv_cache = self._allocate_kv(num_blocks)
+        slots = torch.arange(num_tokens, device=self.device)
+        ids = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
+
+        def step() -> Tensor:
+            images = None
+            if self.vision is not None:
+                per_image = self.info.tokens_per_image or num_tokens
+                images = self.vision.encode_dummy(max(1, num_tokens // per_image))
+            span = PrefillSpan(0, num_tokens, num_tokens, None)
+            ctx = PagedAttentionContext(kv_cache, slots, [span], None, self.decode_kernel)
+            hidden = self.model(ids, slots, ctx, self.model.embed_tokens(ids))
+            del images
+            rows = hidden[-min(num_seqs, num_tokens) :]
+            logits = self.model.compute_logits(rows).float()
+            return logits.softmax(-1).argmax(-1)
+
+        return step_peak_bytes(step, self.device)
 
     @property
     def vision_counters(self) -> VisionCounters:
@@ -93,23 +172,39 @@ class ModelRunner:
         if self.vision is not None:
             self.vision.release(request_id)
 
+    def _is_decode_step(self, batch: list[ScheduledSeq]) -> bool:
+        for item in batch:
+            if item.num_new_tokens != 1 or item.seq.num_computed_tokens == 0:
+                return False
+        return self.vision is None or not self.vision.has_image_rows(batch)
+
     @torch.inference_mode()
     def execute(self, batch: list[ScheduledSeq]) -> list[int | None]:
         """Run one step; the sampled token of each sequence, None for a partial prefill."""
-        inputs = prepare_inputs(batch, self.block_size, self.kv_cache, self.device)
-        embeds = None
-        if self.vision is not None:
-            embeds = self.vision.step_embeddings(batch, inputs.q_starts, inputs.input_ids)
-        hidden = self.model.forward(inputs.input_ids, inputs.positions, inputs.ctx, embeds)
+        if self._is_decode_step(batch):
+            hidden = self.decoder.run(batch)
+            sampling = [i for i, item in enumerate(batch) if item.completes_prompt]
+            if len(sampling) < len(batch):
+                hidden = hidden[sampling]
+        else:
+            inputs = prepare_inputs(
+                batch, self.block_size, self.kv_cache, self.stager, self.decode_kernel
+            )
+            embeds = None
+            if self.vision is not None:
+                embeds = self.vision.step_embeddings(batch, inputs.q_starts, inputs.input_ids)
+            hidden = self.model.forward(inputs.input_ids, inputs.positions, inputs.ctx, embeds)
+            sampling = inputs.sampling
+            hidden = hidden[inputs.logits_rows]
         tokens: list[int | None] = [None] * len(batch)
-        if not inputs.sampling:
+        if not sampling:
             return tokens
-        logits = self.model.compute_logits(hidden[inputs.logits_rows])
-        requests = [(batch[i].seq.request_id, batch[i].seq.params) for i in inputs.sampling]
+        logits = self.model.compute_logits(hidden)
+        requests = [(batch[i].seq.request_id, batch[i].seq.params) for i in sampling]
         if self.keep_logits:
             for row, (request_id, _) in enumerate(requests):
                 self.logits.setdefault(request_id, []).append(logits[row].float().cpu())
         sampled = self.sampler.sample(logits, requests)
-        for index, token in zip(inputs.sampling, sampled, strict=True):
+        for index, token in zip(sampling, sampled, strict=True):
             tokens[index] = token
         return tokens

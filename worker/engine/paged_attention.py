@@ -1,82 +1,114 @@
-"""PagedAttentionContext: attention over K/V stored in fixed-size blocks.
+"""Attention contexts over K/V stored in fixed-size blocks.
 
 KV cache layout: [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]. A token at
 position p of a sequence lives in slot block_table[p // block_size] * block_size + p % block_size.
-Each forward step writes its new K/V into their slots, then every sequence gathers its whole
-context through its block table and runs scaled_dot_product_attention (query i of a chunk that
-starts at position c sees keys 0..c+i). Pure-decode batches take one padded SDPA call per layer.
-Only portable tensor ops are used, so the same code runs on CPU and CUDA in any dtype.
+Each forward step first writes its new K/V into their slots, then:
+
+- a prefill chunk runs one SDPA call: over its own K/V when it starts at position 0, else over the
+  K/V of positions 0..end read back from its slots, with the causal mask aligned to the end of the
+  keys (query i of a chunk starting at c sees keys 0..c+i);
+- one-token rows (decodes) run the decode kernel over their block tables in a single call.
+
+`DecodeContext` is the pure-decode form whose tensors are all fixed buffers (see decode_runner),
+so a step can be captured in a CUDA graph; `PagedAttentionContext` is the general eager form.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-import torch.nn.functional as F
 from torch import Tensor
 
+from worker.engine.decode_attention import DecodeKernel
 from worker.models.attention import causal_attention
 
 
+def write_kv(kv_cache: Tensor, layer_idx: int, slots: Tensor, k: Tensor, v: Tensor) -> None:
+    layer = kv_cache[layer_idx]
+    layer[0].view(-1, *layer.shape[-2:]).index_copy_(0, slots, k.to(layer.dtype))
+    layer[1].view(-1, *layer.shape[-2:]).index_copy_(0, slots, v.to(layer.dtype))
+
+
+class DecodeContext:
+    """Every row is one token whose context is read through its block table; the kernel's plan
+    of the tables is made once and used by every layer."""
+
+    def __init__(
+        self,
+        kv_cache: Tensor,
+        slot_mapping: Tensor,
+        block_tables: Tensor,
+        context_lens: Tensor,
+        kernel: DecodeKernel,
+    ) -> None:
+        self.kv_cache = kv_cache
+        self.slot_mapping = slot_mapping
+        self.kernel = kernel
+        self.plan = kernel.plan(block_tables, context_lens, kv_cache.shape[3])
+
+    def attend(self, layer_idx: int, q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
+        write_kv(self.kv_cache, layer_idx, self.slot_mapping, k, v)
+        layer = self.kv_cache[layer_idx]
+        return self.kernel.run(q, layer[0], layer[1], self.plan, scale)
+
+
 @dataclass(slots=True)
-class SeqSpan:
-    """One sequence in a step: its queries are rows [q_start, q_start + num_q) of the batch."""
+class PrefillSpan:
+    """Rows [q_start, q_start + num_q) of the step are positions context_len - num_q.. of one
+    sequence; `slots` holds the cache slots of positions 0..context_len-1 when the chunk
+    continues a computed prefix (None when it starts at 0)."""
 
     q_start: int
     num_q: int
-    context_len: int  # tokens computed before this step + num_q
-    slots: Tensor  # [context_len] cache slots of positions 0..context_len-1
+    context_len: int
+    slots: Tensor | None
+
+
+@dataclass(slots=True)
+class DecodeRows:
+    rows: Tensor  # [N] rows of the step that decode
+    block_tables: Tensor  # [N, P]
+    context_lens: Tensor  # [N]
+    plan: object = None  # the kernel's, made on first use
 
 
 class PagedAttentionContext:
-    def __init__(self, kv_cache: Tensor, slot_mapping: Tensor, spans: list[SeqSpan]) -> None:
+    """A step with prefill chunks and possibly decode rows (eager: shapes vary per step)."""
+
+    def __init__(
+        self,
+        kv_cache: Tensor,
+        slot_mapping: Tensor,
+        prefills: list[PrefillSpan],
+        decodes: DecodeRows | None,
+        kernel: DecodeKernel,
+    ) -> None:
         self.kv_cache = kv_cache
         self.slot_mapping = slot_mapping
-        self.spans = spans
-        self._decode_gather: Tensor | None = None
-        self._decode_mask: Tensor | None = None
-        if spans and all(s.num_q == 1 for s in spans):
-            self._prepare_decode(kv_cache.device)
-
-    def _prepare_decode(self, device: torch.device) -> None:
-        longest = max(s.context_len for s in self.spans)
-        gather = torch.zeros((len(self.spans), longest), dtype=torch.long, device=device)
-        mask = torch.zeros((len(self.spans), 1, 1, longest), dtype=torch.bool, device=device)
-        for row, span in enumerate(self.spans):
-            gather[row, : span.context_len] = span.slots
-            mask[row, 0, 0, : span.context_len] = True
-        self._decode_gather, self._decode_mask = gather, mask
+        self.prefills = prefills
+        self.decodes = decodes
+        self.kernel = kernel
 
     def attend(self, layer_idx: int, q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
+        write_kv(self.kv_cache, layer_idx, self.slot_mapping, k, v)
         layer = self.kv_cache[layer_idx]
-        k_cache = layer[0].view(-1, *layer.shape[-2:])
-        v_cache = layer[1].view(-1, *layer.shape[-2:])
-        k_cache.index_copy_(0, self.slot_mapping, k.to(k_cache.dtype))
-        v_cache.index_copy_(0, self.slot_mapping, v.to(v_cache.dtype))
-        if self._decode_gather is not None:
-            return self._attend_decode(q, k_cache, v_cache, scale)
-        out = torch.empty_like(q)
-        for span in self.spans:
+        k_cache, v_cache = layer[0], layer[1]
+        if len(self.prefills) == 1 and self.decodes is None and self.prefills[0].slots is None:
+            return causal_attention(q, k, v, scale)  # one fresh prompt: no copy of the output
+        out = q.new_empty(q.shape)
+        flat_k = k_cache.view(-1, *k_cache.shape[-2:])
+        flat_v = v_cache.view(-1, *v_cache.shape[-2:])
+        for span in self.prefills:
             rows = slice(span.q_start, span.q_start + span.num_q)
-            start = span.context_len - span.num_q
-            if start == 0:  # nothing cached before this chunk: its own k/v are the context
+            if span.slots is None:
                 keys, values = k[rows], v[rows]
             else:
-                keys, values = k_cache[span.slots], v_cache[span.slots]
+                keys, values = flat_k[span.slots], flat_v[span.slots]
+            start = span.context_len - span.num_q
             out[rows] = causal_attention(q[rows], keys, values, scale, q_start=start)
+        d = self.decodes
+        if d is not None:
+            if d.plan is None:
+                d.plan = self.kernel.plan(d.block_tables, d.context_lens, k_cache.shape[1])
+            out[d.rows] = self.kernel.run(q[d.rows], k_cache, v_cache, d.plan, scale)
         return out
-
-    def _attend_decode(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, scale: float) -> Tensor:
-        assert self._decode_gather is not None
-        num_heads = q.shape[1]
-        keys = k_cache[self._decode_gather].transpose(1, 2)  # [B, KV, L, D]
-        values = v_cache[self._decode_gather].transpose(1, 2)
-        group = num_heads // keys.shape[1]
-        if group > 1:
-            keys = keys.repeat_interleave(group, dim=1)
-            values = values.repeat_interleave(group, dim=1)
-        out = F.scaled_dot_product_attention(
-            q.unsqueeze(2), keys, values, attn_mask=self._decode_mask, scale=scale
-        )
-        return out.squeeze(2)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from worker.engine.block_manager import BlockManager, cdiv
+from worker.engine.block_manager import BlockManager
 from worker.engine.sequence import Sequence, SequenceStatus
 
 
@@ -44,10 +44,6 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.counters = SchedulerCounters()
-
-    def fits_ever(self, num_tokens: int) -> bool:
-        """Whether a sequence this long fits the whole KV cache (else it would wait forever)."""
-        return cdiv(num_tokens, self.block_manager.block_size) <= self.block_manager.num_blocks
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)

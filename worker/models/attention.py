@@ -1,9 +1,13 @@
-"""The attention interface between models and whoever owns the KV cache.
+"""The attention interface between models and whoever owns the KV cache, and the SDPA calls.
 
 Models compute q/k/v for the T tokens of one forward call (all sequences flattened) and hand them
 to an `AttentionContext`; the context decides where k/v live (the engine's paged cache, or nothing
 at all for `DenseCausalContext`) and which earlier tokens each query may see. Models never know
 about blocks or sequences.
+
+Every SDPA call here passes 4-D tensors with the KV heads unexpanded (`enable_gqa`), and a causal
+mask aligned to the end of the keys as `causal_lower_right`, so CUDA can pick the flash or
+memory-efficient kernels (O(T) memory) instead of the math kernel (O(T^2)).
 """
 
 from __future__ import annotations
@@ -13,6 +17,12 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right
+
+# On CUDA: flash first, then memory-efficient, never cuDNN. cuDNN's SDPA builds a new plan for
+# every new shape (milliseconds of CPU each), and prompt lengths are all different.
+_CUDA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 class AttentionContext(Protocol):
@@ -21,28 +31,41 @@ class AttentionContext(Protocol):
         ...
 
 
+def sdpa(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool) -> Tensor:
+    """q: [B, Hq, Tq, D]; k/v: [B, Hkv, Tk, D] with Tk >= Tq. Causal means lower-right aligned:
+    query i sees keys 0..Tk - Tq + i (a chunk continuing a cached prefix)."""
+    if q.device.type == "cuda":
+        with sdpa_kernel(_CUDA_BACKENDS):
+            return _sdpa(q, k, v, scale, causal)
+    return _sdpa(q, k, v, scale, causal)
+
+
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool) -> Tensor:
+    num_q, num_k = q.shape[-2], k.shape[-2]
+    gqa = q.shape[1] != k.shape[1]
+    if not causal:
+        return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=gqa)
+    if num_q == num_k:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+    if q.device.type == "cuda":  # flash / memory-efficient kernels with the lower-right variant
+        mask = causal_lower_right(num_q, num_k)
+    else:  # what causal_lower_right materialises off CUDA anyway
+        offset = num_k - num_q
+        mask = torch.ones(num_q, num_k, dtype=torch.bool, device=q.device).tril(offset)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+
+
 def causal_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, q_start: int = 0) -> Tensor:
     """Attention of the queries q (absolute positions q_start..) over keys k (positions 0..).
 
-    q: [Tq, Hq, D]; k/v: [Tk, Hkv, D] with Tk == q_start + Tq. GQA heads are expanded here.
+    q: [Tq, Hq, D]; k/v: [Tk, Hkv, D] with Tk == q_start + Tq.
     """
-    num_q, num_heads, _ = q.shape
-    num_k, num_kv_heads, _ = k.shape
+    num_q = q.shape[0]
+    num_k = k.shape[0]
     if num_k != q_start + num_q:
         raise ValueError(f"{num_k} keys cannot serve {num_q} queries starting at {q_start}")
-    if num_heads != num_kv_heads:
-        group = num_heads // num_kv_heads
-        k = k.repeat_interleave(group, dim=1)
-        v = v.repeat_interleave(group, dim=1)
-    qh, kh, vh = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
-    if q_start == 0:
-        out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale)
-    else:
-        # Query i sits at absolute position q_start + i and sees keys 0..q_start + i.
-        q_pos = torch.arange(q_start, q_start + num_q, device=q.device)[:, None]
-        mask = torch.arange(num_k, device=q.device)[None, :] <= q_pos
-        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale)
-    return out.transpose(0, 1)
+    qh, kh, vh = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))
+    return sdpa(qh, kh, vh, scale, causal=True)[0].transpose(0, 1)
 
 
 class DenseCausalContext:

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
+from worker.models.attention import sdpa
 from worker.models.layers import MergedLinear, get_activation
 
 
@@ -84,7 +84,7 @@ class ClipAttention(nn.Module):
         batch, seq, hidden = x.shape
         qkv = self.qkv_proj(x).view(batch, seq, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, heads, seq, head_dim]
-        out = F.scaled_dot_product_attention(q, k, v, scale=self.head_dim**-0.5)
+        out = sdpa(q, k, v, self.head_dim**-0.5, causal=False)  # 4-D: flash-eligible on CUDA
         return self.out_proj(out.transpose(1, 2).reshape(batch, seq, hidden))
 
 

@@ -27,13 +27,19 @@ _DTYPES = {
     "half": torch.float16,
 }
 
-# Newer llava-hf checkpoints nest everything under `model.`; our modules use the classic names.
+# LLaVA checkpoint layouts onto our (classic llava-hf) module names. transformers 4.x from 4.52
+# writes `model.language_model.*`, `model.vision_tower.vision_model.*`, `lm_head.*`; transformers 5
+# writes `language_model.model.*` and a CLIP tower without its `vision_model.` level:
+# `vision_tower.{embeddings,pre_layrnorm,encoder,post_layernorm}.*` (its in-memory state dict has
+# `model.vision_tower.embeddings.*`).
 _LLAVA_RENAMES = (
     ("model.language_model.", "language_model.model."),
     ("model.vision_tower.", "vision_tower."),
     ("model.multi_modal_projector.", "multi_modal_projector."),
     ("lm_head.", "language_model.lm_head."),
 )
+_TOWER = "vision_tower."
+_TOWER_CLASSIC = "vision_tower.vision_model."
 
 
 def read_config(model_dir: Path) -> dict[str, Any]:
@@ -68,10 +74,13 @@ def resolve_dtype(
 
 
 def llava_checkpoint_name(name: str) -> str:
-    """Map either llava-hf weight layout onto the classic one our module tree uses."""
+    """Map every llava-hf weight layout (transformers 4.x and 5.x) onto our classic names."""
     for new, classic in _LLAVA_RENAMES:
         if name.startswith(new):
-            return classic + name[len(new) :]
+            name = classic + name[len(new) :]
+            break
+    if name.startswith(_TOWER) and not name.startswith(_TOWER_CLASSIC):
+        name = _TOWER_CLASSIC + name[len(_TOWER) :]
     return name
 
 

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The GPU acceptance runs of the engine, one command each, from the project root on a CUDA host:
+#
+#   bash bench/gpu.sh tests    # engine + model tests, every engine on CUDA (needs .devtools/force_cuda.py)
+#   bash bench/gpu.sh engine   # bench.engine GPU suite: engine vs transformers vs floors, llama-1b shape
+#   bash bench/gpu.sh memory   # an 8B-shape model finishes a 32k-token prompt with default memory settings
+#   bash bench/gpu.sh ttft     # bench.ttft end to end: 4 workers on the GPU, the issue's workload
+#
+# Wheels the host lacks (msgspec for the engine; fastapi, uvicorn, pyzmq, openai, ... for `ttft`)
+# are installed from .whl/ when it is there. Results go to $OUT (default /tmp/out).
+set -euo pipefail
+MODE=${1:?usage: bash bench/gpu.sh tests|engine|memory|ttft}
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+fi
+export PYTHONPATH=/tmp/site:$PWD:$PWD/.devtools PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c "import torch, transformers, triton; print('torch', torch.__version__, \
+'transformers', transformers.__version__, 'triton', triton.__version__)"
+case "$MODE" in
+  tests)
+    python3 -m pytest -q -p force_cuda -p no:cacheprovider \
+      tests/test_engine_*.py tests/test_models_*.py 2>&1 | tail -40 | tee "$OUT/tests.log"
+    ;;
+  engine)
+    python3 -m bench.engine --device cuda --dtype bfloat16 --model llama-1b --reps 3 \
+      --out "$OUT/engine-gpu.json" 2>&1 | tee "$OUT/engine-gpu.log"
+    ;;
+  memory)
+    python3 -m bench.engine --device cuda --dtype bfloat16 --model llama-8b --long 32768 \
+      --only-long --no-compare --out "$OUT/engine-8b.json" 2>&1 | tee "$OUT/engine-8b.log"
+    ;;
+  ttft)
+    python3 -m bench.ttft --model llama-1b --device cuda --dtype bfloat16 --workers 4 \
+      --num-blocks 700 --tenants 12 --concurrency 8 --log-dir "$OUT/ttft-logs" \
+      --out "$OUT/ttft-gpu.json" 2>&1 | tee "$OUT/ttft-gpu.log"
+    ;;
+  *)
+    echo "unknown mode $MODE" >&2
+    exit 2
+    ;;
+esac
