@@ -47,7 +47,11 @@ def test_unreachable_worker_named_until_it_comes_up(tmp_path) -> None:
     )  # fmt: skip
     gw.start()
     try:
-        health = _wait_for(lambda: _get(f"{gw.url}/health"), what="the gateway to listen")
+        # The gateway listens before its first poll ("not polled yet"); wait for the poll.
+        health = _wait_for(
+            lambda: (r := _get(f"{gw.url}/health")) and "not polled yet" not in r.text and r,
+            what="the gateway's first poll",
+        )
         assert health.status_code == 503
         chat = httpx.post(
             f"{gw.url}/v1/chat/completions",
