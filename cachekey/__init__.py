@@ -14,7 +14,14 @@ from cachekey.errors import (
     TemplateError,
     UnsupportedContentError,
 )
-from cachekey.images import decode_data_url, image_identifier, probe_image
+from cachekey.images import (
+    IGNORE_UUIDS,
+    ClientUuids,
+    decode_data_url,
+    image_identifier,
+    probe_image,
+    scoped_uuid_identifier,
+)
 from cachekey.keys import (
     HashNamespace,
     block_extra_keys,
@@ -24,16 +31,19 @@ from cachekey.keys import (
     hash_block,
     root_key,
 )
-from cachekey.render import Renderer, RenderLimits
+from cachekey.render import ImageOptions, Renderer, RenderLimits
 from cachekey.types import BlockKey, ExtraKey, MMItem, Prompt
 
 __all__ = [
+    "IGNORE_UUIDS",
     "AssetError",
     "BlockKey",
+    "ClientUuids",
     "ExtraKey",
     "HashNamespace",
     "ImageConfig",
     "ImageFetchError",
+    "ImageOptions",
     "ImageTooLargeError",
     "InvalidImageError",
     "MMItem",
@@ -54,4 +64,5 @@ __all__ = [
     "image_identifier",
     "probe_image",
     "root_key",
+    "scoped_uuid_identifier",
 ]
