@@ -24,7 +24,19 @@ def _add_security_flags(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--max-output-tokens", type=int, default=d.max_output_tokens)
     g.add_argument("--max-n", type=int, default=d.max_n)
-    g.add_argument("--image-fetch-timeout", type=float, default=10.0)
+    g.add_argument("--max-json-depth", type=int, default=d.max_json_depth)
+    g.add_argument(
+        "--max-json-elements",
+        type=int,
+        default=d.max_json_elements,
+        help="values, keys and containers in a request body",
+    )
+    g.add_argument(
+        "--image-fetch-timeout", type=float, default=10.0, help="seconds, all of a request's images"
+    )
+    g.add_argument(
+        "--image-fetch-max-bytes", type=int, default=32 * 2**20, help="all of a request's images"
+    )
     g.add_argument(
         "--image-fetch-allow",
         action="append",
@@ -32,6 +44,11 @@ def _add_security_flags(p: argparse.ArgumentParser) -> None:
         help="host name or CIDR exempt from the SSRF guard (repeat, or comma-separate)",
     )
     g.add_argument("--no-remote-images", action="store_true", help="refuse http(s) image URLs")
+    g.add_argument(
+        "--allow-image-uuids",
+        action="store_true",
+        help="let a client's image uuid name the image, scoped to its tenant (default: ignored)",
+    )
     g.add_argument("--api-keys-file", default=None, help="key -> tenant (JSON, YAML or lines)")
     g.add_argument(
         "--tenant-salt-secret",
@@ -54,6 +71,8 @@ def _limits_from_args(args: argparse.Namespace) -> RequestLimits:
         max_prompt_tokens=args.max_prompt_tokens,
         max_output_tokens=args.max_output_tokens,
         max_n=args.max_n,
+        max_json_depth=args.max_json_depth,
+        max_json_elements=args.max_json_elements,
     )
 
 
@@ -128,10 +147,12 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         session_header=args.session_header,
         limits=_limits_from_args(args),
         image_fetch_timeout=args.image_fetch_timeout,
+        image_fetch_max_bytes=args.image_fetch_max_bytes,
         image_fetch_allow=tuple(
             e.strip() for arg in args.image_fetch_allow for e in arg.split(",") if e.strip()
         ),
         remote_images=not args.no_remote_images,
+        allow_image_uuids=args.allow_image_uuids,
         api_keys_file=args.api_keys_file,
         tenant_salt_secret=args.tenant_salt_secret,
         max_inflight_per_replica=args.max_inflight_per_replica or None,

@@ -48,9 +48,11 @@ class GatewayConfig:
     session_header: str = "x-session-id"
     # Front door (docs/security.md): input limits, image fetching, tenants, overload.
     limits: RequestLimits = field(default_factory=RequestLimits)
-    image_fetch_timeout: float = 10.0
+    image_fetch_timeout: float = 10.0  # all remote images of one request together
+    image_fetch_max_bytes: int = 32 * 2**20  # all remote images of one request together
     image_fetch_allow: tuple[str, ...] = ()  # host names and CIDRs exempt from the SSRF guard
     remote_images: bool = True
+    allow_image_uuids: bool = False  # a client's image `uuid` counts (scoped to its tenant)
     api_keys_file: str | None = None
     tenant_salt_secret: str | None = None  # else env KVGATE_TENANT_SALT_SECRET, else the file
     max_inflight_per_replica: int | None = 256
@@ -92,8 +94,8 @@ class GatewayConfig:
             raise ValueError("softmax_temperature must be >= 0")
         self.image_fetch_allow = tuple(self.image_fetch_allow)
         AllowList.parse(self.image_fetch_allow)  # raises on a malformed entry
-        if self.image_fetch_timeout <= 0:
-            raise ValueError("image_fetch_timeout must be positive")
+        if self.image_fetch_timeout <= 0 or self.image_fetch_max_bytes <= 0:
+            raise ValueError("image_fetch_timeout and image_fetch_max_bytes must be positive")
         if self.max_inflight_per_replica is not None and self.max_inflight_per_replica <= 0:
             raise ValueError("max_inflight_per_replica must be positive")
         if self.max_queue < 0 or self.queue_timeout < 0:

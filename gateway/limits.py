@@ -3,25 +3,33 @@
 Every violation is a `LimitError` whose message names the limit and the flag that sets it, e.g.
 "images per request: 9 > limit 8 (--max-images-per-request)". Image bytes, pixels and prompt
 tokens are enforced by cachekey's Renderer (`render_limits`), which the gateway builds from the
-same config.
+same config. The raw body's JSON shape (depth, element count, lone surrogates) is checked on
+the bytes before anything parses them: gateway/json_guard.py.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
 
 from cachekey.render import IMAGE_PART_TYPES, RenderLimits
+from gateway.json_guard import JSONShapeError, decode_json
+
+_PARSE_INLINE_BYTES = 256 * 1024
 
 
 class LimitError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+    def __init__(
+        self, status: int, message: str, param: str | None = None, code: str = "limit_exceeded"
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
+        self.code = code
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,8 +41,10 @@ class RequestLimits:
     max_image_bytes: int = 20 * 2**20
     max_image_pixels: int = 4096 * 4096
     max_prompt_tokens: int | None = None  # None: the model's max_model_len
-    max_output_tokens: int = 32768
+    max_output_tokens: int = 32768  # also the default of a request that names none
     max_n: int = 16
+    max_json_depth: int = 64
+    max_json_elements: int = 1_000_000
 
     def __post_init__(self) -> None:
         for name in (
@@ -46,11 +56,15 @@ class RequestLimits:
             "max_image_pixels",
             "max_output_tokens",
             "max_n",
+            "max_json_depth",
+            "max_json_elements",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
         if self.max_prompt_tokens is not None and self.max_prompt_tokens <= 0:
             raise ValueError("max_prompt_tokens must be positive")
+        if self.max_json_depth > 256:  # the parser itself recurses; stay far from its limit
+            raise ValueError("max_json_depth must be at most 256")
 
     def render_limits(self) -> RenderLimits:
         return RenderLimits(
@@ -78,6 +92,21 @@ async def read_body(request: Request, limits: RequestLimits) -> bytes:
             raise _over("request body bytes", size, cap, "--max-body-bytes", 413, "body")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+async def read_json(request: Request, limits: RequestLimits) -> Any:
+    """The parsed body: bounded in bytes, depth and elements (gateway/json_guard.py), or 400.
+
+    A large body is measured and parsed in a thread, so the event loop keeps serving.
+    """
+    raw = await read_body(request, limits)
+    args = (raw, limits.max_json_depth, limits.max_json_elements)
+    try:
+        if len(raw) <= _PARSE_INLINE_BYTES:
+            return decode_json(*args)
+        return await asyncio.to_thread(decode_json, *args)
+    except JSONShapeError as e:
+        raise LimitError(400, e.message, None, e.code) from e
 
 
 def check_body(body: Any, limits: RequestLimits) -> None:
@@ -119,6 +148,19 @@ def _check_int(body: dict, name: str, limit: int, flag: str) -> None:
     value = body.get(name)
     if isinstance(value, int) and not isinstance(value, bool) and value > limit:
         raise _over(name, value, limit, flag, 400, name)
+
+
+def fill_max_tokens(
+    body: dict, requested: int | None, prompt_tokens: int, context_len: int, limits: RequestLimits
+) -> None:
+    """A request that names no output length gets --max-output-tokens, within the context left.
+
+    Without this the worker would default to the whole remaining context (vLLM's rule), which
+    --max-output-tokens would never see.
+    """
+    left = context_len - prompt_tokens
+    if requested is None and left > 0:
+        body["max_tokens"] = min(limits.max_output_tokens, left)
 
 
 def render_error_hint(exc: Exception) -> str:

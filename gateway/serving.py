@@ -17,12 +17,19 @@ from pydantic import ValidationError
 
 from cachekey.errors import RenderError
 from cachekey.keys import HashNamespace, block_keys
+from cachekey.render import ImageOptions
 from cachekey.types import BlockKey, Prompt
 from gateway.accounting import RequestLedger
 from gateway.admission import Overloaded
-from gateway.limits import LimitError, check_body, read_body, render_error_hint
+from gateway.fetch import image_options
+from gateway.limits import LimitError, check_body, fill_max_tokens, read_json, render_error_hint
 from gateway.policies import Policy, RouteContext
-from gateway.protocol import ChatCompletionRequest, CompletionRequest, error_response
+from gateway.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    error_response,
+    invalid_request,
+)
 from gateway.proxy import (
     NoReplicaError,
     RelayResponse,
@@ -81,7 +88,9 @@ def pin_images(messages: list[dict[str, Any]], prompt: Prompt) -> None:
         part["uuid"] = item.identifier
 
 
-def render_request(renderer, req: OpenAIRequest, ns: HashNamespace) -> tuple[Prompt, list]:
+def render_request(
+    renderer, req: OpenAIRequest, ns: HashNamespace, images: ImageOptions
+) -> tuple[Prompt, list]:
     """Prompt and block keys of a request (runs in the render thread pool)."""
     if isinstance(req, ChatCompletionRequest):
         prompt = renderer.render_chat(
@@ -89,6 +98,7 @@ def render_request(renderer, req: OpenAIRequest, ns: HashNamespace) -> tuple[Pro
             add_generation_prompt=req.add_generation_prompt,
             tools=req.tools,
             chat_template_kwargs=req.chat_template_kwargs,
+            images=images,
         )
     else:
         p = req.prompt
@@ -135,7 +145,12 @@ class OpenAIServing:
                 )
             policy_name, policy = self._policy(request)
             candidates, ns = self._candidates(req)
-            prompt, keys = await self._render(req, ns)
+            prompt, keys = await self._render(req, ns, tenant)
+            context = [r.info.get("max_model_len") if r.info else None for r in candidates]
+            context_len = min(c or self.state.renderer.assets.max_model_len for c in context)
+            fill_max_tokens(
+                body, req.requested_max_tokens(), len(prompt), context_len, self.state.config.limits
+            )
             ranked, ledger = await self._route(
                 request, policy, policy_name, candidates, ns, prompt, keys
             )
@@ -168,17 +183,15 @@ class OpenAIServing:
     async def _parse(self, request: Request, model_cls: type) -> tuple[dict, OpenAIRequest]:
         limits = self.state.config.limits
         try:
-            body = json.loads(await read_body(request, limits))
+            body = await read_json(request, limits)
             check_body(body, limits)
             return body, model_cls.model_validate(body)
         except LimitError as e:
-            resp = error_response(e.status, e.message, param=e.param, code="limit_exceeded")
+            resp = error_response(e.status, e.message, param=e.param, code=e.code)
             raise RequestError(resp) from e
-        except ValueError as e:  # JSONDecodeError and ValidationError are ValueErrors
-            param = None
-            if isinstance(e, ValidationError) and e.errors():
-                param = ".".join(str(x) for x in e.errors()[0]["loc"])
-            raise RequestError(error_response(400, f"invalid request: {e}", param=param)) from e
+        except ValidationError as e:
+            message, param, code = invalid_request(e)
+            raise RequestError(error_response(400, message, param=param, code=code)) from e
 
     def _policy(self, request: Request) -> tuple[str, Policy]:
         name = request.headers.get(POLICY_HEADER) or self.state.config.policy
@@ -202,13 +215,18 @@ class OpenAIServing:
             raise RequestError(error_response(503, "no healthy worker", "service_unavailable"))
         return candidates, ns
 
-    async def _render(self, req: OpenAIRequest, ns: HashNamespace) -> tuple[Prompt, list]:
+    async def _render(
+        self, req: OpenAIRequest, ns: HashNamespace, tenant: str | None
+    ) -> tuple[Prompt, list]:
         st = self.state
         t0 = time.perf_counter()
+        images = image_options(st.fetcher, st.config.allow_image_uuids, tenant)
         try:
             renderer = await st.get_renderer()
             loop = asyncio.get_running_loop()
-            out = await loop.run_in_executor(st.render_pool, render_request, renderer, req, ns)
+            out = await loop.run_in_executor(
+                st.render_pool, render_request, renderer, req, ns, images
+            )
         except RenderError as e:
             msg = e.message + render_error_hint(e)
             resp = error_response(e.status_code, msg, e.error_type, e.param, type(e).__name__)
