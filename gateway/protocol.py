@@ -86,11 +86,11 @@ _EXPECTED = {
     "dict_type": "an object",
     "model_type": "an object",
 }
-_BOUNDS = {
-    "greater_than_equal": ("below minimum", ">=", "ge"),
-    "greater_than": ("below minimum", ">", "gt"),
-    "less_than_equal": ("above maximum", "<=", "le"),
-    "less_than": ("above maximum", "<", "lt"),
+_BOUNDS = {  # pydantic error type -> (wording, comparison, ctx key, code part)
+    "greater_than_equal": ("below minimum", ">=", "ge", "below_min"),
+    "greater_than": ("below minimum", ">", "gt", "below_min"),
+    "less_than_equal": ("above maximum", "<=", "le", "above_max"),
+    "less_than": ("above maximum", "<", "lt", "above_max"),
 }
 
 
@@ -131,14 +131,14 @@ def invalid_request(exc: ValidationError) -> tuple[str, str | None, str]:
         msg = f"Invalid type for '{param}': expected {expected}, but got {got} instead."
         return msg, param, "invalid_type"
     if kind in _BOUNDS:
-        side, op, key = _BOUNDS[kind]
+        side, op, key, code = _BOUNDS[kind]
         number = "integer" if isinstance(value, int) else "decimal"
         bound = (first.get("ctx") or {}).get(key)
         msg = (
             f"Invalid '{param}': {number} {side} value. Expected a value {op} {bound}, "
             f"but got {value} instead."
         )
-        return msg, param, f"{number}_{side.replace(' ', '_')}_value"
+        return msg, param, f"{number}_{code}_value"
     if kind == "missing":
         return f"Missing required parameter: '{param}'.", param, "missing_required_parameter"
     return f"Invalid value for '{param}': {first.get('msg', 'invalid')}.", param, "invalid_value"
