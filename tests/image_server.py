@@ -16,6 +16,7 @@ Every request's path and headers are recorded in `hits`.
 from __future__ import annotations
 
 import contextlib
+import ssl
 import threading
 import time
 import zlib
@@ -39,7 +40,7 @@ class _QuietServer(ThreadingHTTPServer):
 
 
 class ImageServer:
-    def __init__(self) -> None:
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
         self.images: dict[str, bytes] = {}
         self.hits: list[tuple[str, dict[str, str]]] = []
         self.bomb = gzip_bomb()
@@ -61,8 +62,10 @@ class ImageServer:
                 pass
 
         self.server = _QuietServer(("127.0.0.1", 0), Handler)
+        if tls is not None:
+            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
         self.port = self.server.server_address[1]
-        self.base = f"http://127.0.0.1:{self.port}"
+        self.base = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def add(self, name: str, data: bytes) -> str:

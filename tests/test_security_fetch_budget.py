@@ -8,6 +8,8 @@ failure reads the same, so a client cannot probe ports through the gateway.
 from __future__ import annotations
 
 import socket
+import ssl
+import subprocess
 import time
 import tracemalloc
 
@@ -145,3 +147,52 @@ def test_closed_port_reads_like_a_failing_server() -> None:
             f(f"http://127.0.0.1:{port}/a.png")
         f.close()
     assert NETWORK_FAILURE in info.value.message and str(port) not in info.value.message
+
+
+@pytest.fixture(scope="module")
+def tls_srv(tmp_path_factory: pytest.TempPathFactory):
+    """An https image server whose certificate names images.test (self-signed, made here)."""
+    d = tmp_path_factory.mktemp("tls")
+    cert, key = d / "cert.pem", d / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-keyout", str(key), "-out", str(cert), "-subj", "/CN=images.test",
+         "-addext", "subjectAltName=DNS:images.test"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_ctx.load_cert_chain(cert, key)
+    s = ImageServer(tls=server_ctx)
+    s.add("tls", make_image(30))
+    yield s, ssl.create_default_context(cafile=str(cert))
+    s.close()
+
+
+def _tls_fetcher(trust: ssl.SSLContext | None) -> ImageFetcher:
+    # Both names resolve to the server; only the policy's resolver knows them.
+    policy = FetchPolicy(
+        AllowList.parse(["images.test", "other.test"]), resolver=lambda h, p: ["127.0.0.1"]
+    )
+    return ImageFetcher(2**20, 5.0, policy, tls=trust)
+
+
+def test_https_sends_sni_and_verifies_the_name(tls_srv) -> None:
+    srv, trust = tls_srv
+    f = _tls_fetcher(trust)
+    try:
+        assert f(f"https://images.test:{srv.port}/img/tls") == srv.images["tls"]
+        # The same server, reached under a name its certificate does not carry: refused.
+        with pytest.raises(ImageFetchError, match=NETWORK_FAILURE):
+            f(f"https://other.test:{srv.port}/img/tls")
+    finally:
+        f.close()
+    _, headers = next(h for h in srv.hits if h[0] == "/img/tls")
+    assert headers["host"] == f"images.test:{srv.port}"
+
+
+def test_https_with_an_untrusted_certificate_is_refused(tls_srv) -> None:
+    srv, _ = tls_srv
+    f = _tls_fetcher(None)  # the public roots: a self-signed certificate is not among them
+    with pytest.raises(ImageFetchError, match=NETWORK_FAILURE):
+        f(f"https://images.test:{srv.port}/img/tls")
+    f.close()
