@@ -41,6 +41,11 @@ class _Request(BaseModel):
     ignore_eos: Bool | None = None
     user: Str | None = None
 
+    @field_validator("stream")
+    @classmethod
+    def _null_stream(cls, v: bool | None) -> bool:
+        return bool(v)
+
     @field_validator("stream_options")
     @classmethod
     def _usage_is_bool(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from cachekey.errors import RenderError
 from cachekey.keys import HashNamespace, block_keys
-from cachekey.render import ImageOptions
+from cachekey.render import IMAGE_PART_TYPES, ImageOptions
 from cachekey.types import BlockKey, Prompt
 from gateway.accounting import RequestLedger
 from gateway.admission import Overloaded
@@ -69,7 +69,9 @@ def _image_parts(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for msg in messages:
         content = msg.get("content")
         if isinstance(content, list):
-            parts += [p for p in content if isinstance(p, dict) and p.get("type") == "image_url"]
+            parts += [
+                p for p in content if isinstance(p, dict) and p.get("type") in IMAGE_PART_TYPES
+            ]
     return parts
 
 

@@ -75,10 +75,12 @@ def _noise_png(seed: int, size: int) -> bytes:
 AFTER = " Describe the colours, the stripes and their spacing in one short sentence." * 3
 
 
-def _chat(gw: str, *images: str, uuid: str | None = None, text: str = "describe") -> httpx.Response:
+def _chat(
+    gw: str, *images: str, uuid: str | None = None, text: str = "describe", kind: str = "image_url"
+) -> httpx.Response:
     parts: list[dict] = []
     for url in images:
-        part = {"type": "image_url", "image_url": {"url": url}}
+        part = {"type": kind, "image_url": {"url": url}}
         if uuid is not None:
             part["uuid"] = uuid
         parts.append(part)
@@ -101,14 +103,17 @@ def _cached(r: httpx.Response) -> int:
 # ---- finding 3: cache poisoning through uuid --------------------------------------------
 
 
-def _poisoning_attempt(gw: str, seed: int, uuid_of_victim) -> tuple[int, int, int]:
+def _poisoning_attempt(
+    gw: str, seed: int, uuid_of_victim, kind: str = "image_url"
+) -> tuple[int, int, int]:
     """(cached tokens of a fresh image, of the victim after the attack, of the victim again)."""
-    victim, evil, fresh = (make_image(seed + i) for i in range(3))
+    victim, evil, fresh = (_data_url(make_image(seed + i)) for i in range(3))
     text = f"attempt {seed}"
-    _cached(_chat(gw, _data_url(evil), uuid=uuid_of_victim(victim), text=text))  # the attack
-    baseline = _cached(_chat(gw, _data_url(fresh), text=text))  # shared text, new image
-    after = _cached(_chat(gw, _data_url(victim), text=text))
-    again = _cached(_chat(gw, _data_url(victim), text=text))
+    forged = uuid_of_victim(make_image(seed))
+    _cached(_chat(gw, evil, uuid=forged, text=text, kind=kind))  # the attack
+    baseline = _cached(_chat(gw, fresh, text=text, kind=kind))  # shared text, new image
+    after = _cached(_chat(gw, victim, text=text, kind=kind))
+    again = _cached(_chat(gw, victim, text=text, kind=kind))
     return baseline, after, again
 
 
@@ -118,6 +123,15 @@ def test_uuid_naming_another_images_hash_poisons_nothing(cluster) -> None:
     baseline, after, again = _poisoning_attempt(cluster.gateway_url, 100, image_identifier)
     assert after == baseline  # only the text before the image: nothing of E
     assert again > baseline  # V's own blocks are cached and reused
+
+
+def test_input_image_parts_cannot_carry_a_forged_uuid_either(cluster) -> None:
+    """`input_image` parts were not re-labelled by the gateway, so the client's uuid reached the
+    worker, which takes it verbatim: the same poisoning, one hop later."""
+    baseline, after, again = _poisoning_attempt(
+        cluster.gateway_url, 150, image_identifier, kind="input_image"
+    )
+    assert after == baseline and again > baseline
 
 
 def test_scoped_uuids_cannot_name_a_content_hash(cluster) -> None:
