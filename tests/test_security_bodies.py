@@ -153,11 +153,20 @@ def test_lone_surrogates_and_bad_utf8_are_a_400(cluster, text: bytes) -> None:
     assert err["code"] == "invalid_json"
 
 
+@pytest.mark.parametrize("text", [b'"\\ud800"', b'"x\\udfff"', b'"\\ud800\\ud800"'])
+def test_the_worker_refuses_lone_surrogates_too(cluster, text: bytes) -> None:
+    """Sent to the worker itself (a pod past the NetworkPolicy): a 400, where it was a 500."""
+    body = b'{"model": "demo", "messages": [{"role": "user", "content": ' + text + b"}]}"
+    err = _error(_post(cluster.workers[0].url, body))
+    assert "surrogate" in err["message"]
+
+
 def test_surrogate_pairs_are_fine(cluster) -> None:
     emoji = b'"\\ud83d\\ude00"'  # one astral character as an escaped pair
     body = b'{"model": "demo", "max_tokens": 2, "messages": [{"role": "user", "content": %s}]}'
     body %= emoji
     assert _post(cluster.gateway_url, body).status_code == 200
+    assert _post(cluster.workers[0].url, body).status_code == 200
 
 
 def _peak_rss_reset(pid: int) -> int:

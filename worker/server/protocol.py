@@ -2,19 +2,53 @@
 
 Known fields are strict, as OpenAI's are and as the gateway's models (gateway/protocol.py) are:
 "64" or 64.0 for an integer is a 400, never coerced; a number field takes integers too; `null`
-means "not set". Responses are built as plain dicts in the serving handlers; only requests need
-validation.
+means "not set". A string holding a lone UTF-16 surrogate (JSON `"\\ud800"`), which no
+tokenizer accepts, is a 400 too. Responses are built as plain dicts in the serving handlers;
+only requests need validation.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+_SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads joins valid pairs: any left is lone
+
+
+def has_lone_surrogate(value: Any) -> bool:
+    """Whether any string (key or value) in a parsed JSON body holds a lone surrogate."""
+    stack = [value]
+    while stack:  # not recursive: a body nested hundreds deep must not raise RecursionError
+        v = stack.pop()
+        if isinstance(v, str):
+            if not v.isascii() and _SURROGATE.search(v):  # isascii is O(1): big base64 is free
+                return True
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return False
 
 
 class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_lone_surrogates(cls, data: Any) -> Any:
+        if has_lone_surrogate(data):
+            raise ValueError("a string holds a lone UTF-16 surrogate (\\ud800-\\udfff)")
+        return data
 
 
 class StreamOptions(_Request):
