@@ -118,15 +118,23 @@ def invalid_request(exc: ValidationError) -> tuple[str, str | None, str]:
     if not errors:
         return "invalid request", None, "invalid_request"
     first = errors[0]
-    loc, kind, value = tuple(first.get("loc", ())), first.get("type", ""), first.get("input")
-    siblings = [e for e in errors if e.get("loc", ())[:1] == loc[:1]]
+    loc = tuple(first.get("loc", ()))
+    siblings = [e for e in errors if tuple(e.get("loc", ()))[:1] == loc[:1]]
     if len(siblings) > 1 and len(loc) >= 2 and isinstance(loc[1], str):
-        # A union ("stop": a string or an array of strings): name the field, not a branch.
+        # A union ("stop": a string or an array of strings): pydantic names each branch.
+        deepest = max(siblings, key=lambda e: len(e["loc"]))
+        if len(deepest["loc"]) > 2:  # right container, wrong element: name the element
+            return _describe(deepest, (loc[0], *deepest["loc"][2:]))
         field = _param(loc[:1])
-        options = ", ".join(dict.fromkeys(str(e["loc"][1]) for e in siblings if len(e["loc"]) > 1))
-        got = json_kind(first.get("input")) if len(loc) == 2 else "a wrong element"
+        options = ", ".join(dict.fromkeys(str(e["loc"][1]) for e in siblings))
+        got = json_kind(first.get("input"))
         msg = f"Invalid type for '{field}': expected one of {options}, but got {got} instead."
         return msg, field, "invalid_type"
+    return _describe(first, loc)
+
+
+def _describe(error: Any, loc: tuple[Any, ...]) -> tuple[str, str | None, str]:
+    kind, value = error.get("type", ""), error.get("input")
     if not loc:
         got = json_kind(value)
         return f"The request body must be a JSON object, not {got}.", None, "invalid_type"
@@ -138,7 +146,7 @@ def invalid_request(exc: ValidationError) -> tuple[str, str | None, str]:
     if kind in _BOUNDS:
         side, op, key, code = _BOUNDS[kind]
         number = "integer" if isinstance(value, int) else "decimal"
-        bound = (first.get("ctx") or {}).get(key)
+        bound = (error.get("ctx") or {}).get(key)
         msg = (
             f"Invalid '{param}': {number} {side} value. Expected a value {op} {bound}, "
             f"but got {value} instead."
@@ -146,7 +154,7 @@ def invalid_request(exc: ValidationError) -> tuple[str, str | None, str]:
         return msg, param, f"{number}_{code}_value"
     if kind == "missing":
         return f"Missing required parameter: '{param}'.", param, "missing_required_parameter"
-    return f"Invalid value for '{param}': {first.get('msg', 'invalid')}.", param, "invalid_value"
+    return f"Invalid value for '{param}': {error.get('msg', 'invalid')}.", param, "invalid_value"
 
 
 def error_body(
