@@ -14,7 +14,14 @@ from cachekey.errors import (
     TemplateError,
     UnsupportedContentError,
 )
-from cachekey.images import decode_data_url, image_identifier, probe_image
+from cachekey.images import (
+    IGNORE_UUIDS,
+    ClientUuids,
+    decode_data_url,
+    image_identifier,
+    probe_image,
+    scoped_uuid_identifier,
+)
 from cachekey.keys import (
     DEFAULT_HASH_SEED,
     HashNamespace,
@@ -25,17 +32,20 @@ from cachekey.keys import (
     hash_block,
     root_key,
 )
-from cachekey.render import Renderer, RenderLimits
+from cachekey.render import ImageOptions, Renderer, RenderLimits
 from cachekey.types import BlockKey, ExtraKey, MMItem, Prompt
 
 __all__ = [
     "DEFAULT_HASH_SEED",
+    "IGNORE_UUIDS",
     "AssetError",
     "BlockKey",
+    "ClientUuids",
     "ExtraKey",
     "HashNamespace",
     "ImageConfig",
     "ImageFetchError",
+    "ImageOptions",
     "ImageTooLargeError",
     "InvalidImageError",
     "MMItem",
@@ -56,4 +66,5 @@ __all__ = [
     "image_identifier",
     "probe_image",
     "root_key",
+    "scoped_uuid_identifier",
 ]

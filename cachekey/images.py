@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import io
+from dataclasses import dataclass
 
 import xxhash
 from PIL import Image
@@ -46,6 +48,57 @@ def decode_data_url(url: str, max_bytes: int | None = None, *, param: str | None
 def image_identifier(data: bytes) -> str:
     """The content identifier of an image: xxh3_128 hex of its encoded bytes."""
     return xxhash.xxh3_128_hexdigest(data)
+
+
+_UUID_DOMAIN = b"kvgate/image-uuid/v1"
+UUID_IDENTIFIER_PREFIX = "uuid-"
+
+
+def scoped_uuid_identifier(scope: str, uuid: str) -> str:
+    """A client's image `uuid` as an identifier inside `scope` (the gateway's tenant).
+
+    SHA-256 over length-prefixed (domain, scope, uuid): one scope's uuid never names another
+    scope's image, and the "uuid-" prefix keeps it apart from every content identifier (bare
+    hex), whatever the client sends.
+    """
+    h = hashlib.sha256()
+    for part in (
+        _UUID_DOMAIN,
+        scope.encode("utf-8", "surrogatepass"),
+        uuid.encode("utf-8", "surrogatepass"),
+    ):
+        h.update(len(part).to_bytes(8, "big"))
+        h.update(part)
+    return UUID_IDENTIFIER_PREFIX + h.hexdigest()[:32]
+
+
+@dataclass(frozen=True, slots=True)
+class ClientUuids:
+    """What an image part's client-supplied `uuid` does to the image's identifier.
+
+    - "verbatim": the uuid is the identifier (vLLM's meaning). For a worker behind the gateway,
+      which receives the gateway's identifiers as uuids.
+    - "ignore": the identifier is always the content hash (the gateway's default).
+    - "scoped": the identifier is `scoped_uuid_identifier(scope, uuid)` (--allow-image-uuids).
+    """
+
+    mode: str = "verbatim"
+    scope: str = ""
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("verbatim", "ignore", "scoped"):
+            raise ValueError(f"ClientUuids.mode must be verbatim, ignore or scoped: {self.mode!r}")
+
+    def identifier(self, uuid: str | None, data: bytes) -> str:
+        if uuid is None or self.mode == "ignore":
+            return image_identifier(data)
+        if self.mode == "verbatim":
+            return uuid
+        return scoped_uuid_identifier(self.scope, uuid)
+
+
+VERBATIM_UUIDS = ClientUuids()
+IGNORE_UUIDS = ClientUuids("ignore")
 
 
 def probe_image(

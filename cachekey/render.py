@@ -22,7 +22,7 @@ from cachekey.errors import (
     RenderError,
     UnsupportedContentError,
 )
-from cachekey.images import decode_data_url, image_identifier, probe_image
+from cachekey.images import VERBATIM_UUIDS, ClientUuids, decode_data_url, probe_image
 from cachekey.segment_encoder import SegmentEncoder
 from cachekey.template import RESERVED_NAMES, render_template
 from cachekey.types import MMItem, Prompt
@@ -51,9 +51,30 @@ class RenderLimits:
 
 
 @dataclass(frozen=True, slots=True)
+class ImageOptions:
+    """Per-request image handling (the gateway makes one per request).
+
+    `fetch`: the fetcher for this request's http(s) URLs (e.g. bound to the request's time and
+    byte budget); None uses the Renderer's own. `uuids`: what a client's `uuid` means.
+    """
+
+    fetch: Callable[[str], bytes] | None = None
+    uuids: ClientUuids = VERBATIM_UUIDS
+
+
+@dataclass(frozen=True, slots=True)
 class _Image:
     identifier: str
     data: bytes
+
+
+@dataclass(slots=True)
+class _Call:
+    """What one render_chat call collects and uses while it walks the messages."""
+
+    fetch: Callable[[str], bytes] | None
+    uuids: ClientUuids
+    images: list[_Image]
 
 
 class Renderer:
@@ -83,6 +104,7 @@ class Renderer:
         add_generation_prompt: bool = True,
         tools: list[dict[str, Any]] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        images: ImageOptions = ImageOptions(),
     ) -> Prompt:
         template = self.assets.compiled_template()
         if template is None:
@@ -97,8 +119,8 @@ class Renderer:
                 f"chat_template_kwargs must be an object without {sorted(RESERVED_NAMES)}",
                 param="chat_template_kwargs",
             )
-        images: list[_Image] = []
-        normalized = [self._message(i, m, images) for i, m in enumerate(messages)]
+        call = _Call(images.fetch or self.fetcher, images.uuids, [])
+        normalized = [self._message(i, m, call) for i, m in enumerate(messages)]
         text = render_template(
             template,
             normalized,
@@ -108,7 +130,7 @@ class Renderer:
             tools=tools,
             extra=kwargs,
         )
-        return self._expand(self._encoder.encode(text), images, "messages")
+        return self._expand(self._encoder.encode(text), call.images, "messages")
 
     def render_completion(self, prompt: str | list[int]) -> Prompt:
         if isinstance(prompt, str):
@@ -142,7 +164,7 @@ class Renderer:
                 )
         return list(prompt)
 
-    def _message(self, i: int, msg: Any, images: list[_Image]) -> dict[str, Any]:
+    def _message(self, i: int, msg: Any, call: _Call) -> dict[str, Any]:
         where = f"messages[{i}]"
         if not isinstance(msg, dict):
             raise UnsupportedContentError(f"{where} must be an object", param=where)
@@ -163,13 +185,13 @@ class Renderer:
                 f"{where}.content must be a string or a list of content parts",
                 param=f"{where}.content",
             )
-        parts = [self._part(f"{where}.content[{j}]", p, images) for j, p in enumerate(content)]
+        parts = [self._part(f"{where}.content[{j}]", p, call) for j, p in enumerate(content)]
         if self.assets.image is None:
             # Text-only templates expect a string, as vLLM passes for "string"-format templates.
             return {**msg, "content": "\n".join(p["text"] for p in parts)}
         return {**msg, "content": parts}
 
-    def _part(self, where: str, part: Any, images: list[_Image]) -> dict[str, Any]:
+    def _part(self, where: str, part: Any, call: _Call) -> dict[str, Any]:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind == "text":
             if not isinstance(part.get("text"), str):
@@ -189,26 +211,26 @@ class Renderer:
         uuid = part.get("uuid")
         if uuid is not None and (not isinstance(uuid, str) or not uuid):
             raise UnsupportedContentError(f"{where}.uuid must be a non-empty string", param=where)
-        if len(images) >= self.limits.max_images:
+        if len(call.images) >= self.limits.max_images:
             raise ImageTooLargeError(
                 f"a request may carry at most {self.limits.max_images} images", param=where
             )
-        data = self._image_bytes(url, where)
+        data = self._image_bytes(url, where, call.fetch)
         probe_image(data, self.limits.max_image_pixels, param=where)
-        images.append(_Image(uuid or image_identifier(data), data))
+        call.images.append(_Image(call.uuids.identifier(uuid, data), data))
         return {"type": "image"}
 
-    def _image_bytes(self, url: str, where: str) -> bytes:
+    def _image_bytes(self, url: str, where: str, fetch: Callable[[str], bytes] | None) -> bytes:
         if url.startswith("data:"):
             return decode_data_url(url, self.limits.max_image_bytes, param=where)
         if not url.startswith(("http://", "https://")):
             raise InvalidImageError("image URL must be a data: URL or an http(s) URL", param=where)
-        if self.fetcher is None:
+        if fetch is None:
             raise ImageFetchError(
                 "remote image URLs are disabled; send the image as a data: URL", param=where
             )
         try:
-            data = self.fetcher(url)
+            data = fetch(url)
         except RenderError:
             raise
         except Exception as e:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from cachekey.flags import LOG_LEVELS, flag_group, option
+from cachekey.flags import LOG_LEVELS, flag_group, format_size, option, parse_size
 from gateway.image_fetch import AllowList
 from gateway.limits import RequestLimits
 
@@ -104,13 +104,26 @@ class GatewayConfig:
     limits: RequestLimits = field(
         default_factory=RequestLimits, metadata=flag_group("input limits (docs/security.md)")
     )
-    image_fetch_timeout: float = option(10.0, "seconds to fetch one remote image")
+    image_fetch_timeout: float = option(
+        10.0, "seconds to fetch all the remote images of one request together"
+    )
+    image_fetch_max_bytes: int = option(
+        32 * 2**20,
+        "bytes of all the remote images of one request together",
+        parse=parse_size,
+        show=format_size,
+        metavar="BYTES",
+    )
     image_fetch_allow: tuple[str, ...] = option(
         (),
         "host names and CIDRs exempt from the SSRF guard, comma-separated or repeated",
         metavar="HOST|CIDR",
     )
     remote_images: bool = option(True, "refuse http(s) image URLs")
+    allow_image_uuids: bool = option(
+        False,
+        "let a client's image uuid name the image, scoped to its tenant (docs/security.md)",
+    )
     api_keys_file: str | None = option(
         None, "API key -> tenant file (JSON, YAML or lines); none: no API keys", metavar="PATH"
     )
@@ -169,8 +182,8 @@ class GatewayConfig:
             raise ValueError("softmax_temperature must be >= 0")
         self.image_fetch_allow = tuple(self.image_fetch_allow)
         AllowList.parse(self.image_fetch_allow)  # raises on a malformed entry
-        if self.image_fetch_timeout <= 0:
-            raise ValueError("image_fetch_timeout must be positive")
+        if self.image_fetch_timeout <= 0 or self.image_fetch_max_bytes <= 0:
+            raise ValueError("image_fetch_timeout and image_fetch_max_bytes must be positive")
         if self.max_inflight_per_replica is not None and self.max_inflight_per_replica <= 0:
             raise ValueError("max_inflight_per_replica must be positive")
         if self.max_queue < 0 or self.queue_timeout < 0:

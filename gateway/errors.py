@@ -21,6 +21,7 @@ from cachekey.openai_errors import (
     error_body,
 )
 from gateway.limits import LimitError, render_error_hint
+from gateway.protocol import invalid_request
 from gateway.tenants import AuthError
 
 log = logging.getLogger(__name__)
@@ -74,18 +75,14 @@ def as_gateway_error(exc: BaseException) -> GatewayError:
             401, str(exc), code=INVALID_API_KEY, headers={"www-authenticate": "Bearer"}
         )
     if isinstance(exc, LimitError):
-        return GatewayError(exc.status, exc.message, param=exc.param, code="limit_exceeded")
+        code = exc.code or "limit_exceeded"
+        return GatewayError(exc.status, exc.message, param=exc.param, code=code)
     if isinstance(exc, RenderError):
         msg = exc.message + render_error_hint(exc)
         return GatewayError(exc.status_code, msg, param=exc.param, code=exc.code)
     if isinstance(exc, ValidationError):
-        errors = exc.errors()
-        if not errors:
-            return GatewayError(400, "invalid request")
-        first = errors[0]
-        param = ".".join(str(x) for x in first["loc"]) or None
-        msg = clean_message(first.get("msg", "invalid value"))
-        return GatewayError(400, f"{param or 'body'}: {msg}", param=param)
+        message, param, code = invalid_request(exc)  # worded as OpenAI words them
+        return GatewayError(400, clean_message(message), param=param, code=code)
     if isinstance(exc, json.JSONDecodeError | UnicodeDecodeError):
         return GatewayError(400, f"malformed JSON body: {exc}")
     if isinstance(exc, RecursionError):

@@ -3,11 +3,13 @@
 Every violation is a `LimitError` whose message names the limit and the flag that sets it, e.g.
 "images per request: 9 > limit 8 (--max-images-per-request)". Image bytes, pixels and prompt
 tokens are enforced by cachekey's Renderer (`render_limits`), which the gateway builds from the
-same config.
+same config. The raw body's JSON shape (depth, element count, lone surrogates) is checked on
+the bytes before anything parses them: gateway/json_guard.py.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,14 +17,20 @@ from fastapi import Request
 
 from cachekey.flags import format_pixels, format_size, option, parse_pixels, parse_size
 from cachekey.render import IMAGE_PART_TYPES, RenderLimits
+from gateway.json_guard import JSONShapeError, decode_json
+
+_PARSE_INLINE_BYTES = 256 * 1024
 
 
 class LimitError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+    def __init__(
+        self, status: int, message: str, param: str | None = None, code: str = "limit_exceeded"
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
+        self.code = code
 
 
 _SIZE = {"parse": parse_size, "show": format_size, "metavar": "BYTES"}
@@ -47,6 +55,10 @@ class RequestLimits:
     )
     max_output_tokens: int = option(32768, "max_tokens / max_completion_tokens per request")
     max_n: int = option(16, "choices (n) per request")
+    max_json_depth: int = option(64, "nesting depth of a JSON request body (400 past it)")
+    max_json_elements: int = option(
+        1_000_000, "values (scalars, arrays, objects) in a JSON request body (400 past it)"
+    )
 
     def __post_init__(self) -> None:
         for name in (
@@ -58,11 +70,15 @@ class RequestLimits:
             "max_image_pixels",
             "max_output_tokens",
             "max_n",
+            "max_json_depth",
+            "max_json_elements",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
         if self.max_prompt_tokens is not None and self.max_prompt_tokens <= 0:
             raise ValueError("max_prompt_tokens must be positive")
+        if self.max_json_depth > 256:  # the parser itself recurses; stay far from its limit
+            raise ValueError("max_json_depth must be at most 256")
 
     def render_limits(self) -> RenderLimits:
         return RenderLimits(
@@ -77,19 +93,40 @@ def _over(what: str, value: int, limit: int, flag: str, status: int, param: str)
     return LimitError(status, f"{what}: {value} > limit {limit} ({flag})", param)
 
 
-async def read_body(request: Request, limits: RequestLimits) -> bytes:
-    """The request body, refused (413) by Content-Length or as soon as it grows past the limit."""
+async def read_body(request: Request, limits: RequestLimits) -> bytearray:
+    """The request body, refused (413) by Content-Length or as soon as it grows past the limit.
+
+    Read into one buffer of the declared length (not chunks joined at the end, nor a buffer
+    that grows by copying): the body is held once.
+    """
     cap = limits.max_body_bytes
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > cap:
         raise _over("request body bytes", int(declared), cap, "--max-body-bytes", 413, "body")
-    chunks, size = [], 0
+    body, size = bytearray(int(declared) if declared.isdigit() else 0), 0
     async for chunk in request.stream():
-        size += len(chunk)
-        if size > cap:
-            raise _over("request body bytes", size, cap, "--max-body-bytes", 413, "body")
-        chunks.append(chunk)
-    return b"".join(chunks)
+        end = size + len(chunk)
+        if end > cap:
+            raise _over("request body bytes", end, cap, "--max-body-bytes", 413, "body")
+        body[size : min(end, len(body))] = chunk  # in place while it fits, else it grows
+        size = end
+    del body[size:]
+    return body
+
+
+async def read_json(request: Request, limits: RequestLimits) -> Any:
+    """The parsed body: bounded in bytes, depth and elements (gateway/json_guard.py), or 400.
+
+    A large body is measured and parsed in a thread, so the event loop keeps serving.
+    """
+    raw = await read_body(request, limits)
+    args = (raw, limits.max_json_depth, limits.max_json_elements)
+    try:
+        if len(raw) <= _PARSE_INLINE_BYTES:
+            return decode_json(*args)
+        return await asyncio.to_thread(decode_json, *args)
+    except JSONShapeError as e:
+        raise LimitError(400, e.message, None, e.code) from e
 
 
 def check_body(body: Any, limits: RequestLimits) -> None:
@@ -131,6 +168,21 @@ def _check_int(body: dict, name: str, limit: int, flag: str) -> None:
     value = body.get(name)
     if isinstance(value, int) and not isinstance(value, bool) and value > limit:
         raise _over(name, value, limit, flag, 400, name)
+
+
+def default_max_tokens(
+    requested: int | None, prompt_tokens: int, context_len: int, limits: RequestLimits
+) -> int | None:
+    """The output length of a request that names none: --max-output-tokens, within the context
+    left (None when it names one, or no room is left: the worker then answers for itself).
+
+    Without this the worker would default to the whole remaining context (vLLM's rule), which
+    --max-output-tokens would never see.
+    """
+    left = context_len - prompt_tokens
+    if requested is None and left > 0:
+        return min(limits.max_output_tokens, left)
+    return None
 
 
 def render_error_hint(exc: Exception) -> str:

@@ -14,11 +14,14 @@ from dataclasses import dataclass, field
 import xxhash
 
 from cachekey.keys import HashNamespace, block_keys, clamp_match
+from cachekey.render import ImageOptions
 from cachekey.types import BlockKey, Prompt
 from gateway import accounting
 from gateway.errors import GatewayError
+from gateway.fetch import image_options
 from gateway.images import pin_images
 from gateway.index import ReplicaId
+from gateway.limits import default_max_tokens
 from gateway.policies import Policy, RouteContext
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.replicas import Replica
@@ -32,7 +35,9 @@ INLINE_RENDER_CHARS = 4096
 OpenAIRequest = ChatCompletionRequest | CompletionRequest
 
 
-def render_request(renderer, req: OpenAIRequest, ns: HashNamespace) -> tuple[Prompt, list]:
+def render_request(
+    renderer, req: OpenAIRequest, ns: HashNamespace, images: ImageOptions
+) -> tuple[Prompt, list]:
     """Prompt and block keys of a request (runs in the render thread pool)."""
     if isinstance(req, ChatCompletionRequest):
         prompt = renderer.render_chat(
@@ -40,6 +45,7 @@ def render_request(renderer, req: OpenAIRequest, ns: HashNamespace) -> tuple[Pro
             add_generation_prompt=req.add_generation_prompt,
             tools=req.tools,
             chat_template_kwargs=req.chat_template_kwargs,
+            images=images,
         )
     else:
         p = req.prompt
@@ -59,6 +65,7 @@ class ProxyRequest:
     policy: Policy
     candidates: list[Replica]
     ns: HashNamespace
+    tenant: str | None = None  # None: the gateway has no API keys
     wants_usage: bool = False  # the client asked for the usage chunk of a stream
     admitted: bool = False
     prompt: Prompt = field(default_factory=lambda: Prompt([]))
@@ -71,7 +78,12 @@ class ProxyRequest:
 
     @classmethod
     def route(
-        cls, state: GatewayState, endpoint: str, body: OpenAIRequest, headers: Mapping[str, str]
+        cls,
+        state: GatewayState,
+        endpoint: str,
+        body: OpenAIRequest,
+        headers: Mapping[str, str],
+        tenant: str | None = None,
     ) -> ProxyRequest:
         """The policy and the candidate replicas of a parsed request (404/503 when none)."""
         name = headers.get(POLICY_HEADER) or state.config.policy
@@ -88,7 +100,9 @@ class ProxyRequest:
                 code="no_healthy_worker",
             )
         wants_usage = bool((body.stream_options or {}).get("include_usage"))
-        return cls(state, endpoint, body, headers, name, policy, candidates, ns, wants_usage)
+        return cls(
+            state, endpoint, body, headers, name, policy, candidates, ns, tenant, wants_usage
+        )
 
     # -- the stages, in order ----------------------------------------------------------------
 
@@ -103,13 +117,29 @@ class ProxyRequest:
             renderer = await st.get_renderer()
         except RuntimeError as e:  # the render assets could not be loaded
             raise GatewayError(503, str(e), code="assets_unavailable") from e
+        # One time and byte budget for all the request's remote images (docs/security.md).
+        images = image_options(st.fetcher, st.config.allow_image_uuids, self.tenant)
         if _is_small_text(self.body):
-            self.prompt, self.keys = render_request(renderer, self.body, self.ns)
+            self.prompt, self.keys = render_request(renderer, self.body, self.ns, images)
         else:
             self.prompt, self.keys = await st.render_queue.run(
-                render_request, renderer, self.body, self.ns
+                render_request, renderer, self.body, self.ns, images
             )
         st.metrics.render_seconds.observe(time.perf_counter() - t0)
+        self._default_max_tokens(renderer.assets.max_model_len)
+
+    def _default_max_tokens(self, model_len: int) -> None:
+        """A chat request that names no output length gets --max-output-tokens (bounded by the
+        smallest context of its candidates); a completion keeps OpenAI's default of 16."""
+        b = self.body
+        if not isinstance(b, ChatCompletionRequest):
+            return
+        lens = [r.info.max_model_len if r.info else None for r in self.candidates]
+        context_len = min(n or model_len for n in lens)
+        limits = self.state.config.limits
+        n = default_max_tokens(b.requested_max_tokens(), len(self.prompt), context_len, limits)
+        if n is not None:
+            b.max_tokens = n
 
     async def rank(self) -> None:
         """Rank the candidates and take a slot on the best one with room."""

@@ -8,14 +8,12 @@ or when a relayed stream ends.
 
 from __future__ import annotations
 
-import json
-
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.errors import GatewayError, Overloaded, UpstreamFailed, error_response
-from gateway.limits import check_body, read_body
+from gateway.errors import Overloaded, UpstreamFailed, error_response
+from gateway.limits import check_body, read_json
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.proxy import RelayResponse, SSERelay, relay_stream
 from gateway.request import OpenAIRequest, ProxyRequest
@@ -34,11 +32,7 @@ def authenticate(state: GatewayState, request: Request) -> str | None:
 async def parse(request: Request, model_cls: type[OpenAIRequest], state: GatewayState):
     """The parsed request: body size, JSON, shape limits, then the request model."""
     limits = state.config.limits
-    raw = await read_body(request, limits)
-    try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError
-        raise GatewayError(400, f"malformed JSON body: {e}") from e
+    data = await read_json(request, limits)  # bounded in bytes, depth and elements
     check_body(data, limits)
     return model_cls.model_validate(data)
 
@@ -65,7 +59,7 @@ class OpenAIServing:
                 # Replaces any client salt by one derived from (tenant, client salt): the
                 # routing keys and the worker's cache both use it.
                 body.cache_salt = st.tenants.salt_for(tenant, body.cache_salt)
-            px = ProxyRequest.route(st, endpoint, body, request.headers)
+            px = ProxyRequest.route(st, endpoint, body, request.headers, tenant)
             await px.admit()
             await px.render()
             await px.rank()

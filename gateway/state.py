@@ -116,4 +116,9 @@ def _build_fetcher(config: GatewayConfig) -> ImageFetcher | RemoteImagesDisabled
     if not config.remote_images:
         return RemoteImagesDisabled()
     policy = FetchPolicy(AllowList.parse(config.image_fetch_allow))
-    return ImageFetcher(config.limits.max_image_bytes, config.image_fetch_timeout, policy)
+    return ImageFetcher(
+        config.limits.max_image_bytes,
+        config.image_fetch_timeout,
+        policy,
+        max_total_bytes=config.image_fetch_max_bytes,
+    )

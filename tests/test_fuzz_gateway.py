@@ -1,10 +1,11 @@
 """Property-based fuzzing of the gateway's HTTP API over real processes (hypothesis).
 
 Random and semi-valid chat/completion bodies (wrong types, huge numbers, nested junk, bad
-images, unicode, empty arrays, truncated JSON, wrong content types) go to a real gateway in
-front of a real `sim` worker. Every answer must come within a few seconds and never be a 5xx
-(the cluster is healthy, so not even a 503), and a 4xx must carry an OpenAI error body. At the
-end the worker must still be healthy (no input killed its engine).
+images, unicode, empty arrays, truncated JSON, wrong content types; nesting thousands deep,
+lone UTF-16 surrogates, numbers as strings or decimals, huge unknown fields) go to a real
+gateway in front of a real `sim` worker. Every answer must come within a few seconds and never
+be a 5xx (the cluster is healthy, so not even a 503), and a 4xx must carry an OpenAI error body.
+At the end the worker must still be healthy (no input killed its engine).
 
 The suite runs 150 examples; `KVGATE_FUZZ_EXAMPLES=2000` runs a bigger one by hand
 (docs/reliability.md has the figures).
@@ -109,7 +110,10 @@ MESSAGE = mostly(
 SAMPLING = {
     "max_tokens": mostly(st.integers(min_value=1, max_value=32), WEIRD_INT),
     "max_completion_tokens": WEIRD_INT,
-    "n": mostly(st.integers(min_value=1, max_value=3), st.sampled_from([0, -1, 2**31, 10**30])),
+    "n": mostly(
+        st.integers(min_value=1, max_value=3),
+        st.sampled_from([0, -1, 2**31, 10**30, "64", 64.0, 2.0, True, "2", None]),
+    ),
     "temperature": mostly(st.floats(min_value=0, max_value=2), WEIRD_INT),
     "top_p": mostly(st.floats(min_value=0.01, max_value=1), WEIRD_INT),
     "top_k": WEIRD_INT,
@@ -174,6 +178,42 @@ VALID_COMPLETION = st.fixed_dictionaries(
     optional=VALID_SAMPLING,
 )
 MUTABLE_KEYS = [*SAMPLING, "model", "messages", "prompt", "tools", "top_k", "logprobs"]
+# Numbers in the shapes that passed type-blind limit checks (issue 14): strings, decimals.
+WRONG_TYPED = st.sampled_from(["64", "40000", 64.0, 1e3, "1", True, [64], {"n": 64}, "-1"])
+# Escaped lone surrogates, a valid pair, and raw bytes that are not UTF-8 (a surrogate encoded
+# as UTF-8, a lone continuation byte).
+BAD_TEXT = st.sampled_from(
+    [b"\\ud800", b"\\udfff", b"a\\ud800b", b"\\ud800\\ud800", b"\\ud83d\\ude00",
+     b"\xed\xa0\x80", b"\x80", b"\\\\ud800"]
+)  # fmt: skip
+
+
+TYPED_FIELDS = ["n", "max_tokens", "max_completion_tokens", "seed", "temperature", "top_p",
+                "top_k", "logprobs", "stream"]  # fmt: skip
+
+
+def _deep(depth: int, kind: str) -> bytes:
+    if kind == "array":
+        return b"[" * depth + b"]" * depth
+    return b'{"a":' * depth + b"1" + b"}" * depth
+
+
+@st.composite
+def hostile_bodies(draw: st.DrawFn, body: dict) -> bytes:
+    """A valid body with one hostile part: deep nesting, bad text, a wrong type, a huge field."""
+    kind = draw(st.sampled_from(["deep", "text", "typed", "huge"]))
+    if kind == "typed":
+        field = draw(st.sampled_from(TYPED_FIELDS))
+        return json.dumps({**body, field: draw(WRONG_TYPED)}).encode()
+    data = json.dumps({**body, "junk": "@@JUNK@@"}).encode()
+    if kind == "deep":
+        depth = draw(st.sampled_from([10, 64, 65, 999, 5_000, 100_000]))
+        hole = _deep(depth, draw(st.sampled_from(["array", "object"])))
+        return data.replace(b'"@@JUNK@@"', hole)
+    if kind == "text":
+        return data.replace(b"@@JUNK@@", draw(BAD_TEXT))
+    size = draw(st.sampled_from([2**20, 8 * 2**20, 16 * 2**20]))
+    return data.replace(b"@@JUNK@@", b"x" * size)
 
 
 @st.composite
@@ -182,7 +222,9 @@ def raw_requests(draw: st.DrawFn) -> tuple[str, bytes, str]:
     chat = draw(st.booleans())
     path = "/v1/chat/completions" if chat else "/v1/completions"
     shape = draw(
-        st.sampled_from(["valid", "mutated", "mutated", "random", "truncated", "binary", "other"])
+        st.sampled_from(
+            ["valid", "mutated", "mutated", "random", "truncated", "binary", "other", "hostile"]
+        )
     )
     body = draw(VALID_CHAT if chat else VALID_COMPLETION)
     if shape == "mutated":
@@ -200,6 +242,8 @@ def raw_requests(draw: st.DrawFn) -> tuple[str, bytes, str]:
         data = draw(st.binary(max_size=200))
     elif shape == "other":
         data = json.dumps(draw(JSON)).encode()
+    elif shape == "hostile":
+        data = draw(hostile_bodies(body))
     ctype = draw(CONTENT_TYPES) if draw(st.integers(0, 4)) == 0 else "application/json"
     return path, data, ctype
 

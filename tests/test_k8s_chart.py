@@ -120,6 +120,7 @@ def test_default_values(chart: Any) -> None:
         [
             "ConfigMap",
             "Deployment",
+            "NetworkPolicy",
             "PodDisruptionBudget",
             "PodDisruptionBudget",
             "Role",

@@ -1,10 +1,12 @@
-"""The chart's security values reach the gateway: its rendered args parse into the config."""
+"""The chart's security values reach the gateway (its rendered args parse into the config), and
+its NetworkPolicy lets only the gateways and the metrics scraper reach the workers."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate
 import pytest
 import yaml
 
@@ -15,15 +17,22 @@ helm = pytest.importorskip("helm_python", reason="pip install helm-python-sdk (t
 CHART = Path(__file__).resolve().parent.parent / "helm" / "kvgate"
 
 
-def _gateway(values: dict[str, Any] | None) -> dict[str, Any]:
+def _render(values: dict[str, Any] | None) -> list[dict[str, Any]]:
     with helm.Chart.load(CHART) as chart:
         out = chart.render(values, name="kvgate", namespace="inference", is_install=True)
-    for template, text in out.items():
-        if template.endswith("NOTES.txt"):
-            continue
-        for doc in yaml.safe_load_all(text):
-            if doc and doc["kind"] == "Deployment" and "gateway" in doc["metadata"]["name"]:
-                return doc
+    return [
+        doc
+        for template, text in out.items()
+        if not template.endswith("NOTES.txt")
+        for doc in yaml.safe_load_all(text)
+        if doc
+    ]
+
+
+def _gateway(values: dict[str, Any] | None) -> dict[str, Any]:
+    for doc in _render(values):
+        if doc["kind"] == "Deployment" and "gateway" in doc["metadata"]["name"]:
+            return doc
     raise AssertionError("no gateway Deployment")
 
 
@@ -39,14 +48,22 @@ def test_default_chart_args_match_cli_defaults() -> None:
     assert cfg.limits == defaults.limits
     assert (cfg.max_inflight_per_replica, cfg.max_queue, cfg.queue_timeout) == (256, 1024, 30.0)
     assert cfg.api_keys_file is None and cfg.remote_images
+    assert cfg.image_fetch_max_bytes == defaults.image_fetch_max_bytes
+    assert cfg.image_fetch_timeout == defaults.image_fetch_timeout
+    assert cfg.allow_image_uuids is False
 
 
 def test_auth_secret_limits_and_fetch_values() -> None:
     values = {
         "auth": {"existingSecret": "api-keys", "secretKey": "keys.yaml", "saltSecretKey": "salt"},
         "gateway": {
-            "limits": {"maxPromptTokens": 4096, "maxN": 4},
-            "imageFetch": {"remoteImages": False, "allow": ["images.internal", "10.1.0.0/16"]},
+            "limits": {"maxPromptTokens": 4096, "maxN": 4, "maxJsonDepth": 32},
+            "imageFetch": {
+                "remoteImages": False,
+                "allow": ["images.internal", "10.1.0.0/16"],
+                "maxBytes": 1000,
+                "allowClientUuids": True,
+            },
             "overload": {"maxInflightPerReplica": 0, "maxQueue": 10, "queueTimeoutSeconds": 2},
         },
     }
@@ -56,6 +73,8 @@ def test_auth_secret_limits_and_fetch_values() -> None:
     assert cfg.limits.max_prompt_tokens == 4096 and cfg.limits.max_n == 4
     assert not cfg.remote_images
     assert cfg.image_fetch_allow == ("images.internal", "10.1.0.0/16")
+    assert cfg.limits.max_json_depth == 32
+    assert cfg.image_fetch_max_bytes == 1000 and cfg.allow_image_uuids
     assert cfg.max_inflight_per_replica is None and cfg.max_queue == 10
     (salt,) = [e for e in c["env"] if e["name"] == "KVGATE_TENANT_SALT_SECRET"]
     assert salt["valueFrom"]["secretKeyRef"] == {"name": "api-keys", "key": "salt"}
@@ -63,3 +82,80 @@ def test_auth_secret_limits_and_fetch_values() -> None:
     assert mount["mountPath"] == "/etc/kvgate/auth" and "subPath" not in mount
     vol = next(v for v in dep["spec"]["template"]["spec"]["volumes"] if v["name"] == "api-keys")
     assert vol["secret"]["secretName"] == "api-keys"
+
+
+# ---- NetworkPolicy -----------------------------------------------------------------------
+
+
+def _kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def _pod_labels(docs: list[dict[str, Any]], kind: str) -> dict[str, str]:
+    (workload,) = _kind(docs, kind)
+    return workload["spec"]["template"]["metadata"]["labels"]
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    assert set(selector) == {"matchLabels"}, selector
+    return selector["matchLabels"].items() <= labels.items()
+
+
+def test_only_gateways_and_the_scraper_reach_the_workers() -> None:
+    docs = _render(None)
+    (policy,) = _kind(docs, "NetworkPolicy")
+    kubernetes_validate.validate(policy, kubernetes_validate.latest_version(), strict=True)
+    workers, gateways = _pod_labels(docs, "StatefulSet"), _pod_labels(docs, "Deployment")
+    spec = policy["spec"]
+    assert spec["policyTypes"] == ["Ingress"]  # an Ingress policy: all else is denied
+    assert _selects(spec["podSelector"], workers) and not _selects(spec["podSelector"], gateways)
+
+    gateway_rule, scraper_rule = spec["ingress"]
+    (peer,) = gateway_rule["from"]
+    assert set(peer) == {"podSelector"}  # this namespace only
+    assert _selects(peer["podSelector"], gateways) and not _selects(peer["podSelector"], workers)
+    # Every port the worker listens on, by the names its container gives them.
+    (sts,) = _kind(docs, "StatefulSet")
+    (worker,) = sts["spec"]["template"]["spec"]["containers"]
+    names = {p["name"] for p in worker["ports"]}
+    assert names == {"http", "kv-events", "kv-replay"}
+    assert {p["port"] for p in gateway_rule["ports"]} == names
+
+    (scraper,) = scraper_rule["from"]
+    assert scraper["namespaceSelector"] == {
+        "matchLabels": {"kubernetes.io/metadata.name": "monitoring"}
+    }
+    assert scraper["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}
+    assert [p["port"] for p in scraper_rule["ports"]] == ["http"]  # /metrics, not the events
+
+
+def test_network_policy_switches() -> None:
+    assert _kind(_render({"networkPolicy": {"enabled": False}}), "NetworkPolicy") == []
+    values = {
+        "networkPolicy": {
+            "metricsScraper": {
+                # Helm merges maps into the defaults: null drops a default label.
+                "namespaceSelector": {
+                    "matchLabels": {"kubernetes.io/metadata.name": None, "team": "obs"}
+                },
+                "podSelector": {"matchLabels": {"app.kubernetes.io/name": None, "app": "vmagent"}},
+            },
+            "extraIngress": [{"from": [{"podSelector": {"matchLabels": {"app": "debug"}}}]}],
+        }
+    }
+    (policy,) = _kind(_render(values), "NetworkPolicy")
+    kubernetes_validate.validate(policy, kubernetes_validate.latest_version(), strict=True)
+    _, scraper, extra = policy["spec"]["ingress"]
+    assert scraper["from"][0]["podSelector"] == {"matchLabels": {"app": "vmagent"}}
+    assert scraper["from"][0]["namespaceSelector"] == {"matchLabels": {"team": "obs"}}
+    assert extra == {"from": [{"podSelector": {"matchLabels": {"app": "debug"}}}]}
+    off = {"networkPolicy": {"metricsScraper": {"enabled": False}}}
+    (policy,) = _kind(_render(off), "NetworkPolicy")
+    assert len(policy["spec"]["ingress"]) == 1
+
+
+def test_network_policy_values_are_checked() -> None:
+    with pytest.raises(helm.HelmValuesError):
+        _render({"networkPolicy": {"enabled": "yes"}})
+    with pytest.raises(helm.HelmValuesError):
+        _render({"networkPolicy": {"metricsScraper": {"podSelector": {"app": "x"}}}})

@@ -162,16 +162,19 @@ def test_n(gw: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("url", "needle"),
+    "url",
     [
-        ("http://10.0.0.1/cat.png", "private address 10.0.0.1"),
-        ("http://169.254.169.254/latest/meta-data", "cloud metadata"),
-        ("http://localhost:9/cat.png", "loopback address 127.0.0.1"),
+        "http://10.0.0.1/cat.png",
+        "http://169.254.169.254/latest/meta-data",
+        "http://localhost:9/cat.png",
+        "http://[::ffff:0:a9fe:a9fe]/latest/meta-data",  # SIIT form of the metadata address
     ],
 )
-def test_ssrf_refused_through_the_gateway(gw: str, url: str, needle: str) -> None:
+def test_ssrf_refused_through_the_gateway(gw: str, url: str) -> None:
     r = _chat(gw, [_image_msg(url)])
-    _assert_limit(r, 400, needle, "forbidden")
+    _assert_limit(r, 400, "is not allowed", "--image-fetch-allow")
+    message = r.json()["error"]["message"]
+    assert "127.0.0.1" not in message  # what localhost resolved to stays on the gateway
 
 
 def test_gateway_keeps_serving_after_violations(gw: str) -> None:

@@ -1,17 +1,54 @@
 """OpenAI request models (pydantic). Unknown fields are ignored: peer routers add their own.
 
-Responses are built as plain dicts in the serving handlers; only requests need validation.
+Known fields are strict, as OpenAI's are and as the gateway's models (gateway/protocol.py) are:
+"64" or 64.0 for an integer is a 400, never coerced; a number field takes integers too; `null`
+means "not set". A string holding a lone UTF-16 surrogate (JSON `"\\ud800"`), which no
+tokenizer accepts, is a 400 too. Responses are built as plain dicts in the serving handlers;
+only requests need validation.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+_SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads joins valid pairs: any left is lone
+
+
+def has_lone_surrogate(value: Any) -> bool:
+    """Whether any string (key or value) in a parsed JSON body holds a lone surrogate."""
+    stack = [value]
+    while stack:  # not recursive: a body nested hundreds deep must not raise RecursionError
+        v = stack.pop()
+        if isinstance(v, str):
+            if not v.isascii() and _SURROGATE.search(v):  # isascii is O(1): big base64 is free
+                return True
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return False
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_lone_surrogates(cls, data: Any) -> Any:
+        if has_lone_surrogate(data):
+            raise ValueError("a string holds a lone UTF-16 surrogate (\\ud800-\\udfff)")
+        return data
 
 
 class StreamOptions(_Request):
@@ -22,19 +59,24 @@ class SamplingFields(_Request):
     """Fields shared by chat and completions that become engine SamplingParams."""
 
     model: str | None = None
-    n: int = Field(1, ge=1, le=64)
+    n: int | None = Field(1, ge=1, le=64)
     temperature: float | None = Field(None, ge=0.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
-    ignore_eos: bool = False
-    stream: bool = False
+    ignore_eos: bool | None = False
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
     # vLLM's prefix-cache isolation: mixed into block 0's key, so it reaches every block.
     cache_salt: str | None = None
     logprobs: bool | int | None = None
+
+    @field_validator("n", "ignore_eos", "stream")
+    @classmethod
+    def _null_is_default(cls, v: Any, info: ValidationInfo) -> Any:
+        return cls.model_fields[info.field_name].default if v is None else v
 
     @field_validator("cache_salt")
     @classmethod
