@@ -17,6 +17,7 @@ import os
 
 import httpx
 import msgspec
+import pytest
 import zmq
 import zmq.asyncio
 from hypothesis import HealthCheck, given, settings
@@ -28,6 +29,8 @@ from cachekey.keys import HashNamespace, block_keys
 from gateway.index import BlockIndex, ReplicaId
 from gateway.metrics import GatewayMetrics
 from gateway.subscriber import EventSource, KVEventSubscriber
+
+pytestmark = pytest.mark.slow
 
 EXAMPLES = int(os.environ.get("KVGATE_FUZZ_EXAMPLES", "1000"))
 NS = HashNamespace("demo", block_size=4)
