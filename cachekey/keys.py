@@ -91,6 +91,54 @@ def hash_block(
     )
 
 
+def chain_keys(
+    parent: BlockKey,
+    packed_tokens: bytes,
+    block_size: int,
+    extra_keys: Sequence[Sequence[ExtraKey] | None] | None = None,
+) -> list[BlockKey]:
+    """Keys of consecutive full blocks after `parent`: `hash_block` over each block in turn, with
+    the tokens packed once (`pack_tokens`) for the whole run. The gateway's ingestion path."""
+    step = 4 * block_size
+    digest = xxhash.xxh3_128_digest
+    keys: list[BlockKey] = []
+    for i in range(len(packed_tokens) // step):
+        extra = extra_keys[i] if extra_keys is not None else None
+        tail = encode_extra_keys(extra) if extra else _NO_EXTRA
+        parent = digest(parent + packed_tokens[i * step : (i + 1) * step] + tail)
+        keys.append(parent)
+    return keys
+
+
+def lookahead_key(
+    key: BlockKey, lookahead_tokens: Sequence[int], mm_pairs: Sequence[ExtraKey] = ()
+) -> BlockKey:
+    """A block whose engine hash also covers the next tokens (vLLM's EAGLE/MTP lookahead): the
+    block's own key, those tokens and the mm items that start among them."""
+    payload = b"kvgate-lookahead\x00" + key + pack_tokens(lookahead_tokens)
+    return BlockKey(xxhash.xxh3_128_digest(payload + encode_extra_keys(mm_pairs)))
+
+
+def request_lookahead_keys(
+    keys: Sequence[BlockKey],
+    token_ids: Sequence[int],
+    block_size: int,
+    lookahead: int,
+    mm_items: Sequence[MMItem] = (),
+) -> list[BlockKey]:
+    """`lookahead_key` of each block of a request that has `lookahead` tokens after it."""
+    out: list[BlockKey] = []
+    for i, key in enumerate(keys):
+        start, end = i * block_size, (i + 1) * block_size
+        if end + lookahead > len(token_ids):
+            break
+        pairs = [
+            (m.identifier, m.offset - start) for m in mm_items if end <= m.offset < end + lookahead
+        ]
+        out.append(lookahead_key(key, token_ids[end : end + lookahead], pairs))
+    return out
+
+
 def block_extra_keys(
     block_index: int,
     block_size: int,

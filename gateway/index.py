@@ -1,45 +1,50 @@
 """BlockIndex: which replicas hold which block keys, rebuilt exactly from the workers' KV events.
 
 Dual keys: events carry engine hashes (kvgate's BlockKey bytes, or vLLM's ints), but the index is
-keyed by the gateway's own keys, recomputed with `cachekey.hash_block` from each event's token
-ids and extra keys. Each replica keeps engine hash -> gateway key so that removals and children
-(whose parent is named by engine hash) resolve. Memory is bounded by an LRU over gateway keys.
+keyed by the gateway's own keys, recomputed from each event's token ids and extra keys
+(`cachekey.chain_keys`). Each replica keeps engine hash -> gateway key so that removals and
+children (whose parent is named by engine hash) resolve.
+
+Compact: one dict entry per key whose value is a bitmask of *slots*; a slot is one KV-cache group
+of one replica (a plain model has one group; a hybrid model a full-attention and a sliding-window
+group). A second copy of a key in a slot is counted in a small side table. A replica is an opaque
+id, so a (worker, data-parallel rank) pair can be one. Insertion order is the LRU order (a store
+re-inserts its key), and the oldest keys go in batches when the cap is passed.
+
+Copies (docs/gateway.md, "vLLM workers"): every kvgate `BlockStored` is one more copy (a key
+computed twice in one step is cached twice). vLLM's `kv_cache_report_mode="full"` re-announces
+the blocks a request hit as a `BlockStored` from block 0 (no parent); for a replica marked as
+re-announcing, such a store of a block the slot already holds is not a new copy.
+
+Thread safety: events are hashed and applied on an ingestion thread while `match` runs on the
+event loop. Mutations take `_lock`; `match` reads without it (single dict reads and ints, and
+per-replica tuples replaced whole), taking the lock only to expire speculative entries.
 """
 
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
-from collections import OrderedDict, deque
+from array import array
+from collections import Counter, deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from itertools import islice
 from typing import NewType
 
-from cachekey.events import AllBlocksCleared, BlockRemoved, BlockStored, EngineHash, KVEvent
-from cachekey.keys import HashNamespace, hash_block
-from cachekey.types import BlockKey
+from cachekey.events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from cachekey.keys import HashNamespace, chain_keys, lookahead_key, request_lookahead_keys
+from cachekey.types import BlockKey, MMItem
+from gateway.index_replica import ReplicaState, split_lookahead_extra, window_hit
 
 ReplicaId = NewType("ReplicaId", str)
 
-# Rough CPython costs (bytes) of one key entry, one (key, replica) copy and one engine-hash map
-# entry; measured once with sys.getsizeof on 64-bit CPython 3.11, good to about +-20%.
-_BYTES_PER_KEY = 16 + 33 + 104 + 64
-_BYTES_PER_COPY = 72
-_BYTES_PER_ENGINE_ENTRY = 16 + 33 + 72
-
-
-@dataclass(slots=True)
-class _Copy:
-    """One replica's hold on a gateway key: how many engine copies, and the engine hash."""
-
-    count: int
-    engine_hash: EngineHash
-
-
-@dataclass(slots=True)
-class _ReplicaState:
-    engine_to_key: dict[EngineHash, BlockKey] = field(default_factory=dict)
-    num_blocks: int = 0
+# CPython bytes per indexed block, measured with tracemalloc by bench/index_ingest.py on 64-bit
+# CPython 3.11 (int engine hashes, one replica): the key dict entry with its 16-byte key, and
+# the engine-hash map entry with its int. Good to about +-15%.
+_BYTES_PER_KEY = 110
+_BYTES_PER_ENGINE_ENTRY = 95
 
 
 @dataclass(slots=True)
@@ -52,20 +57,35 @@ class IndexStats:
 
 
 class BlockIndex:
-    """Gateway key -> replicas holding it, with per-copy counts and TTL'd speculative entries."""
+    """Gateway key -> slots holding it, with per-copy counts and TTL'd speculative entries."""
 
     def __init__(self, max_blocks: int = 1_000_000, speculative_ttl: float = 2.0) -> None:
         if max_blocks <= 0:
             raise ValueError("max_blocks must be positive")
         self.max_blocks = max_blocks
         self.speculative_ttl = speculative_ttl
-        self._holders: OrderedDict[BlockKey, dict[ReplicaId, _Copy]] = OrderedDict()
-        self._replicas: dict[ReplicaId, _ReplicaState] = {}
-        self._spec: dict[BlockKey, dict[ReplicaId, float]] = {}
-        self._spec_expiry: deque[tuple[float, BlockKey, ReplicaId]] = deque()
+        self._held: dict[BlockKey, int] = {}
+        self._extra: dict[tuple[BlockKey, int], int] = {}  # (key, slot bit) -> copies beyond 1
+        self._replicas: dict[ReplicaId, ReplicaState] = {}
+        self._reannouncing: set[ReplicaId] = set()
+        self._free_slots: list[int] = []
+        self._next_slot = 0
+        self._spec: dict[BlockKey, int] = {}  # key -> home slot bits of guessed holders
+        self._spec_until: dict[tuple[BlockKey, int], float] = {}
+        self._spec_expiry: deque[tuple[float, BlockKey, int]] = deque()
         self._copies = 0
+        self._lock = threading.Lock()
         self.skipped_unknown_parent = 0
-        self.skipped_bad_event = 0
+        self.other_tier_events = 0
+        self.errors: Counter[str] = Counter()
+
+    @property
+    def skipped_bad_event(self) -> int:
+        return sum(self.errors.values())
+
+    def set_reannouncing(self, replica: ReplicaId, on: bool = True) -> None:
+        """Mark a replica whose parentless stores may re-announce held blocks (plain vLLM)."""
+        (self._reannouncing.add if on else self._reannouncing.discard)(replica)
 
     # ---- ingestion -------------------------------------------------------------------------
 
@@ -76,108 +96,175 @@ class BlockIndex:
             if isinstance(ev, BlockStored):
                 applied += self.store(replica, ns, ev)
             elif isinstance(ev, BlockRemoved):
-                self.remove(replica, ev.block_hashes)
-                applied += 1
+                applied += self.remove(replica, ev.block_hashes, ev.group_idx, ev.medium)
             elif isinstance(ev, AllBlocksCleared):
                 self.drop_replica(replica)
                 applied += 1
         return applied
 
     def store(self, replica: ReplicaId, ns: HashNamespace, ev: BlockStored) -> bool:
-        state = self._replicas.setdefault(replica, _ReplicaState())
+        if ev.medium not in (None, MEDIUM_GPU):
+            self.other_tier_events += 1  # a CPU/storage copy is not a prefix-cache hit
+            return False
         bs = ev.block_size
         if bs != ns.block_size or len(ev.token_ids) != bs * len(ev.block_hashes):
-            self.skipped_bad_event += 1
+            self.errors["length_mismatch" if bs == ns.block_size else "block_size"] += 1
             return False
+        rep = self._replicas.get(replica) or self._add_replica(replica)
         if ev.parent_block_hash is None:
             parent = ns.root()
         else:
-            known = state.engine_to_key.get(ev.parent_block_hash)
+            known = rep.engine.get(ev.parent_block_hash)
             if known is None:
                 # Never re-anchor at the root: the keys would be wrong, not merely missing.
                 self.skipped_unknown_parent += 1
                 return False
-            parent = known
-        extras = ev.extra_keys
-        for i, engine_hash in enumerate(ev.block_hashes):
-            extra = extras[i] if extras is not None and i < len(extras) else None
-            parent = hash_block(parent, ev.token_ids[i * bs : (i + 1) * bs], extra)
-            self._add_copy(replica, state, parent, engine_hash)
-        self._evict_over_cap()
+            parent = known if type(known) is bytes else known[0]
+        try:
+            packed = array("I", ev.token_ids).tobytes()
+        except (OverflowError, TypeError):
+            self.errors["bad_token_ids"] += 1
+            return False
+        extras, held_as = ev.extra_keys, None
+        if ev.lookahead_token_ids is not None:
+            extras, pairs = split_lookahead_extra(extras, len(ev.block_hashes), bs)
+            keys = chain_keys(parent, packed, bs, extras)
+            held_as = [
+                lookahead_key(k, t, p)
+                for k, t, p in zip(keys, ev.lookahead_token_ids, pairs, strict=True)
+            ]
+        else:
+            keys = chain_keys(parent, packed, bs, extras)
+        with self._lock:
+            if self._replicas.get(replica) is not rep:
+                return False  # dropped while we hashed
+            self._add_copies(rep, ev, keys, held_as)
+            self._evict_over_cap()
         return True
 
-    def _add_copy(
-        self, replica: ReplicaId, state: _ReplicaState, key: BlockKey, engine_hash: EngineHash
+    def _add_copies(
+        self,
+        rep: ReplicaState,
+        ev: BlockStored,
+        keys: list[BlockKey],
+        held_as: list[BlockKey] | None,
     ) -> None:
-        holders = self._holders.get(key)
-        if holders is None:
-            holders = self._holders[key] = {}
-        else:
-            self._holders.move_to_end(key)
-        copy = holders.get(replica)
-        if copy is None:
-            holders[replica] = _Copy(1, engine_hash)
-            state.num_blocks += 1
-        else:
-            copy.count += 1
-        state.engine_to_key[engine_hash] = key
-        self._copies += 1
-        spec = self._spec.get(key)
-        if spec is not None:
-            spec.pop(replica, None)  # the real event replaces the guess
-            if not spec:
-                del self._spec[key]  # an empty map would stay forever (its expiry is moot)
+        rep.block_size = ev.block_size
+        group = rep.group(ev.group_idx, ev.kv_cache_spec_kind, ev.kv_cache_spec_sliding_window)
+        if held_as is not None:
+            rep.lookahead = len(ev.lookahead_token_ids[0]) if ev.lookahead_token_ids else 0
+        bit = group.bit
+        reannounce = ev.parent_block_hash is None and rep.id in self._reannouncing
+        held, engine, spec = self._held, rep.engine, self._spec
+        for j, (engine_hash, key) in enumerate(zip(ev.block_hashes, keys, strict=True)):
+            hkey = key if held_as is None else held_as[j]
+            mask = held.pop(hkey, 0)  # pop + insert: the key becomes the newest
+            if not mask & bit:
+                mask |= bit
+                group.blocks += 1
+                self._copies += 1
+            elif not reannounce:
+                self._extra[(hkey, bit)] = self._extra.get((hkey, bit), 0) + 1
+                self._copies += 1
+            held[hkey] = mask
+            value = key if held_as is None else (key, hkey)
+            engine[key if engine_hash == key else engine_hash] = value
+            if spec and hkey in spec:
+                self._clear_spec(hkey, rep.home_bit)  # the real event replaces the guess
+        if len(engine) > 2 * rep.blocks() + 1024:
+            rep.sweep_engine(held)
 
-    def remove(self, replica: ReplicaId, engine_hashes: Sequence[EngineHash]) -> None:
-        state = self._replicas.get(replica)
-        if state is None:
-            return
-        for engine_hash in engine_hashes:
-            key = state.engine_to_key.get(engine_hash)
-            if key is None:
-                continue
-            holders = self._holders.get(key)
-            copy = holders.get(replica) if holders is not None else None
-            if copy is None:
-                state.engine_to_key.pop(engine_hash, None)
-                continue
-            copy.count -= 1
-            self._copies -= 1
-            if copy.count <= 0:
-                del holders[replica]
-                state.num_blocks -= 1
-                state.engine_to_key.pop(engine_hash, None)
-                if not holders:
-                    del self._holders[key]
+    def remove(
+        self,
+        replica: ReplicaId,
+        engine_hashes: Sequence,
+        group_idx: int | None = None,
+        medium: str | None = MEDIUM_GPU,
+    ) -> bool:
+        if medium not in (None, MEDIUM_GPU):
+            self.other_tier_events += 1
+            return False
+        rep = self._replicas.get(replica)
+        group = rep.groups.get(group_idx or 0) if rep is not None else None
+        if group is None:
+            return True  # nothing held there
+        bit, held, engine = group.bit, self._held, rep.engine
+        with self._lock:
+            for engine_hash in engine_hashes:
+                value = engine.get(engine_hash)
+                if value is None:
+                    continue
+                hkey = value if type(value) is bytes else value[1]
+                mask = held.get(hkey, 0)
+                if not mask & bit:
+                    continue
+                self._copies -= 1
+                extra = self._extra.pop((hkey, bit), 0)
+                if extra > 1:
+                    self._extra[(hkey, bit)] = extra - 1
+                if extra:
+                    continue
+                mask &= ~bit
+                group.blocks -= 1
+                if mask:
+                    held[hkey] = mask
+                else:
+                    del held[hkey]
+                if not mask & rep.all_bits:
+                    del engine[engine_hash]
+        return True
 
     def drop_replica(self, replica: ReplicaId) -> None:
         """Forget everything a replica holds (AllBlocksCleared, resync, removal, death)."""
-        state = self._replicas.pop(replica, None)
-        if state is not None:
-            for key in set(state.engine_to_key.values()):
-                holders = self._holders.get(key)
-                if holders is None:
+        with self._lock:
+            rep = self._replicas.pop(replica, None)
+            if rep is None:
+                return
+            held, bits = self._held, rep.all_bits
+            for value in rep.engine.values():
+                hkey = value if type(value) is bytes else value[1]
+                mask = held.get(hkey, 0)
+                if not mask & bits:
                     continue
-                copy = holders.pop(replica, None)
-                if copy is not None:
-                    self._copies -= copy.count
-                if not holders:
-                    del self._holders[key]
-        for key in [k for k, spec in self._spec.items() if replica in spec]:
-            spec = self._spec[key]
-            del spec[replica]
-            if not spec:
-                del self._spec[key]
+                for group in rep.groups.values():
+                    self._copies -= self._extra.pop((hkey, group.bit), 0)
+                if mask & ~bits:
+                    held[hkey] = mask & ~bits
+                else:
+                    del held[hkey]
+            self._copies -= rep.blocks()
+            for key in [k for k, m in self._spec.items() if m & rep.home_bit]:
+                self._clear_spec(key, rep.home_bit)
+            self._free_slots.extend(rep.slots())
+
+    def _add_replica(self, replica: ReplicaId) -> ReplicaState:
+        with self._lock:
+            rep = self._replicas.get(replica)
+            if rep is None:
+                rep = self._replicas[replica] = ReplicaState(replica, self._take_slot)
+            return rep
+
+    def _take_slot(self) -> int:
+        if self._free_slots:
+            return self._free_slots.pop(0)
+        self._next_slot += 1
+        return self._next_slot - 1
 
     def _evict_over_cap(self) -> None:
-        while len(self._holders) > self.max_blocks:
-            _, holders = self._holders.popitem(last=False)
-            for replica, copy in holders.items():
-                self._copies -= copy.count
-                state = self._replicas.get(replica)
-                if state is not None:
-                    state.num_blocks -= 1
-                    state.engine_to_key.pop(copy.engine_hash, None)
+        excess = len(self._held) - self.max_blocks
+        if excess <= 0:
+            return
+        # In batches: finding the oldest keys walks past the dict's deleted slots each time.
+        n = excess + self.max_blocks // 64
+        by_bit = {g.bit: g for r in self._replicas.values() for g in r.groups.values()}
+        for key in list(islice(self._held, n)):
+            mask = self._held.pop(key)
+            while mask:
+                bit = mask & -mask
+                mask ^= bit
+                self._copies -= 1 + self._extra.pop((key, bit), 0)
+                if bit in by_bit:
+                    by_bit[bit].blocks -= 1
 
     # ---- speculative entries ---------------------------------------------------------------
 
@@ -186,24 +273,31 @@ class BlockIndex:
     ) -> None:
         """Guess that `replica` will hold `keys` soon (the request was just routed there)."""
         now = time.monotonic() if now is None else now
-        self._expire_speculative(now)
-        expiry = now + self.speculative_ttl
-        for key in keys:
-            holders = self._holders.get(key)
-            if holders is not None and replica in holders:
-                continue
-            self._spec.setdefault(key, {})[replica] = expiry
-            self._spec_expiry.append((expiry, key, replica))
+        rep = self._replicas.get(replica) or self._add_replica(replica)
+        bit, expiry, held = rep.home_bit, now + self.speculative_ttl, self._held
+        with self._lock:
+            self._expire_speculative(now)
+            for key in keys:
+                if held.get(key, 0) & bit:
+                    continue
+                self._spec[key] = self._spec.get(key, 0) | bit
+                self._spec_until[(key, bit)] = expiry
+                self._spec_expiry.append((expiry, key, bit))
+
+    def _clear_spec(self, key: BlockKey, bit: int) -> None:
+        mask = self._spec.get(key, 0) & ~bit
+        if mask:
+            self._spec[key] = mask
+        else:
+            self._spec.pop(key, None)  # an empty entry would stay forever
+        self._spec_until.pop((key, bit), None)
 
     def _expire_speculative(self, now: float) -> None:
         q = self._spec_expiry
         while q and q[0][0] <= now:
-            expiry, key, replica = q.popleft()
-            spec = self._spec.get(key)
-            if spec is not None and spec.get(replica) == expiry:
-                del spec[replica]
-                if not spec:
-                    del self._spec[key]
+            expiry, key, bit = q.popleft()
+            if self._spec_until.get((key, bit)) == expiry:
+                self._clear_spec(key, bit)
 
     # ---- lookup ----------------------------------------------------------------------------
 
@@ -214,69 +308,110 @@ class BlockIndex:
         *,
         speculative: bool = True,
         now: float | None = None,
+        tokens: Sequence[int] | None = None,
+        mm_items: Sequence[MMItem] = (),
     ) -> dict[ReplicaId, int]:
-        """Blocks of the longest consecutive prefix of `keys` (from block 0) held by each replica.
+        """Blocks of the longest prefix of `keys` (from block 0) each replica would hit.
 
-        One pass over the keys; a replica drops out at its first miss, and the scan stops when
-        none is left.
+        One pass over the keys for all replicas' full-attention slots at once: a slot drops out
+        at its first miss. Then per replica, only where it applies: the sliding-window rule of a
+        hybrid model, and lookahead keys (EAGLE/MTP), which need the request's `tokens` (without
+        them such a replica is predicted to hit nothing).
         """
-        alive = set(replicas)
-        result = dict.fromkeys(alive, 0)
-        if speculative and self._spec:
-            now = time.monotonic() if now is None else now
-            self._expire_speculative(now)
-        spec_map = self._spec if speculative else {}
+        replicas = list(replicas)
+        if (
+            speculative
+            and self._spec_expiry
+            and self._spec_expiry[0][0] <= (now := time.monotonic() if now is None else now)
+        ):
+            with self._lock:
+                self._expire_speculative(now)
+        spec = self._spec if speculative else None
+        reps = [self._replicas.get(r) for r in replicas]
+        alive = 0
+        for rep in reps:
+            if rep is not None:
+                alive |= rep.full_bits
+        n = len(keys)
+        stops: dict[int, int] = {}
+        held = self._held
         for i, key in enumerate(keys):
-            holders = self._holders.get(key)
-            spec = spec_map.get(key)
-            gone = [r for r in alive if not ((holders and r in holders) or (spec and r in spec))]
-            for r in gone:
-                result[r] = i
-                alive.discard(r)
             if not alive:
-                return result
-        for r in alive:
-            result[r] = len(keys)
+                break
+            mask = held.get(key, 0)
+            if spec:
+                mask |= spec.get(key, 0)
+            kept = alive & mask
+            if kept != alive:
+                gone, alive = alive ^ kept, kept
+                while gone:
+                    bit = gone & -gone
+                    gone ^= bit
+                    stops[bit] = i
+        result = {}
+        for r, rep in zip(replicas, reps, strict=True):
+            if rep is None:
+                result[r] = 0
+            elif rep.lookahead:
+                result[r] = self._match_lookahead(rep, keys, tokens, mm_items)
+            else:
+                hit = min(stops.get(b, n) for b in rep.full_bit_list)
+                if rep.sliding and tokens and rep.block_size:
+                    hit = min(hit, (len(tokens) - 1) // rep.block_size)  # vLLM's cap first
+                for bit, need in rep.sliding:
+                    hit = window_hit(held, keys, hit, bit, need)
+                result[r] = hit
         return result
 
+    def _match_lookahead(
+        self,
+        rep: ReplicaState,
+        keys: Sequence[BlockKey],
+        tokens: Sequence[int] | None,
+        mm_items: Sequence[MMItem],
+    ) -> int:
+        if tokens is None or not keys or not rep.block_size:
+            return 0
+        n = 0
+        held, bits = self._held, rep.full_bits
+        for lk in request_lookahead_keys(keys, tokens, rep.block_size, rep.lookahead, mm_items):
+            if held.get(lk, 0) & bits != bits:
+                break
+            n += 1
+        return n
+
     def holds(self, replica: ReplicaId, key: BlockKey) -> bool:
-        holders = self._holders.get(key)
-        return holders is not None and replica in holders
+        rep = self._replicas.get(replica)
+        return rep is not None and bool(self._held.get(key, 0) & rep.all_bits)
 
     # ---- introspection ---------------------------------------------------------------------
 
     def replica_blocks(self, replica: ReplicaId) -> int:
-        state = self._replicas.get(replica)
-        return state.num_blocks if state is not None else 0
+        rep = self._replicas.get(replica)
+        return max((g.blocks for g in rep.groups.values()), default=0) if rep else 0
 
     def replica_digest(self, replica: ReplicaId) -> str:
         """Order-independent digest of the gateway keys a replica holds (for comparing indexes)."""
-        state = self._replicas.get(replica)
-        keys = sorted(set(state.engine_to_key.values())) if state is not None else []
+        rep = self._replicas.get(replica)
         h = hashlib.sha256()
-        for key in keys:
-            if self.holds(replica, key):
+        if rep is not None:
+            held = self._held
+            values = list(rep.engine.values())
+            keys = {v if type(v) is bytes else v[1] for v in values}
+            for key in sorted(k for k in keys if held.get(k, 0) & rep.all_bits):
                 h.update(key)
         return h.hexdigest()
 
-    def replica_keys(self, replica: ReplicaId) -> set[BlockKey]:
-        state = self._replicas.get(replica)
-        if state is None:
-            return set()
-        return {k for k in state.engine_to_key.values() if self.holds(replica, k)}
-
     def stats(self) -> IndexStats:
-        engine_entries = sum(len(s.engine_to_key) for s in self._replicas.values())
-        n = len(self._holders)
+        engine_entries = sum(len(r.engine) for r in list(self._replicas.values()))
+        n = len(self._held)
         return IndexStats(
             blocks=n,
             copies=self._copies,
-            bytes=n * _BYTES_PER_KEY
-            + self._copies * _BYTES_PER_COPY
-            + engine_entries * _BYTES_PER_ENGINE_ENTRY,
+            bytes=n * _BYTES_PER_KEY + engine_entries * _BYTES_PER_ENGINE_ENTRY,
             skipped_unknown_parent=self.skipped_unknown_parent,
             skipped_bad_event=self.skipped_bad_event,
         )
 
     def __len__(self) -> int:
-        return len(self._holders)
+        return len(self._held)

@@ -72,6 +72,12 @@ class GatewayMetrics:
             "BlockStored events skipped: parent not in the index",
             registry=r,
         )
+        self.event_errors = Counter(
+            "kvgate_event_errors",
+            "Malformed KV-event batches, events or fields skipped, by reason",
+            ["reason"],
+            registry=r,
+        )
         self.replica_healthy = Gauge(
             "kvgate_replica_healthy", "1 when the replica takes traffic", ["replica"], registry=r
         )

@@ -10,12 +10,18 @@ whatever the worker's buffer holds after it, and from then on apply live batches
   (the window before a new SUB is live, a batch over the publisher's high-water mark) never
   outlives one interval. Without a replay endpoint only the live stream is followed.
 A new worker instance gets a new subscriber (the replica manager sees the instance id change).
+
+Batches are decoded, hashed and applied on one ingestion thread (`_INGEST`), never on the event
+loop; each subscriber awaits its batch before the next, so a replica's order is kept. A
+malformed batch, event or field is skipped and counted by reason
+(`kvgate_event_errors_total{reason}`), logged once per reason; it never ends the subscriber.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import httpx
@@ -31,6 +37,9 @@ from gateway.metrics import GatewayMetrics
 from gateway.replay import ReplayClient
 
 log = logging.getLogger(__name__)
+
+# One thread for every subscriber: ingestion is GIL-bound, so more threads would only contend.
+_INGEST = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-ingest")
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +99,10 @@ class KVEventSubscriber:
         self.next_seq = 0
         self.synced = asyncio.Event()
         self._last_sub_seq: int | None = None
+        self._logged_reasons: set[str] = set()
+        # A worker without a snapshot is a plain vLLM worker, whose "full" report mode
+        # re-announces the blocks a request hit (gateway/index.py).
+        index.set_reannouncing(replica, source.snapshot_url is None)
 
     @property
     def last_seq(self) -> int | None:
@@ -124,27 +137,27 @@ class KVEventSubscriber:
             log.warning("%s: event seq went back %d -> %d; resync", self.replica, last, seq)
             await self.resync(current_seq=seq)
             if seq == self.next_seq:
-                self._apply(seq, payload)
+                await self._apply(seq, payload)
             return
         if seq < self.next_seq:
             return  # covered by the snapshot or a replay
         if seq > self.next_seq:
             self._metrics.event_gaps.inc()
             batches = await self._replayed()
-            if batches is not None and self._apply_run(batches) is not None:
+            if batches is not None and await self._apply_run(batches) is not None:
                 self._metrics.event_replays.inc()
             else:
                 await self.resync(current_seq=seq)
             if seq != self.next_seq:
                 return
-        self._apply(seq, payload)
+        await self._apply(seq, payload)
 
     async def _check_tail(self) -> None:
         """No live batch for one interval: apply any the live stream missed (a silent gap)."""
         batches = await self._replayed()
         if batches is None:
             return  # no replay endpoint, or no answer: the poller decides about the worker
-        applied = self._apply_run(batches)
+        applied = await self._apply_run(batches)
         if applied == 0:
             return
         self._metrics.event_gaps.inc()
@@ -160,19 +173,46 @@ class KVEventSubscriber:
                 self.next_seq - 1,
             )
 
-    def _apply(self, seq: int, payload: bytes) -> None:
+    async def _apply(self, seq: int, payload: bytes) -> None:
         self.next_seq = seq + 1
+        loop = asyncio.get_running_loop()
+        errors, applied = await loop.run_in_executor(_INGEST, self._ingest, seq, payload)
+        self._metrics.events_applied.labels(self.replica).inc(applied)
+        for reason in errors:
+            self._count_error(reason, seq)
+
+    def _ingest(self, seq: int, payload: bytes) -> tuple[list[str], int]:
+        """Decode, hash and apply one batch (on the ingestion thread); never raises."""
+        index = self.index
         try:
             batch = decode_batch(payload)
         except DecodeError as e:
-            log.warning("%s: undecodable batch %d: %s", self.replica, seq, e)
-            return
-        before = self.index.skipped_unknown_parent
-        n = self.index.apply(self.replica, self.ns, batch.events)
-        self._metrics.events_applied.labels(self.replica).inc(n)
-        skipped = self.index.skipped_unknown_parent - before
+            return [e.reason], 0
+        before_parent, before_errors = index.skipped_unknown_parent, index.errors.copy()
+        try:
+            applied = index.apply(self.replica, self.ns, batch.events)
+        except Exception:  # a bug, not bad input: keep the replica's index and say so
+            log.exception("%s: applying batch %d failed", self.replica, seq)
+            return [*batch.errors, "internal"], 0
+        skipped = index.skipped_unknown_parent - before_parent
         if skipped:
             self._metrics.skipped_unknown_parent.inc(skipped)
+        errors = list(batch.errors)
+        for reason, n in (index.errors - before_errors).items():
+            errors += [reason] * n
+        return errors, applied
+
+    def _count_error(self, reason: str, seq: int) -> None:
+        self._metrics.event_errors.labels(reason).inc()
+        if reason not in self._logged_reasons:
+            self._logged_reasons.add(reason)
+            log.warning(
+                "%s: skipped malformed KV-event data (%s) in batch %d; further ones are only "
+                "counted in kvgate_event_errors_total",
+                self.replica,
+                reason,
+                seq,
+            )
 
     async def _replayed(self) -> list[tuple[int, bytes]] | None:
         """The worker's buffered batches from next_seq on; None when it cannot tell us."""
@@ -180,7 +220,7 @@ class KVEventSubscriber:
             return None
         return await self._replay.fetch(self.next_seq)
 
-    def _apply_run(self, batches: list[tuple[int, bytes]]) -> int | None:
+    async def _apply_run(self, batches: list[tuple[int, bytes]]) -> int | None:
         """Apply the batches that continue next_seq; None if the buffer starts after it."""
         if batches and batches[0][0] > self.next_seq:
             log.warning(
@@ -193,7 +233,7 @@ class KVEventSubscriber:
         applied = 0
         for seq, payload in batches:
             if seq == self.next_seq:
-                self._apply(seq, payload)
+                await self._apply(seq, payload)
                 applied += 1
         return applied
 
@@ -209,7 +249,7 @@ class KVEventSubscriber:
         self.index.drop_replica(self.replica)
         snap = await self._fetch_snapshot()
         if snap is not None:
-            self.load_snapshot(snap)
+            await asyncio.get_running_loop().run_in_executor(_INGEST, self.load_snapshot, snap)
         else:
             self.next_seq = 0
         batches = await self._replayed()
@@ -225,7 +265,7 @@ class KVEventSubscriber:
                 batches[0][0],
             )
             self.next_seq = batches[0][0]
-        self._apply_run(batches)
+        await self._apply_run(batches)
 
     async def _fetch_snapshot(self) -> Snapshot | None:
         """The worker's snapshot; None when it has none. A malformed one raises DocumentError,

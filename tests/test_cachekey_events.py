@@ -68,7 +68,19 @@ def positional(h1, h2) -> bytes:
             1700000000.5,
             [
                 ["BlockStored", [h1, h2], None, TOKENS, 4, None, "GPU", "lora-a", EXTRA],
-                ["BlockStored", [h2], h1, [9, 10, 11, 12], 4, None, "GPU", None, None, 0, "x"],
+                [
+                    "BlockStored",
+                    [h2],
+                    h1,
+                    [9, 10, 11, 12],
+                    4,
+                    None,
+                    "GPU",
+                    None,
+                    None,
+                    0,
+                    "full_attention",
+                ],
                 ["BlockRemoved", [h1], "GPU"],
                 ["SomethingNew", 1, 2, 3],
                 ["AllBlocksCleared"],
@@ -89,7 +101,6 @@ def tagged(h1, h2) -> bytes:
         "medium": "GPU",
         "lora_name": "lora-a",
         "extra_keys": EXTRA,
-        "group_idx": 0,
     }
     child = {
         "type": "BlockStored",
@@ -98,6 +109,7 @@ def tagged(h1, h2) -> bytes:
         "token_ids": [9, 10, 11, 12],
         "block_size": 4,
         "medium": "GPU",
+        "group_idx": 0,
         "kv_cache_spec_kind": "full_attention",
     }
     return mp(
@@ -106,7 +118,7 @@ def tagged(h1, h2) -> bytes:
             "events": [
                 stored,
                 child,
-                {"type": "BlockRemoved", "block_hashes": [h1], "medium": "GPU", "group_idx": 0},
+                {"type": "BlockRemoved", "block_hashes": [h1], "medium": "GPU"},
                 {"type": "SomethingNew", "field": 1},
                 {"type": "AllBlocksCleared"},
             ],
@@ -119,7 +131,7 @@ def tagged(h1, h2) -> bytes:
 def expected(h1, h2) -> list:
     return [
         BlockStored([h1, h2], None, TOKENS, 4, None, "GPU", "lora-a", [(("img", 3),), None]),
-        BlockStored([h2], h1, [9, 10, 11, 12], 4, None, "GPU", None, None),
+        BlockStored([h2], h1, [9, 10, 11, 12], 4, None, "GPU", None, None, 0, "full_attention"),
         BlockRemoved([h1], "GPU"),
         AllBlocksCleared(),
     ]
@@ -152,10 +164,35 @@ def test_our_encoding_round_trips_with_bytes_keys():
     assert batch.events == events and batch.data_parallel_rank == 1
 
 
-@pytest.mark.parametrize("payload", [b"\xc1", mp(5), mp([1.0]), mp([0.0, [["BlockStored", 1]]])])
+@pytest.mark.parametrize("payload", [b"\xc1", mp(5), mp([1.0]), mp({"ts": 1.0})])
 def test_garbage_is_a_decode_error(payload):
     with pytest.raises(DecodeError):
         decode_batch(payload)
+
+
+def test_a_malformed_event_is_skipped_with_its_reason_and_the_rest_kept():
+    good = ["BlockRemoved", [7], "GPU"]
+    bad = [
+        ["BlockStored", 1],  # an int where the hash list goes
+        ["BlockStored", [[1]], None, [1, 2, 3, 4], 4],  # a list as a hash
+        ["BlockStored", [1], None, [1, 2, 3, 2**32], 4],  # a token id past 32 bits
+        ["BlockStored", [1], None, [1, 2, 3, 4], 4, None, "GPU", None, [[{"a": 1}]]],  # a map
+        ["BlockStored", [1], None, [1, 2, 3], 4],  # 3 tokens for one block of 4
+        {"type": "SomethingNew"},
+        "not an event",
+    ]
+    batch = decode_batch(mp(["yesterday", [bad[0], good, *bad[1:], good], 0]))
+    assert batch.events == [BlockRemoved([7], "GPU")] * 2
+    assert batch.errors == [
+        "bad_ts",
+        "bad_block_hashes",
+        "bad_block_hashes",
+        "bad_token_ids",
+        "bad_extra_keys",
+        "length_mismatch",
+        "unknown_event",
+        "not_an_event",
+    ]
 
 
 def test_seq_and_topic_helpers():

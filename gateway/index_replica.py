@@ -1,0 +1,130 @@
+"""One replica's side of the BlockIndex: its slots (one per KV-cache group), engine-hash map, and
+the rules that differ from plain prefix matching (sliding-window groups, lookahead keys)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from cachekey.events import EngineHash
+from cachekey.types import BlockKey
+
+_SLIDING = ("sliding_window", "sliding_window_mla")
+
+
+@dataclass(slots=True)
+class Group:
+    """One KV-cache group of a replica, and the slot bit its holdings carry in the index."""
+
+    bit: int
+    kind: str | None = None  # vLLM's kv_cache_spec_kind; None: not reported (full attention)
+    window: int | None = None  # kv_cache_spec_sliding_window, in tokens
+    blocks: int = 0
+
+    @property
+    def sliding(self) -> bool:
+        return self.kind in _SLIDING and bool(self.window)
+
+
+class ReplicaState:
+    """Engine hash -> gateway key (or (key, lookahead key)), and the replica's groups.
+
+    `full_bits`, `full_bit_list` and `sliding` are derived and replaced whole when a group
+    appears or changes, so that `BlockIndex.match` can read them from another thread.
+    """
+
+    __slots__ = (
+        "_take_slot",
+        "all_bits",
+        "block_size",
+        "engine",
+        "full_bit_list",
+        "full_bits",
+        "groups",
+        "home_bit",
+        "id",
+        "lookahead",
+        "sliding",
+    )
+
+    def __init__(self, replica: str, take_slot: Callable[[], int]) -> None:
+        self.id = replica
+        self.engine: dict[EngineHash, BlockKey | tuple[BlockKey, BlockKey]] = {}
+        self.groups: dict[int, Group] = {}
+        self._take_slot = take_slot
+        self.block_size = 0
+        self.lookahead = 0
+        self.all_bits = self.full_bits = 0
+        self.full_bit_list: tuple[int, ...] = ()
+        self.sliding: tuple[tuple[int, int], ...] = ()
+        self.home_bit = self.group(0, None, None).bit
+
+    def group(self, idx: int | None, kind: str | None, window: int | None) -> Group:
+        idx = idx or 0
+        g = self.groups.get(idx)
+        changed = g is None
+        if g is None:
+            g = self.groups[idx] = Group(1 << self._take_slot())
+        if kind is not None and (kind, window) != (g.kind, g.window):
+            g.kind, g.window = kind, window
+            changed = True
+        if changed:
+            self._derive()
+        return g
+
+    def _derive(self) -> None:
+        groups = list(self.groups.values())
+        full = tuple(g.bit for g in groups if not g.sliding)
+        bs = self.block_size or 1
+        self.sliding = tuple((g.bit, -(-(g.window - 1) // bs)) for g in groups if g.sliding)
+        self.full_bit_list = full or (groups[0].bit,)
+        self.full_bits = sum(self.full_bit_list)
+        self.all_bits = sum(g.bit for g in groups)
+
+    def slots(self) -> list[int]:
+        return [g.bit.bit_length() - 1 for g in self.groups.values()]
+
+    def blocks(self) -> int:
+        return sum(g.blocks for g in self.groups.values())
+
+    def sweep_engine(self, held: dict[BlockKey, int]) -> None:
+        """Drop engine-map entries of keys the LRU cap evicted (removals drop their own)."""
+        bits = self.all_bits
+        self.engine = {
+            h: v
+            for h, v in self.engine.items()
+            if held.get(v if type(v) is bytes else v[1], 0) & bits
+        }
+
+
+def window_hit(
+    held: dict[BlockKey, int], keys: Sequence[BlockKey], limit: int, bit: int, need: int
+) -> int:
+    """vLLM's sliding-window hit within the first `limit` blocks: scanning from the right, the
+    first run of `need` held blocks ends the hit; without one, the run from block 0 is the hit."""
+    run = 0
+    for i in range(limit - 1, -1, -1):
+        if held.get(keys[i], 0) & bit:
+            run += 1
+            if run >= need:
+                return i + need
+        else:
+            run = 0
+    return run
+
+
+def split_lookahead_extra(
+    extra_keys: list | None, n: int, block_size: int
+) -> tuple[list[tuple] | None, list[tuple]]:
+    """A lookahead block's published extra keys cover the block and its lookahead tokens: split
+    them into the block's own (as `block_extra_keys` makes them) and the mm items that start
+    among the lookahead tokens (offset >= block_size)."""
+    if extra_keys is None:
+        return None, [()] * n
+    plain, ahead = [], []
+    for entry in extra_keys:
+        entry = entry or ()
+        late = tuple(x for x in entry if isinstance(x, tuple) and x[1] >= block_size)
+        plain.append(tuple(x for x in entry if x not in late) or None)
+        ahead.append(late)
+    return plain, ahead
