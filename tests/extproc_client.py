@@ -103,6 +103,7 @@ class ExtProcCall:
         if body is not None:
             h |= {"content-type": "application/json", "content-length": str(len(body))}
         h |= headers or {}
+        h = {k: v for k, v in h.items() if v != ""}  # "" drops a header (a chunked upload)
         msg = pb.ProcessingRequest(
             request_headers=pb.HttpHeaders(headers=header_map(h), end_of_stream=body is None)
         )
@@ -200,9 +201,10 @@ class ExtProcClient:
 
 def forward(
     call: ExtProcCall, answer: RequestAnswer, path: str, served: str | None = None
-) -> tuple[httpx.Response, ResponseAnswer]:
-    """Do the proxy's part: send the EPP's body to its first endpoint, pass the answer back
-    through the EPP in chunks, and end the stream."""
+) -> tuple[int, list[bytes], ResponseAnswer]:
+    """Do the proxy's part: send the EPP's body to `served` (default: the pick), pass the
+    answer back through the EPP in the chunks it came in, and end the stream. Returns the
+    worker's status, its body chunks and what the EPP sent back."""
     endpoint = served or answer.endpoints[0]
     headers = {"content-type": "application/json"}
     if "x-data-parallel-rank" in answer.set_headers:
@@ -218,4 +220,4 @@ def forward(
             served=endpoint,
         )
     call.close()
-    return resp, relayed
+    return resp.status_code, chunks, relayed
