@@ -159,8 +159,10 @@ class GatewayConfig:
             raise ValueError(f"unknown policy {self.policy!r}; choose from {POLICY_NAMES}")
         if self.discovery not in DISCOVERY_NAMES:
             raise ValueError(f"discovery must be one of {', '.join(DISCOVERY_NAMES)}")
-        if self.discovery in ("k8s", "inferencepool") and not self.k8s_namespace:
-            raise ValueError(f"{self.discovery} discovery needs --k8s-namespace")
+        if self.discovery == "k8s" and not self.k8s_namespace:
+            raise ValueError("Kubernetes discovery needs --k8s-namespace")
+        if self.discovery == "inferencepool" and not self.k8s_namespace:
+            raise ValueError("InferencePool discovery needs --k8s-namespace")
         if self.discovery == "inferencepool" and not self.inference_pool:
             raise ValueError("inferencepool discovery needs --inference-pool")
         if self.discovery == "static":
