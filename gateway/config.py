@@ -73,6 +73,12 @@ class GatewayConfig:
         "kvgate as the EPP of an InferencePool (docs/kubernetes.md)",
     )
     epp_port: int = option(9002, "gRPC port of the endpoint picker (--epp)")
+    epp_tls_cert_file: str | None = option(
+        None, "PEM certificate (chain): the endpoint picker serves TLS", metavar="PATH"
+    )
+    epp_tls_key_file: str | None = option(
+        None, "PEM private key of --epp-tls-cert-file", metavar="PATH"
+    )
     policy: str = option(
         "cache_aware",
         "routing policy; a request may choose another with x-kvgate-routing-policy",
@@ -173,6 +179,8 @@ class GatewayConfig:
             raise ValueError(f"port out of range: {self.port}")
         if not 0 < self.epp_port < 65536 or (self.epp and self.epp_port == self.port):
             raise ValueError(f"epp_port out of range or equal to port: {self.epp_port}")
+        if (self.epp_tls_cert_file is None) != (self.epp_tls_key_file is None):
+            raise ValueError("--epp-tls-cert-file and --epp-tls-key-file go together")
         if self.index_max_blocks <= 0:
             raise ValueError("index_max_blocks must be positive")
         if self.speculative_ttl < 0 or self.retries < 0:

@@ -9,6 +9,7 @@ services `liveness` (the process answers), `readiness` and
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
@@ -38,6 +39,8 @@ class EppServer:
     """`start()` binds and serves; `mark_synced()` turns readiness on; `stop()` drains."""
 
     def __init__(self, state: GatewayState, host: str, port: int) -> None:
+        c = state.config
+        self.tls = (c.epp_tls_cert_file, c.epp_tls_key_file)
         self.server = grpc.aio.server()
         self.health = health.aio.HealthServicer()
         external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(
@@ -48,7 +51,12 @@ class EppServer:
         self.synced = False
 
     async def start(self) -> None:
-        self.server.add_insecure_port(self.address)  # raises when the port is taken
+        cert, key = self.tls
+        if cert and key:  # read at start: a missing file fails the start, not a request
+            chain = [(Path(key).read_bytes(), Path(cert).read_bytes())]
+            self.server.add_secure_port(self.address, grpc.ssl_server_credentials(chain))
+        else:
+            self.server.add_insecure_port(self.address)  # raises when the port is taken
         await self.health.set("liveness", _SERVING)
         for service in ("readiness", EXT_PROC_SERVICE):
             await self.health.set(service, _NOT_SERVING)
