@@ -14,11 +14,11 @@ import grpc
 import httpx
 import numpy as np
 import pytest
-from extproc_client import ExtProcClient, forward
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from PIL import Image
 
 from bench.cluster import HOST, Cluster, ClusterSpec, Proc, free_port, wait_index_converged
+from bench.extproc_client import ExtProcClient, forward
 from bench.workload import Workload, WorkloadSpec, data_url, make_image
 from gateway.epp.wire import BODY_CHUNK_BYTES
 

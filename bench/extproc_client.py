@@ -1,4 +1,4 @@
-"""An ext_proc client that plays the proxy's part of the endpoint picker protocol.
+"""An ext_proc client that plays the proxy's part of the endpoint picker protocol (tests, bench).
 
 It speaks Envoy's ext_proc v3 over gRPC with the generated protos (xds-protos) and replays the
 message sequence of body mode FULL_DUPLEX_STREAMED: request headers, the body in chunks (sent
