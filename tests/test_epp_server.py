@@ -6,6 +6,7 @@ import asyncio
 import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import grpc
@@ -99,3 +100,11 @@ async def _scenario(config: GatewayConfig, port: int, root: bytes) -> None:
 def test_tls_flags_go_together() -> None:
     with pytest.raises(ValueError, match="go together"):
         GatewayConfig(epp_tls_cert_file="/x.crt")
+
+
+def test_epp_mode_does_not_import_torch() -> None:
+    code = (
+        "import sys, gateway.epp, gateway.epp.stream, gateway.discovery.inferencepool\n"
+        "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if 'torch' in m)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
