@@ -180,13 +180,17 @@ class ProxyRequest:
 
     def served_by(self, rid: ReplicaId) -> None:
         """The proxy served the request on `rid`, one of the fallbacks after the chosen replica
-        failed (EPP mode): the slot and the prefill charge follow it, if it has room."""
+        failed (EPP mode): the failure counts as a retry does, and the slot and the prefill
+        charge follow the request, if `rid` has room."""
         rep = self.replica
         if rep is None or rep.id == rid:
             return
         target = next((r for r in self.ranked if r.id == rid), None)
         if target is None:
             return
+        accounting.attempt_failed(
+            self.state, rep, self.policy_name, f"the proxy fell back to {rid}"
+        )
         self._uncharge(rep)
         nxt = self.replica = self.state.admission.move(rep, [target])
         if nxt is not None:
