@@ -8,7 +8,7 @@ slot with the load charged there. `release` is the one place the slot is given b
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 import xxhash
@@ -84,18 +84,26 @@ class ProxyRequest:
         body: OpenAIRequest,
         headers: Mapping[str, str],
         tenant: str | None = None,
+        subset: Collection[ReplicaId] | None = None,
     ) -> ProxyRequest:
-        """The policy and the candidate replicas of a parsed request (404/503 when none)."""
+        """The policy and the candidate replicas of a parsed request (404/503 when none).
+
+        `subset`, when given, is the only replicas the request may go to (an EPP's proxy can
+        name them); none of them available is a 503.
+        """
         name = headers.get(POLICY_HEADER) or state.config.policy
         policy = state.policies.get(name)
         if policy is None:
             raise GatewayError(400, f"unknown routing policy {name!r}", param=POLICY_HEADER)
         candidates = _candidates(state, body.model)
+        if subset is not None:
+            candidates = [r for r in candidates if r.id in subset]
         ns = state.namespace_for(candidates)
         if not candidates or ns is None:
+            within = " in the proxy's endpoint subset" if subset is not None else ""
             raise GatewayError(
                 503,
-                f"no healthy worker{f' for model `{body.model}`' if body.model else ''}: "
+                f"no healthy worker{f' for model `{body.model}`' if body.model else ''}{within}: "
                 + state.replicas.describe(body.model),
                 code="no_healthy_worker",
             )
@@ -105,6 +113,15 @@ class ProxyRequest:
         )
 
     # -- the stages, in order ----------------------------------------------------------------
+
+    async def decide(self) -> Replica:
+        """admit -> render + keys -> rank: the routing decision, shared by the HTTP proxy and
+        the EPP. The chosen replica holds the slot; `ranked` and `predicted` are set."""
+        await self.admit()
+        await self.render()
+        await self.rank()
+        assert self.replica is not None
+        return self.replica
 
     async def admit(self) -> None:
         await self.state.admission.admit(self.candidates)
@@ -161,12 +178,17 @@ class ProxyRequest:
         self.ranked = [rep, *(r for r in ranked if r is not rep)]
         self._charge(rep)
 
-    def payload(self) -> bytes:
-        """The body to forward, derived once from the parsed request."""
+    def payload(self, *, usage_chunk: bool = True) -> bytes:
+        """The body to forward, derived once from the parsed request.
+
+        `usage_chunk` asks a stream for its usage chunk, which the HTTP relay hides again
+        unless the client asked for it; the EPP, which does not relay, forwards the client's
+        own stream options.
+        """
         b = self.body
         if isinstance(b, ChatCompletionRequest):
             pin_images(b.messages, self.prompt)
-        if b.stream:  # always read the usage chunk; the relay hides it unless asked for
+        if b.stream and usage_chunk:
             b.stream_options = {**(b.stream_options or {}), "include_usage": True}
         return b.model_dump_json(exclude_unset=True).encode()
 
@@ -181,6 +203,24 @@ class ProxyRequest:
         if nxt is not None:
             self._charge(nxt)
         return nxt
+
+    def served_by(self, rid: ReplicaId) -> None:
+        """The proxy served the request on `rid`, one of the fallbacks after the chosen replica
+        failed (EPP mode): the failure counts as a retry does, and the slot and the prefill
+        charge follow the request, if `rid` has room."""
+        rep = self.replica
+        if rep is None or rep.id == rid:
+            return
+        target = next((r for r in self.ranked if r.id == rid), None)
+        if target is None:
+            return
+        accounting.attempt_failed(
+            self.state, rep, self.policy_name, f"the proxy fell back to {rid}"
+        )
+        self._uncharge(rep)
+        nxt = self.replica = self.state.admission.move(rep, [target])
+        if nxt is not None:
+            self._charge(nxt)
 
     def release(self, status: str, usage: dict | None = None) -> None:
         """The one place the slot is given back and the request's outcome recorded."""

@@ -71,3 +71,11 @@ periodSeconds: {{ .probe.periodSeconds }}
 failureThreshold: {{ .probe.failureThreshold }}
 timeoutSeconds: 5
 {{- end }}
+
+{{- define "kvgate.eppName" -}}
+{{- printf "%s-epp" (include "kvgate.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "kvgate.poolName" -}}
+{{- default (include "kvgate.fullname" .) .Values.epp.pool.name }}
+{{- end }}
