@@ -215,3 +215,32 @@ def test_request_errors(models) -> None:
     with pytest.raises(LoRAError, match="--enable-lora"):
         add(plain, "y", PROMPTS[0], "alpha")
     assert not engine.has_unfinished_requests() and not plain.has_unfinished_requests()
+
+
+def test_demo_adapters_match_peft_on_the_demo_llava(demo_model_dir, tmp_path) -> None:
+    """The generated demo adapters are PEFT adapters: PEFT applies them to transformers' LLaVA
+    and the engine gives the same logits."""
+    import peft
+    import transformers
+
+    from cachekey.demo import DEMO_ADAPTERS, write_demo_adapter
+
+    prompt = [1, 50, 60, 70, 80, 90, 100, 110, 120]
+    modules = tuple(f"{n}={write_demo_adapter(tmp_path / n, n)}" for n in DEMO_ADAPTERS)
+    engine = make_engine(demo_model_dir, enable_lora=True, max_loras=2, lora_modules=modules)
+    params = SamplingParams(temperature=0.0, max_tokens=1)
+    for name in (None, *DEMO_ADAPTERS):
+        add(engine, f"r-{name}", prompt, name, params)
+    run_all(engine)
+    llava = transformers.LlavaForConditionalGeneration
+    logits = {}
+    for name in (None, *DEMO_ADAPTERS):
+        model = llava.from_pretrained(demo_model_dir, torch_dtype=torch.float32)
+        if name is not None:
+            model = peft.PeftModel.from_pretrained(model, tmp_path / name)
+        with torch.no_grad():
+            logits[name] = model.eval()(input_ids=torch.tensor([prompt])).logits[0, -1]
+        got = engine.runner.logits[f"r-{name}"][0]
+        assert torch.allclose(got, logits[name], atol=1e-4), name
+    for name in DEMO_ADAPTERS:
+        assert (logits[name] - logits[None]).abs().max() > 0.1  # each adapter changes the model

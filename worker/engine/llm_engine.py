@@ -163,8 +163,8 @@ class LLMEngine:
 
     # -- LoRA adapters -----------------------------------------------------------------------
 
-    def add_lora(self, name: str, path: str) -> None:
-        self._lora_manager().add(name, path)
+    def add_lora(self, name: str, path: str, replace: bool = False) -> None:
+        self._lora_manager().add(name, path, replace)
 
     def remove_lora(self, name: str) -> None:
         self._lora_manager().remove(name)

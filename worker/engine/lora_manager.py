@@ -75,17 +75,22 @@ class LoRAManager:
 
     # -- registry ----------------------------------------------------------------------------
 
-    def add(self, name: str, path: str) -> LoRAAdapter:
+    def add(self, name: str, path: str, replace: bool = False) -> LoRAAdapter:
+        """Register an adapter; `replace` swaps one of that name (vLLM's load_inplace): requests
+        already added finish on the old weights."""
         if not name or not path:
             raise LoRAError("Both 'lora_name' and 'lora_path' must be provided.")
-        if name in self._by_name:
+        if name in self._by_name and not replace:
             message = f"The lora adapter '{name}' has already been loaded."
             raise LoRAError(message, param="lora_name")
         if name == self.base_model_name:
             raise LoRAError(f"'{name}' is the base model's name", param="lora_name")
         adapter = read_adapter(next(self._ids), name, path, self.base, self.max_rank)
         self.weights.load_lora(adapter)
+        old = self._by_name.get(name)
         self._by_name[name] = adapter
+        if old is not None:
+            self._forget_if_unused(old)
         return adapter
 
     def remove(self, name: str) -> None:
