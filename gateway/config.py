@@ -36,7 +36,7 @@ class CostWeights:
         name="--recent-weight",
     )
     lora: float = option(
-        16.0,
+        32.0,
         "a request for a LoRA adapter on a replica that must load it by evicting another; "
         "half of it when a slot is free, 0 when the adapter is resident",
         name="--lora-weight",
