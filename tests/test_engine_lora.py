@@ -244,3 +244,26 @@ def test_demo_adapters_match_peft_on_the_demo_llava(demo_model_dir, tmp_path) ->
         assert torch.allclose(got, logits[name], atol=1e-4), name
     for name in DEMO_ADAPTERS:
         assert (logits[name] - logits[None]).abs().max() > 0.1  # each adapter changes the model
+
+
+def test_padded_decode_with_the_lora_path_always_on_equals_eager(models, expected) -> None:
+    """What a captured CUDA graph does, run eagerly: rows padded to a bucket (slot -1) and the
+    LoRA matmuls run for every step, base-only steps too; the tokens do not change."""
+    from worker.engine.decode_runner import batch_buckets
+
+    engine = lora_engine(models, max_num_seqs=8)
+    decoder = engine.runner.decoder
+    decoder.buckets = batch_buckets(8)
+    stage = decoder.stage
+    decoder.stage = lambda batch, rows: (stage(batch, rows)[0], True)
+    steps = record_steps(engine)
+    for i, prompt in enumerate(PROMPTS):  # 3 base, then alpha and beta: 5 rows pad to 8
+        add(engine, f"base-{i}", prompt, None)
+    add(engine, "alpha-1", PROMPTS[1], "alpha")
+    add(engine, "beta-2", PROMPTS[2], "beta")
+    outs = run_all(engine)
+    assert any(kind == "decode" for kind, _ in steps)
+    for i in range(len(PROMPTS)):
+        assert tokens(outs[f"base-{i}"]) == expected[("base", i)]
+    assert tokens(outs["alpha-1"]) == expected[("alpha", 1)]
+    assert tokens(outs["beta-2"]) == expected[("beta", 2)]
