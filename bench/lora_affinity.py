@@ -33,6 +33,7 @@ LOADS = "kvgate_worker_lora_loads_total"
 
 @dataclass(slots=True)
 class Row:
+    run: int
     policy: str
     requests: int
     failed: int
@@ -43,7 +44,8 @@ class Row:
 
 
 COLUMNS = (
-    Col("policy", "policy", 13, left=True),
+    Col("run", "run", 3),
+    Col("policy", "policy", 13, left=True, sep=" "),
     Col("requests", "reqs", 6),
     Col("failed", "fail", 5),
     Col("adapter_loads", "adapter loads", 14),
@@ -57,7 +59,9 @@ def write_adapters(root: Path, n: int) -> dict[str, Path]:
     return {f"adapter-{i}": write_demo_adapter(root / f"adapter-{i}", "alpha") for i in range(n)}
 
 
-def cluster_spec(args: argparse.Namespace, adapters: dict[str, Path], policy: str) -> ClusterSpec:
+def cluster_spec(
+    args: argparse.Namespace, adapters: dict[str, Path], name: str, policy: str
+) -> ClusterSpec:
     modules = ",".join(f"{name}={path}" for name, path in adapters.items())
     return ClusterSpec(
         workers=args.replicas,
@@ -70,15 +74,15 @@ def cluster_spec(args: argparse.Namespace, adapters: dict[str, Path], policy: st
             *("--sim-decode-s-per-step", str(args.sim_decode_s_per_step)),
         ),
         gateway_args=("--poll-interval", "0.2", *args.gateway_args.split()),
-        log_dir=args.log_dir / policy,
+        log_dir=args.log_dir / name,
     )
 
 
 def run_policy(
-    policy: str, workload: Workload, adapters: dict[str, Path], args: argparse.Namespace
+    run: int, policy: str, workload: Workload, adapters: dict[str, Path], args: argparse.Namespace
 ) -> Row:
     names = list(adapters)
-    with Cluster(cluster_spec(args, adapters, policy)) as c:
+    with Cluster(cluster_spec(args, adapters, f"{policy}-{run}", policy)) as c:
         before = wm.scrape_all(c.worker_urls)
         t0 = time.perf_counter()
         results: list[Result] = asyncio.run(
@@ -94,6 +98,7 @@ def run_policy(
         loads = sum(metric_total(url, LOADS) for url in c.worker_urls)
         per_worker = wm.deltas(before, wm.scrape_all(c.worker_urls))
     return Row(
+        run=run,
         policy=policy,
         requests=len(results),
         failed=sum(not r.ok for r in results),
@@ -116,15 +121,17 @@ def compare(args: argparse.Namespace, policies: list[str]) -> list[Row]:
     workload = Workload(spec)
     adapters = write_adapters(args.log_dir / "adapters", args.adapters)
     rows = []
-    for policy in policies:
-        rows.append(run_policy(policy, workload, adapters, args))
-        print_table(rows[-1:], COLUMNS, header=len(rows) == 1)
+    for run in range(args.runs):  # policies side by side in each run: a fresh cluster each
+        for policy in policies:
+            rows.append(run_policy(run, policy, workload, adapters, args))
+            print_table(rows[-1:], COLUMNS, header=len(rows) == 1)
     return rows
 
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--policies", default="cache_aware,round_robin")
+    ap.add_argument("--runs", type=int, default=1, help="repeat the comparison (timing varies)")
     ap.add_argument("--replicas", type=int, default=4)
     ap.add_argument("--adapters", type=int, default=8)
     ap.add_argument("--max-loras", type=int, default=2, help="adapter slots per worker")
@@ -143,13 +150,14 @@ def parser() -> argparse.ArgumentParser:
 def main() -> None:
     args = parser().parse_args()
     rows = compare(args, [p for p in args.policies.split(",") if p])
-    by = {r.policy: r for r in rows}
-    ca, rr = by.get("cache_aware"), by.get("round_robin")
-    if ca is not None and rr is not None and ca.adapter_loads and ca.hit_rate:
-        print(
-            f"round_robin loads {rr.adapter_loads / ca.adapter_loads:.1f}x the adapters "
-            f"cache_aware does; cache_aware hit rate {ca.hit_rate / max(rr.hit_rate, 1e-9):.2f}x"
-        )
+    for run in range(args.runs):
+        by = {r.policy: r for r in rows if r.run == run}
+        ca, rr = by.get("cache_aware"), by.get("round_robin")
+        if ca is not None and rr is not None and ca.adapter_loads and rr.hit_rate:
+            print(
+                f"run {run}: round_robin loads {rr.adapter_loads / ca.adapter_loads:.1f}x the "
+                f"adapters cache_aware does; cache_aware hits {ca.hit_rate / rr.hit_rate:.2f}x"
+            )
     write_json(args.out, {"args": args_dict(args), "results": [asdict(r) for r in rows]})
 
 
