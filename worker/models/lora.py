@@ -143,8 +143,9 @@ class LoRAModel:
         if all(slot < 0 for slot, _ in rows):
             self.batch.clear()  # nothing to add: the base model alone
             return
-        slots = [slot for slot, n in rows for _ in range(n)]
-        self.batch.prepare(torch.tensor(slots, dtype=torch.long).to(self.device, non_blocking=True))
+        slot, count = torch.tensor(rows, dtype=torch.long).unbind(1)
+        per_token = slot.repeat_interleave(count)
+        self.batch.prepare(per_token.to(self.device, non_blocking=True))
 
     def load_lora(self, adapter: LoRAAdapter) -> None:
         """Read the adapter's matrices onto the host in the model's dtype, scaling folded in."""
