@@ -345,7 +345,8 @@ def write_demo_adapter(path: str | os.PathLike[str], name: str) -> Path:
         "r": rank,
         "lora_alpha": alpha,
         "lora_dropout": 0.0,
-        "target_modules": sorted(targets),
+        # A regex, so that PEFT adapts the language model only (CLIP has q/k/v_proj too).
+        "target_modules": rf".*language_model.*\.({'|'.join(sorted(targets))})",
         "bias": "none",
         "fan_in_fan_out": False,
         "use_rslora": False,

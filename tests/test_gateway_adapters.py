@@ -59,10 +59,12 @@ def test_cache_aware_prefers_the_replica_holding_the_adapter():
 
 def test_prefix_hits_and_load_are_weighed_against_affinity():
     reps = [replica(0, ["a"]), replica(1, ["b", "c"])]
-    tokens = list(range(100, 420))  # 20 blocks
+    tokens = list(range(100, 740))  # 40 blocks
     assert rank(reps, "a", tokens)[0] is reps[0]
-    # 18 cached blocks of this prompt (under this adapter) on the full replica outweigh a load.
-    assert rank(reps, "a", tokens, {reps[1].id: 18})[0] is reps[1]
+    # 30 cached blocks of this prompt (under this adapter) on the full replica: still a load.
+    assert rank(reps, "a", tokens, {reps[1].id: 30})[0] is reps[0]
+    # 38 outweigh it (the adapter miss costs --lora-weight, 32 blocks).
+    assert rank(reps, "a", tokens, {reps[1].id: 38})[0] is reps[1]
     # A deep queue on the replica holding the adapter sends the request to load it elsewhere.
     reps[0].waiting = 10
     assert rank(reps, "a", tokens)[0] is reps[1]
