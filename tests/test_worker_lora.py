@@ -99,6 +99,13 @@ def test_load_and_unload_at_runtime(worker, adapters):
     beta, gamma = complete(worker.url, "beta", prompt).json(), complete(worker.url, "gamma", prompt)
     assert gamma.json()["choices"][0]["text"] == beta["choices"][0]["text"]  # the same weights
     assert gamma.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # another name
+    body = {"lora_name": "gamma", "lora_path": str(adapters["alpha"]), "load_inplace": True}
+    assert httpx.post(load, json=body).status_code == 200  # gamma now has alpha's weights
+    answers = {
+        model: complete(worker.url, model, "in place: " + prompt).json()["choices"][0]["text"]
+        for model in ("alpha", "beta", "gamma")
+    }
+    assert answers["gamma"] == answers["alpha"] != answers["beta"]
     resp = httpx.post(unload, json={"lora_name": "gamma"})
     assert (resp.status_code, resp.text) == (
         200,
