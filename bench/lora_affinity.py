@@ -26,7 +26,7 @@ from bench.driver import Result, hit_rate, run_workload
 from bench.report import Col, args_dict, print_table, write_json
 from bench.runs import POLICY_HEADER, add_workload_args
 from bench.workload import Workload, WorkloadSpec
-from cachekey.demo import write_demo_adapter
+from cachekey.demo_lora import write_demo_adapter
 
 LOADS = "kvgate_worker_lora_loads_total"
 

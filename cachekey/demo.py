@@ -3,13 +3,9 @@
 Everything is derived from constants in this module (a fixed corpus for the byte-level BPE, a
 fixed seed for the weights), so every run writes byte-identical files and every machine gets the
 same tokenizer, template and keys. Writing it needs numpy and safetensors, never torch.
-
-Two LoRA adapters of it come with it, in PEFT's layout (adapter_config.json +
-adapter_model.safetensors), generated the same way: `alpha` adapts every attention and MLP
-projection, `beta` only q/v and down.
+Its two LoRA adapters are generated the same way (cachekey/demo_lora.py).
 
     python -m cachekey.demo OUTDIR
-    python -m cachekey.demo --lora-modules     # alpha=PATH,beta=PATH, for --lora-modules
 """
 
 from __future__ import annotations
@@ -280,7 +276,7 @@ def build_weights(vocab_size: int) -> dict[str, np.ndarray]:
     return weights
 
 
-def _dump_json(obj: dict) -> bytes:
+def dump_json(obj: dict) -> bytes:
     return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8")
 
 
@@ -292,94 +288,9 @@ def write_demo_model(path: str | os.PathLike[str]) -> Path:
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
     (out / "tokenizer.json").write_bytes(tokenizer.to_str(pretty=True).encode("utf-8") + b"\n")
     for name, obj in _configs(vocab_size).items():
-        (out / name).write_bytes(_dump_json(obj))
+        (out / name).write_bytes(dump_json(obj))
     save_file(build_weights(vocab_size), str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
-
-
-# name -> (seed, rank, lora_alpha, target projections)
-DEMO_ADAPTERS: dict[str, tuple[int, int, int, tuple[str, ...]]] = {
-    "alpha": (
-        1,
-        8,
-        16,
-        ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
-    ),
-    "beta": (2, 4, 8, ("q_proj", "v_proj", "down_proj")),
-}
-ADAPTERS_VERSION = "demo-lora-v1"
-
-
-def _projection_shapes() -> dict[str, tuple[int, int]]:
-    h, i = TEXT["hidden"], TEXT["intermediate"]
-    kv = h // TEXT["heads"] * TEXT["kv_heads"]
-    return {
-        "q_proj": (h, h),
-        "k_proj": (h, kv),
-        "v_proj": (h, kv),
-        "o_proj": (h, h),
-        "gate_proj": (h, i),
-        "up_proj": (h, i),
-        "down_proj": (i, h),
-    }
-
-
-def write_demo_adapter(path: str | os.PathLike[str], name: str) -> Path:
-    """Write demo adapter `name` into `path` as PEFT saves one (seeded: byte-identical)."""
-    seed, rank, alpha, targets = DEMO_ADAPTERS[name]
-    rng = np.random.default_rng(SEED + seed)
-    shapes = _projection_shapes()
-    weights = {}
-    for n in range(TEXT["layers"]):
-        for proj in targets:
-            block = "mlp" if proj in ("gate_proj", "up_proj", "down_proj") else "self_attn"
-            key = f"base_model.model.language_model.model.layers.{n}.{block}.{proj}"
-            in_f, out_f = shapes[proj]
-            # B far from PEFT's zero init, so the adapter visibly changes what the model says.
-            weights[f"{key}.lora_A.weight"] = _normal(rng, (rank, in_f), 0.05)
-            weights[f"{key}.lora_B.weight"] = _normal(rng, (out_f, rank), 0.2)
-    config = {
-        "peft_type": "LORA",
-        "task_type": "CAUSAL_LM",
-        "base_model_name_or_path": "demo",
-        "r": rank,
-        "lora_alpha": alpha,
-        "lora_dropout": 0.0,
-        # A regex, so that PEFT adapts the language model only (CLIP has q/k/v_proj too).
-        "target_modules": rf".*language_model.*\.({'|'.join(sorted(targets))})",
-        "bias": "none",
-        "fan_in_fan_out": False,
-        "use_rslora": False,
-        "use_dora": False,
-        "modules_to_save": None,
-        "inference_mode": True,
-    }
-    out = Path(path)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "adapter_config.json").write_bytes(_dump_json(config))
-    save_file(weights, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
-    return out
-
-
-def _normal(rng: np.random.Generator, shape: tuple[int, int], std: float) -> np.ndarray:
-    return (rng.standard_normal(shape, dtype=np.float32) * std).astype(np.float32)
-
-
-def ensure_demo_adapters(cache_dir: Path | None = None) -> dict[str, Path]:
-    """The demo adapters' directories (name -> path), written once beside the demo model."""
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir().parent
-    paths = {}
-    for name in DEMO_ADAPTERS:
-        target = root / ADAPTERS_VERSION / name
-        paths[name] = target
-        if not (target / "adapter_model.safetensors").is_file():
-            _write_atomically(target, lambda tmp, name=name: write_demo_adapter(tmp, name))
-    return paths
-
-
-def lora_modules_arg(paths: dict[str, Path]) -> str:
-    """`--lora-modules` for the given adapters: name=path,name=path."""
-    return ",".join(f"{name}={path}" for name, path in paths.items())
 
 
 def default_cache_dir() -> Path:
@@ -396,11 +307,11 @@ def ensure_demo_model(cache_dir: Path | None = None) -> Path:
     """
     target = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     if not (target / "model.safetensors").is_file():
-        _write_atomically(target, write_demo_model)
+        write_atomically(target, write_demo_model)
     return target
 
 
-def _write_atomically(target: Path, write) -> None:
+def write_atomically(target: Path, write) -> None:
     """`write(tmp)` into a private temp dir, renamed into place; the first rename wins."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
@@ -417,11 +328,8 @@ def _write_atomically(target: Path, write) -> None:
 
 
 def main(argv: list[str]) -> int:
-    if argv == ["--lora-modules"]:
-        print(lora_modules_arg(ensure_demo_adapters()))
-        return 0
-    if len(argv) != 1 or argv[0].startswith("-"):
-        print("usage: python -m cachekey.demo OUTDIR | --lora-modules", file=sys.stderr)
+    if len(argv) != 1:
+        print("usage: python -m cachekey.demo OUTDIR", file=sys.stderr)
         return 2
     print(write_demo_model(argv[0]))
     return 0
