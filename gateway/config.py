@@ -36,9 +36,15 @@ class CostWeights:
         "per block of uncached prefill routed to the replica lately (decayed)",
         name="--recent-weight",
     )
+    lora: float = option(
+        32.0,
+        "a request for a LoRA adapter on a replica that must load it by evicting another; "
+        "half of it when a slot is free, 0 when the adapter is resident",
+        name="--lora-weight",
+    )
 
     def __post_init__(self) -> None:
-        for name in ("prefill", "load", "decode", "queue", "kv", "recent"):
+        for name in ("prefill", "load", "decode", "queue", "kv", "recent", "lora"):
             if getattr(self, name) < 0:
                 raise ValueError(f"weight {name} must be >= 0")
 
