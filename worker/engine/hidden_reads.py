@@ -69,6 +69,11 @@ class HiddenReads:
         return self.cache is not None
 
     @property
+    def row_layers(self) -> tuple[int, ...]:
+        """Hugging Face hidden_states index of each row `all` returns; () without the cache."""
+        return self.cache.row_layers if self.cache is not None else ()
+
+    @property
     def cache_bytes(self) -> int:
         return self.cache.nbytes if self.cache is not None else 0
 

@@ -55,7 +55,7 @@ class SimRunner:
         self._words = _word_token_ids(assets)
         self._seeds: dict[str, int] = {}
         self._counters = VisionCounters()
-        self.hidden = SimHiddenReads(config.hidden_state_cache, _hidden_size(assets))
+        self.hidden = SimHiddenReads(config.hidden_state_cache, _text_config(assets))
 
     @property
     def vision_counters(self) -> VisionCounters:
@@ -96,24 +96,28 @@ class SimRunner:
         return self._words[mixed % len(self._words)]
 
 
-def _hidden_size(assets: ModelAssets) -> int:
+def _text_config(assets: ModelAssets) -> dict:
     config = json.loads(assets.files.get("config.json", b"{}"))
-    text = config.get("text_config") or config
-    return int(text.get("hidden_size", 64))
+    return config.get("text_config") or config
 
 
 class SimHiddenReads(HiddenReads):
     """Hidden states of the right shape whose values derive from the tokens (no model runs):
     the API, the prefix cache and the routing behave as with the torch engine."""
 
-    def __init__(self, has_cache: bool, hidden_size: int) -> None:
+    def __init__(self, has_cache: bool, text_config: dict) -> None:
         super().__init__(None)
         self._has_cache = has_cache
-        self.hidden_size = hidden_size
+        self.hidden_size = int(text_config.get("hidden_size", 64))
+        self._num_layers = int(text_config.get("num_hidden_layers", 1))
 
     @property
     def has_cache(self) -> bool:
         return self._has_cache
+
+    @property
+    def row_layers(self) -> tuple[int, ...]:
+        return (self._num_layers,) if self._has_cache else ()
 
     def read(self, seq: Sequence, pooling: str) -> np.ndarray:
         n = seq.num_prompt_tokens if pooling != "all" else seq.num_computed_tokens
