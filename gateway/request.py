@@ -90,6 +90,11 @@ class ProxyRequest:
         wants_usage = bool((body.stream_options or {}).get("include_usage"))
         return cls(state, endpoint, body, headers, name, policy, candidates, ns, wants_usage)
 
+    @property
+    def num_prompt_tokens(self) -> int:
+        """Prompt tokens the replica will prefill or find cached (every input's, for embeddings)."""
+        return len(self.prompt)
+
     # -- the stages, in order ----------------------------------------------------------------
 
     async def admit(self) -> None:
@@ -122,7 +127,7 @@ class ProxyRequest:
             keys[0] if keys else xxhash.xxh3_128_digest(repr(self.prompt.token_ids[:bs]).encode())
         )
         ctx = RouteContext(
-            self.candidates, keys, len(self.prompt), bs, self.matched, self.headers, seed
+            self.candidates, keys, self.num_prompt_tokens, bs, self.matched, self.headers, seed
         )
         ranked = await self.policy.rank(ctx)
         st.metrics.routing_seconds.observe(time.perf_counter() - t0)
@@ -166,7 +171,7 @@ class ProxyRequest:
         self._uncharge(rep)
         st.admission.release(rep)
         accounting.finished(
-            st, rep, self.policy_name, status, len(self.prompt), self.predicted, usage
+            st, rep, self.policy_name, status, self.num_prompt_tokens, self.predicted, usage
         )
 
     # -- load charged to the replica holding the slot ---------------------------------------
@@ -183,14 +188,14 @@ class ProxyRequest:
         st = self.state
         self.replica = rep
         self.predicted = self._predicted_for(rep)
-        uncached = len(self.prompt) - self.predicted
+        uncached = self.num_prompt_tokens - self.predicted
         rep.in_flight_prefill_tokens += uncached
         rep.add_recent_prefill(uncached, time.monotonic(), st.config.recent_half_life)
         if rep.parity_ok:
             st.index.add_speculative(rep.id, self.keys)
 
     def _uncharge(self, rep: Replica) -> None:
-        rep.in_flight_prefill_tokens -= len(self.prompt) - self.predicted
+        rep.in_flight_prefill_tokens -= self.num_prompt_tokens - self.predicted
 
 
 def _is_small_text(req: OpenAIRequest) -> bool:

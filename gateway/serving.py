@@ -14,6 +14,7 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gateway.embeddings import EmbeddingProxyRequest, EmbeddingRequest
 from gateway.errors import GatewayError, Overloaded, UpstreamFailed, error_response
 from gateway.limits import check_body, read_body
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
@@ -53,7 +54,16 @@ class OpenAIServing:
     async def completions(self, request: Request) -> Response:
         return await self.handle(request, "/v1/completions", CompletionRequest)
 
-    async def handle(self, request: Request, endpoint: str, model_cls: type) -> Response:
+    async def embeddings(self, request: Request) -> Response:
+        return await self.handle(request, "/v1/embeddings", EmbeddingRequest, EmbeddingProxyRequest)
+
+    async def handle(
+        self,
+        request: Request,
+        endpoint: str,
+        model_cls: type,
+        proxy_cls: type[ProxyRequest] = ProxyRequest,
+    ) -> Response:
         st = self.state
         px: ProxyRequest | None = None
         streaming = False
@@ -65,7 +75,7 @@ class OpenAIServing:
                 # Replaces any client salt by one derived from (tenant, client salt): the
                 # routing keys and the worker's cache both use it.
                 body.cache_salt = st.tenants.salt_for(tenant, body.cache_salt)
-            px = ProxyRequest.route(st, endpoint, body, request.headers)
+            px = proxy_cls.route(st, endpoint, body, request.headers)
             await px.admit()
             await px.render()
             await px.rank()
