@@ -18,7 +18,7 @@ import numpy as np
 from fastapi import Request
 from fastapi.responses import Response
 
-from cachekey.errors import PromptTooLongError
+from cachekey.errors import PromptTooLongError, RenderError
 from cachekey.types import Prompt
 from worker.engine.sampling_params import SamplingParams
 from worker.server.embedding_protocol import EmbeddingRequest
@@ -103,7 +103,12 @@ class ServingEmbedding(OpenAIServing):
             )
             return [prompt]
         inputs = body.inputs()
-        return await asyncio.to_thread(lambda: [renderer.render_completion(p) for p in inputs])
+        try:
+            return await asyncio.to_thread(lambda: [renderer.render_completion(p) for p in inputs])
+        except RenderError as e:
+            if e.param == "prompt":  # the completion renderer's name for what is `input` here
+                e.param = "input"
+            raise
 
     async def _collect(self, raw: Request, stream: RequestStream):
         """(vector, prompt tokens, cached tokens) per input; None if the client went away."""
