@@ -52,7 +52,6 @@ class HiddenStateCache:
         self.cache = torch.zeros(
             (len(self.layers) + 1, num_blocks * block_size, hidden_size), dtype=dtype, device=device
         )
-        self._hooks: list[torch.utils.hooks.RemovableHandle] = []
         # Each row's Hugging Face hidden_states index (the final one is num_layers), on attach.
         self.row_layers: tuple[int, ...] = ()
 
@@ -70,26 +69,13 @@ class HiddenStateCache:
                     f"hidden-state layer {layer} outside the model's 0..{num_layers - 1}"
                 )
         for row, layer in enumerate(self.layers):
-            hook = decoder.layers[layer].register_forward_pre_hook(
-                self._pre_hook(row), with_kwargs=True
-            )
-            self._hooks.append(hook)
-        final = len(self.layers)
+            decoder.layers[layer].register_forward_pre_hook(self._pre_hook(row), with_kwargs=True)
+        decoder.register_forward_hook(self._post_hook(len(self.layers)), with_kwargs=True)
         self.row_layers = (*self.layers, num_layers)
-        self._hooks.append(decoder.register_forward_hook(self._post_hook(final), with_kwargs=True))
-
-    def detach(self) -> None:
-        for hook in self._hooks:
-            hook.remove()
-        self._hooks.clear()
 
     def _pre_hook(self, row: int) -> Callable:
         def hook(_module: nn.Module, args: tuple, kwargs: dict) -> None:
-            hidden = next(
-                v
-                for v in (*args, *kwargs.values())
-                if isinstance(v, Tensor) and v.is_floating_point() and v.dim() == 2
-            )
+            hidden = _hidden_states(args, kwargs)
             self.cache[row].index_copy_(0, _slot_mapping(args, kwargs), hidden.to(self.cache.dtype))
 
         return hook
@@ -114,14 +100,21 @@ class HiddenStateCache:
         return out[0] if final_only else out
 
 
-def _slot_mapping(args: tuple, kwargs: dict) -> Tensor:
-    """The step's slot mapping, from the attention context the layer is called with.
+# The hooks find what they need by kind, not position, so they do not depend on the signatures:
+# the step's slot mapping on the attention context (the argument with a `slot_mapping`), and
+# the hidden states a layer is called with (its floating-point 2-D argument).
 
-    Found by kind, not position (the argument with a `slot_mapping`), and the hidden states in
-    the pre-hook as the floating-point 2-D argument: the hooks do not depend on the signatures.
-    """
+
+def _slot_mapping(args: tuple, kwargs: dict) -> Tensor:
     for value in (*args, *kwargs.values()):
         slots = getattr(value, "slot_mapping", None)
         if slots is not None:
             return slots
     raise RuntimeError("hidden-state hook: the call carries no attention context")
+
+
+def _hidden_states(args: tuple, kwargs: dict) -> Tensor:
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, Tensor) and value.is_floating_point() and value.dim() == 2:
+            return value
+    raise RuntimeError("hidden-state hook: the call carries no hidden states")
