@@ -35,8 +35,10 @@ def test_prompts_share_their_prefix(demo_model_dir: Path) -> None:
 
 def test_prefill_round_compares_equal_embeddings(demo_model_dir: Path) -> None:
     prompts = hp.text_prompts(3, 300, 0.9, random.Random(1))
-    hot, cold, diff, hit_rate = hp.prefill_round(str(demo_model_dir), prompts, time.perf_counter)
-    assert len(hot) == len(cold) == 3 and diff <= 1e-4
+    hot, cold, kv, diff, hit_rate = hp.prefill_round(
+        str(demo_model_dir), prompts, time.perf_counter
+    )
+    assert len(hot) == len(cold) == len(kv) == 3 and diff <= 1e-4
     assert hit_rate == pytest.approx(2 * 256 / 900)  # the 2nd and 3rd hit 16 full blocks
 
 
