@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -202,10 +203,11 @@ def overhead_rows(model: str, rounds: int, clock) -> list[OverheadRow]:
     prefill: dict[bool, list[float]] = {False: [], True: []}
     decode: dict[bool, list[float]] = {False: [], True: []}
     gen = SamplingParams(temperature=0.0, max_tokens=65, ignore_eos=True)
-    for r in range(rounds * 3):
+    for r in range(rounds * 4):
         prompt = text_prompts(1, 2000, 0.0, rng)[0]
         batch = text_prompts(8, 128, 0.0, rng)
-        for on, engine in engines.items():
+        for on in (False, True) if r % 2 else (True, False):  # neither always goes first
+            engine = engines[on]
             t, _ = run(engine, f"p{r}", prompt, clock)  # unique: a cold 2,000-token prefill
             prefill[on].append(t)
             for i, p in enumerate(batch):
@@ -220,6 +222,20 @@ def overhead_rows(model: str, rounds: int, clock) -> list[OverheadRow]:
         off, on = (statistics.median(samples[k]) * 1000 for k in (False, True))
         rows.append(OverheadRow(name, off, on, on / off))
     return rows
+
+
+def write_cost_ms(engine: LLMEngine, tokens: int, clock, repeats: int = 2000) -> float:
+    """What the cache adds to one step of `tokens` tokens: its hook's work (find the slot
+    mapping, copy the output rows), timed alone since it is far below the steps' noise."""
+    cache = engine.runner.hidden_cache
+    assert cache is not None
+    hook = cache._post_hook(len(cache.layers))
+    args = (SimpleNamespace(slot_mapping=torch.arange(tokens)),)
+    output = torch.randn(tokens, cache.cache.shape[2], dtype=cache.cache.dtype)
+    start = clock()
+    for _ in range(repeats):
+        hook(None, args, {}, output)
+    return (clock() - start) / repeats * 1000
 
 
 def main() -> None:
@@ -251,12 +267,22 @@ def main() -> None:
     print()
     overhead = overhead_rows(model, args.rounds, clock)
     print_table(overhead, OVERHEAD_COLS)
+    engine = make_engine(model, hidden_state_cache=True, num_blocks=512)
+    writes = {"decode_batch_8_ms": write_cost_ms(engine, 8, clock)}
+    writes["prefill_2000_ms"] = write_cost_ms(engine, 2000, clock, repeats=200)
+    print(
+        f"hidden-state write per step, timed alone: {writes['decode_batch_8_ms'] * 1000:.1f} us "
+        f"at batch 8 ({writes['decode_batch_8_ms'] / overhead[1].cache_off_ms:.2%} of a decode "
+        f"step), {writes['prefill_2000_ms'] * 1000:.0f} us for 2,000 tokens "
+        f"({writes['prefill_2000_ms'] / overhead[0].cache_off_ms:.2%} of that prefill)"
+    )
     write_json(
         args.out,
         {
             "args": args_dict(args),
             "prefill": [asdict(r) for r in rows],
             "overhead": [asdict(r) for r in overhead],
+            "write_cost": writes,
         },
     )
 
