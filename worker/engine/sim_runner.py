@@ -119,6 +119,14 @@ class SimHiddenReads(HiddenReads):
     def row_layers(self) -> tuple[int, ...]:
         return (self._num_layers,) if self._has_cache else ()
 
+    # Every pooling is made up in `read`: no last-token rows to capture or count.
+    def want(self, request_id: str, pooling: str) -> None:
+        self.check(pooling)
+        self._wanted[request_id] = pooling
+
+    def forget(self, request_id: str) -> None:
+        self._wanted.pop(request_id, None)
+
     def read(self, seq: Sequence, pooling: str) -> np.ndarray:
         n = seq.num_prompt_tokens if pooling != "all" else seq.num_computed_tokens
         seed = xxhash.xxh64_intdigest(pack_tokens(seq.token_ids[:n]))
