@@ -77,17 +77,8 @@ class ModelRunner:
         self.num_blocks = self._num_blocks(config)
         # One block more than the scheduler knows of: padded decode rows write there.
         self.kv_cache = self._allocate_kv(self.num_blocks + 1)
-        self.hidden_cache: HiddenStateCache | None = None
-        if self.hidden_rows:  # before graph capture, so the graphs write hidden states too
-            self.hidden_cache = HiddenStateCache(
-                self.num_blocks + 1,
-                self.block_size,
-                info.hidden_size,
-                config.hidden_state_layers,
-                self.dtype,
-                self.device,
-            )
-            self.hidden_cache.attach(self.model)
+        # Before graph capture, so that the graphs write hidden states too.
+        self.hidden_cache = self._hidden_cache(config.hidden_state_layers)
         self.hidden = HiddenReads(self.hidden_cache)
         max_len = min(self.max_model_len, self.num_blocks * self.block_size)
         if config.max_model_len is not None:
@@ -119,6 +110,21 @@ class ModelRunner:
         info = self.info
         shape = (info.num_layers, 2, num_blocks, self.block_size, info.num_kv_heads, info.head_dim)
         return torch.zeros(shape, dtype=self.dtype, device=self.device)
+
+    def _hidden_cache(self, layers: tuple[int, ...]) -> HiddenStateCache | None:
+        """The hidden-state cache in the KV cache's slots (padding block included), hooked in."""
+        if not self.hidden_rows:
+            return None
+        cache = HiddenStateCache(
+            self.num_blocks + 1,
+            self.block_size,
+            self.info.hidden_size,
+            layers,
+            self.dtype,
+            self.device,
+        )
+        cache.attach(self.model)
+        return cache
 
     def _num_blocks(self, config: EngineConfig) -> int:
         """Blocks the scheduler may use; a memory budget also pays for the spare padding block."""
