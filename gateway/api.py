@@ -31,6 +31,10 @@ def attach_routes(app: FastAPI) -> None:
     async def completions(request: Request) -> Response:
         return await OpenAIServing(_state(request)).completions(request)
 
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request) -> Response:
+        return await OpenAIServing(_state(request)).embeddings(request)
+
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
         st = _state(request)

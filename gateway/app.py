@@ -20,11 +20,15 @@ from gateway.state import GatewayState
 
 log = logging.getLogger(__name__)
 
-_PROXIED = {"/v1/chat/completions": "chat_completions", "/v1/completions": "completions"}
+_PROXIED = {
+    "/v1/chat/completions": "chat_completions",
+    "/v1/completions": "completions",
+    "/v1/embeddings": "embeddings",
+}
 
 
 class GatewayApp(FastAPI):
-    """FastAPI, with the two proxied POST routes served before its middleware and routing.
+    """FastAPI, with the proxied POST routes served before its middleware and routing.
 
     They are the hot path: `OpenAIServing` answers every failure itself, so the exception
     middleware, dependency solving and routing would only add per-request time (profiled in

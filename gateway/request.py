@@ -129,6 +129,11 @@ class ProxyRequest:
             lora_name,
         )
 
+    @property
+    def num_prompt_tokens(self) -> int:
+        """Prompt tokens the replica will prefill or find cached (every input's, for embeddings)."""
+        return len(self.prompt)
+
     # -- the stages, in order ----------------------------------------------------------------
 
     async def decide(self) -> Replica:
@@ -190,7 +195,7 @@ class ProxyRequest:
         ctx = RouteContext(
             self.candidates,
             keys,
-            len(self.prompt),
+            self.num_prompt_tokens,
             bs,
             self.matched,
             self.headers,
@@ -262,7 +267,7 @@ class ProxyRequest:
         self._uncharge(rep)
         st.admission.release(rep)
         accounting.finished(
-            st, rep, self.policy_name, status, len(self.prompt), self.predicted, usage
+            st, rep, self.policy_name, status, self.num_prompt_tokens, self.predicted, usage
         )
 
     # -- load charged to the replica holding the slot ---------------------------------------
@@ -279,7 +284,7 @@ class ProxyRequest:
         st = self.state
         self.replica = rep
         self.predicted = self._predicted_for(rep)
-        uncached = len(self.prompt) - self.predicted
+        uncached = self.num_prompt_tokens - self.predicted
         rep.in_flight_prefill_tokens += uncached
         now = time.monotonic()
         rep.add_recent_prefill(uncached, now, st.config.recent_half_life)
@@ -289,7 +294,7 @@ class ProxyRequest:
             note_routed(rep, self.lora_name, now, st.config.speculative_ttl)
 
     def _uncharge(self, rep: Replica) -> None:
-        rep.in_flight_prefill_tokens -= len(self.prompt) - self.predicted
+        rep.in_flight_prefill_tokens -= self.num_prompt_tokens - self.predicted
 
 
 def _is_small_text(req: OpenAIRequest) -> bool:

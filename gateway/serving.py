@@ -17,6 +17,7 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gateway.embeddings import EmbeddingProxyRequest, EmbeddingRequest
 from gateway.errors import Overloaded, UpstreamFailed, error_response
 from gateway.limits import check_body, read_json
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
@@ -79,14 +80,23 @@ class OpenAIServing:
     async def completions(self, request: Request) -> Response:
         return await self.handle(request, "/v1/completions", CompletionRequest)
 
-    async def handle(self, request: Request, endpoint: str, model_cls: type) -> Response:
+    async def embeddings(self, request: Request) -> Response:
+        return await self.handle(request, "/v1/embeddings", EmbeddingRequest, EmbeddingProxyRequest)
+
+    async def handle(
+        self,
+        request: Request,
+        endpoint: str,
+        model_cls: type,
+        proxy_cls: type[ProxyRequest] = ProxyRequest,
+    ) -> Response:
         st = self.state
         px: ProxyRequest | None = None
         streaming = False
         status, usage = "error", None
         try:
             body, tenant = await read_request(st, request, model_cls)
-            px = ProxyRequest.route(st, endpoint, body, request.headers, tenant=tenant)
+            px = proxy_cls.route(st, endpoint, body, request.headers, tenant=tenant)
             await px.decide()
             resp = await send_with_retries(px, px.payload())
             if body.stream and resp.status == 200:

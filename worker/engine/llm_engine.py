@@ -70,7 +70,9 @@ class LLMEngine:
         *,
         lora_name: str | None = None,
         cache_salt: str | None = None,
+        hidden_states: str | None = None,
     ) -> None:
+        """`hidden_states`: a pooling of hidden_reads.POOLINGS to return when it finishes."""
         if request_id in self._seqs:
             raise ValueError(f"duplicate request id {request_id!r}")
         if lora_name is not None:
@@ -89,12 +91,16 @@ class LLMEngine:
                 param="messages",
             )
         check_prompt(prompt, self.assets.image, self.runner.vocab_size)
+        if hidden_states is not None:
+            self.runner.hidden.check(hidden_states)
         seq = Sequence(
             request_id, prompt, params, self.namespace, lora_name=lora_name, cache_salt=cache_salt
         )
         self.runner.register(seq)
         if lora_name is not None:
             self._lora_manager().bind(request_id, lora_name)
+        if hidden_states is not None:
+            self.runner.hidden.want(request_id, hidden_states)
         self._seqs[request_id] = seq
         self._detok[request_id] = IncrementalDetokenizer(
             self.assets.tokenizer, prompt.token_ids, params.stop
@@ -150,6 +156,7 @@ class LLMEngine:
             num_output_tokens=seq.num_output_tokens,
         )
         if reason is not None:
+            out.hidden_states = self.runner.hidden.take(seq)  # while seq holds its blocks
             self._finish(seq, reason)
         return out
 
@@ -202,6 +209,9 @@ class LLMEngine:
             vision_tower_runs=vision.vision_tower_runs,
             prompt_tokens_total=self._prompt_tokens_total,
             generation_tokens_total=self._generation_tokens_total,
+            hidden_cache_bytes=self.runner.hidden.cache_bytes,
+            hidden_queries_tokens=self.runner.hidden.counters.queries_tokens,
+            hidden_hits_tokens=self.runner.hidden.counters.hits_tokens,
             lora=None if self.loras is None else self._lora_stats(self.loras),
         )
 

@@ -18,7 +18,7 @@ from worker.server.app_state import WorkerState, init_app_state
 from worker.server.config import ServerConfig
 from worker.server.engine_client import AsyncEngine
 from worker.server.errors import install_error_handlers
-from worker.server.routers import debug, kvgate, lora, openai, ops, peers
+from worker.server.routers import debug, embeddings, kvgate, lora, openai, ops, peers
 
 _WATCHDOG_S = 0.5
 
@@ -39,7 +39,7 @@ def create_app(
     app = FastAPI(title="kvgate worker", lifespan=lifespan)
     state = init_app_state(app.state, engine, config)
     install_error_handlers(app)
-    for module in (openai, ops, kvgate, peers):
+    for module in (openai, embeddings, ops, kvgate, peers):
         app.include_router(module.router)
     if config.allow_runtime_lora_updating:
         app.include_router(lora.router)

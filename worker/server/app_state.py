@@ -6,6 +6,7 @@ router or the app module.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from worker.server.metrics import WorkerMetrics
 from worker.server.serving import ServingContext
 from worker.server.serving_chat import ServingChat
 from worker.server.serving_completion import ServingCompletion
+from worker.server.serving_embedding import ServingEmbedding
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +50,7 @@ class WorkerState:
     metrics: WorkerMetrics
     chat: ServingChat
     completion: ServingCompletion
+    embedding: ServingEmbedding
     assets: AssetFiles
     max_num_seqs: int
     created: int  # the model card's `created`
@@ -81,6 +84,7 @@ def init_app_state(state: State, engine: LLMEngine, config: ServerConfig) -> Wor
         engine.max_model_len,
         metrics,
         config.data_parallel_rank,
+        hidden_layers=engine.runner.hidden.row_layers,
     )
     faults = FaultInjector(async_engine, publisher) if config.enable_fault_injection else None
     worker = WorkerState(
@@ -91,6 +95,7 @@ def init_app_state(state: State, engine: LLMEngine, config: ServerConfig) -> Wor
         metrics=metrics,
         chat=ServingChat(ctx),
         completion=ServingCompletion(ctx),
+        embedding=ServingEmbedding(ctx, json.loads(engine.assets.files.get("config.json", b"{}"))),
         assets=AssetFiles(dict(engine.assets.files)),
         max_num_seqs=engine.config.max_num_seqs,
         created=int(time.time()),

@@ -107,6 +107,22 @@ class _EngineCollector(Collector):
         yield counter(
             "kvgate_worker_vision_tower_runs", "Vision-tower forward passes.", s.vision_tower_runs
         )
+        yield gauge(
+            "kvgate_worker_hidden_state_cache_bytes",
+            "Memory of the hidden-state cache (0 without --hidden-state-cache).",
+            s.hidden_cache_bytes,
+        )
+        yield counter(
+            "kvgate_worker_hidden_state_queries",
+            "Prompt tokens of requests that wanted hidden states (embeddings, "
+            "return_hidden_states).",
+            s.hidden_queries_tokens,
+        )
+        yield counter(
+            "kvgate_worker_hidden_state_hits",
+            "Of those, prompt tokens served from the prefix cache (not recomputed).",
+            s.hidden_hits_tokens,
+        )
         info = GaugeMetricFamily(
             "vllm:cache_config_info", "KV-cache configuration.", labels=list(self._info)
         )

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import msgspec
+import numpy as np
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
@@ -19,6 +20,7 @@ from cachekey.types import Prompt
 from worker.engine.sampling_params import SamplingParams
 from worker.server.engine_client import AsyncEngine
 from worker.server.errors import APIError, as_api_error, error_body
+from worker.server.hidden_encoding import encode_hidden_states, require_hidden_cache
 from worker.server.metrics import WorkerMetrics
 from worker.server.protocol import SamplingFields
 from worker.server.request_stream import RequestStream
@@ -35,6 +37,8 @@ class ServingContext:
     max_model_len: int
     metrics: WorkerMetrics
     data_parallel_rank: int | None
+    # Hugging Face hidden_states index of each kept row; empty without --hidden-state-cache.
+    hidden_layers: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)
@@ -42,6 +46,7 @@ class _Choice:
     text: list[str]
     finish_reason: str | None = None
     num_output_tokens: int = 0
+    hidden_states: np.ndarray | None = None
 
 
 class OpenAIServing:
@@ -126,8 +131,19 @@ class OpenAIServing:
         params = self.sampling_params(body, max_tokens, len(prompt))
         request_id = f"{self.id_prefix}-{uuid.uuid4().hex}"
         sub_ids = [f"{request_id}-{i}" for i in range(body.n)]
+        hidden = None
+        if body.return_hidden_states:
+            require_hidden_cache(
+                self.ctx.hidden_layers, "return_hidden_states", "return_hidden_states"
+            )
+            hidden = "all"
         stream = await self.ctx.engine.add(
-            sub_ids, prompt, params, lora_name=lora_name, cache_salt=body.cache_salt
+            sub_ids,
+            prompt,
+            params,
+            lora_name=lora_name,
+            cache_salt=body.cache_salt,
+            hidden_states=hidden,
         )
         if body.stream:
             return StreamingResponse(
@@ -156,7 +172,9 @@ class OpenAIServing:
             "created": int(time.time()),
             "model": body.model or self.ctx.model_name,  # an adapter answers with its name
             "choices": [
-                self.final_choice(i, "".join(c.text), c.finish_reason)
+                self._with_hidden(
+                    self.final_choice(i, "".join(c.text), c.finish_reason), c.hidden_states
+                )
                 for i, c in enumerate(choices)
             ],
             "usage": _usage(prompt_tokens, sum(c.num_output_tokens for c in choices), cached),
@@ -177,6 +195,7 @@ class OpenAIServing:
             c.num_output_tokens = out.num_output_tokens
             if out.finished:
                 c.finish_reason = out.finish_reason
+                c.hidden_states = out.hidden_states
             if index[out.request_id] == 0:
                 prompt_tokens, cached = out.num_prompt_tokens, out.num_cached_tokens
         self.ctx.metrics.e2e.observe(time.perf_counter() - arrived)
@@ -205,6 +224,7 @@ class OpenAIServing:
                 if started[i] and not out.text_delta and not out.finished:
                     continue
                 choice = self.chunk_choice(i, out.text_delta, out.finish_reason, not started[i])
+                choice = self._with_hidden(choice, out.hidden_states)  # on a finishing chunk
                 started[i] = True
                 yield self._chunk(rid, model, created, [choice], None if usage_on else _OMIT)
             self.ctx.metrics.e2e.observe(time.perf_counter() - arrived)
@@ -230,6 +250,11 @@ class OpenAIServing:
         if usage is not _OMIT:
             payload["usage"] = usage
         return b"data: " + _json.encode(payload) + b"\n\n"
+
+    def _with_hidden(self, choice: dict, hidden: np.ndarray | None) -> dict:
+        if hidden is not None:
+            choice["hidden_states"] = encode_hidden_states(hidden, self.ctx.hidden_layers)
+        return choice
 
     # -- shapes (subclasses) -------------------------------------------------------------------
 
