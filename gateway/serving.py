@@ -99,7 +99,7 @@ def _relay(px: ProxyRequest, resp: UpstreamResponse) -> Response:
 def _headers(px: ProxyRequest) -> dict[str, str]:
     assert px.replica is not None
     return {
-        "x-kvgate-replica": px.replica.id,
+        "x-kvgate-replica": px.replica.name,
         "x-kvgate-predicted-cached-tokens": str(px.predicted),
     }
 
