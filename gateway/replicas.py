@@ -126,6 +126,12 @@ def _reason(resp: httpx.Response) -> str:
         return resp.text[:200] or resp.reason_phrase
 
 
+def _refusal(info_r: httpx.Response) -> str:
+    if info_r.status_code == 401:
+        return "/kvgate/info answered 401: the worker does not take this gateway's worker token"
+    return f"/kvgate/info answered {info_r.status_code}"
+
+
 async def _cancel(task: asyncio.Task | None) -> None:
     if task is None or task.done() or task is asyncio.current_task():
         return
@@ -236,7 +242,7 @@ class ReplicaSet:
         if info is None and info_r.status_code == 404 and health_r.status_code == 200:
             info = await vllm_info(self._http, rep.url, metrics_r.text, self.config)
         if info is None:
-            reason = rep.info_error or f"/kvgate/info answered {info_r.status_code}"
+            reason = rep.info_error or _refusal(info_r)
             await self._mark_down(rep, reason)
             return
         if info.instance_id != rep.instance_id:

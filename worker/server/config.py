@@ -40,8 +40,9 @@ class ServerConfig:
     unauthenticated_metrics: bool = option(
         False, "serve /metrics without the worker token (for a scraper that has none)"
     )
-    # Request bodies, bounded before they are parsed: keep them at least the gateway's, which
-    # adds inlined remote images and a few fields to what its clients send.
+    # Request bodies, bounded before they are parsed. Keep each at least the gateway's: it
+    # forwards what it accepted plus inlined remote images (up to --image-fetch-max-bytes,
+    # base64) and a few fields per image (docs/security.md).
     max_body_bytes: int = option(
         128 * 2**20,
         "request body bytes (413 past it)",
@@ -51,7 +52,7 @@ class ServerConfig:
     )
     max_json_depth: int = option(64, "JSON nesting depth of a request body (400 past it)")
     max_json_elements: int = option(
-        2_000_000, "JSON values, keys and containers in a request body (400 past it)"
+        1_100_000, "JSON values, keys and containers in a request body (400 past it)"
     )
     log_level: str = option("info", "log level", choices=LOG_LEVELS)
 
