@@ -9,6 +9,7 @@ sockets (one app, one state): the port a connection arrived on says which side i
 
 from __future__ import annotations
 
+from starlette.responses import Response
 from starlette.types import Scope
 
 from gateway.errors import GatewayError, error_response
@@ -25,6 +26,6 @@ def misrouted(scope: Scope, admin_port: int) -> bool:
     return path not in _ADMIN_PORT_PATHS if on_admin else path in ADMIN_PATHS
 
 
-def not_found(scope: Scope):
+def not_found(scope: Scope) -> Response:
     where = "the admin port" if scope["path"] in ADMIN_PATHS else "the public port"
     return error_response(GatewayError(404, f"Not Found: {scope['path']} is served on {where}"))
