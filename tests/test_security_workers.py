@@ -289,3 +289,13 @@ def test_a_malformed_body_is_a_400_and_the_worker_keeps_serving(cluster) -> None
     )
     assert ok.status_code == 200, ok.text
     assert _chat(cluster.gateway_url, "still serving").status_code == 200
+
+
+def test_configs_never_show_the_token(monkeypatch) -> None:
+    from gateway.config import GatewayConfig
+    from worker.server.config import ServerConfig
+
+    monkeypatch.setenv("KVGATE_WORKER_TOKEN", TOKEN)
+    for config in (GatewayConfig(), ServerConfig()):
+        assert config.worker_token == TOKEN  # taken from the environment
+        assert TOKEN not in repr(config) and "worker_token" not in repr(config)
