@@ -60,6 +60,20 @@ class KVEventsEndpoint(msgspec.Struct, frozen=True, kw_only=True):
     curve: bool = False
 
 
+class LoRAAdapters(msgspec.Struct, frozen=True, kw_only=True):
+    """The LoRA adapters a worker serves: a request whose `model` names one of `adapters` is
+    served there, at once when the adapter is `resident` (in one of its `max_loras` slots)."""
+
+    max_loras: PositiveInt
+    adapters: list[str]
+    resident: list[str] = []
+    max_lora_rank: PositiveInt | None = None
+
+    def has_room(self) -> bool:
+        """A slot is free: loading one more adapter evicts none."""
+        return len(self.resident) < self.max_loras
+
+
 class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
     """`GET /kvgate/info`: how a worker keys blocks, who it is, and where its events are."""
 
@@ -76,6 +90,7 @@ class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
     max_model_len: PositiveInt | None = None
     num_blocks: PositiveInt | None = None
     has_snapshot: bool = True  # False: no /kv/snapshot (plain vLLM), resync from empty
+    lora: LoRAAdapters | None = None  # None: serves no LoRA adapter
 
     def namespace(self) -> HashNamespace:
         return HashNamespace(self.model, self.block_size, self.hash_seed)

@@ -49,6 +49,11 @@ class GatewayApp(FastAPI):
 
 
 def build_discovery(config: GatewayConfig) -> Discovery:
+    if config.discovery == "inferencepool":
+        from gateway.discovery.inferencepool import InferencePoolDiscovery
+
+        assert config.k8s_namespace and config.inference_pool  # GatewayConfig checks
+        return InferencePoolDiscovery(config.k8s_namespace, config.inference_pool)
     if config.discovery == "k8s":
         from gateway.discovery.k8s import KubernetesDiscovery  # kubernetes is a heavy import
 
@@ -73,13 +78,27 @@ def create_app(config: GatewayConfig, discovery: Discovery | None = None) -> Fas
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state = GatewayState.build(config)
         app.state.gateway = state
-        task = asyncio.create_task(discovery.run(state.replicas.set_urls))
+        epp = None
+        if config.epp:
+            from gateway.epp import EppServer  # grpc: loaded only in EPP mode
+
+            epp = EppServer(state, config.host, config.epp_port)
+            await epp.start()
+
+        async def on_change(urls: frozenset[str]) -> None:
+            await state.replicas.set_urls(urls)
+            if epp is not None:
+                await epp.mark_synced()
+
+        task = asyncio.create_task(discovery.run(on_change))
         try:
             yield
         finally:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+            if epp is not None:
+                await epp.stop()
             await state.close()
 
     app = GatewayApp(title="kvgate gateway", lifespan=lifespan)

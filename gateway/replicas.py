@@ -21,7 +21,7 @@ from urllib.parse import urlparse
 import httpx
 import zmq.asyncio
 
-from cachekey.documents import DocumentError, WorkerInfo, decode_document
+from cachekey.documents import DocumentError, LoRAAdapters, WorkerInfo, decode_document
 from cachekey.keys import HashNamespace
 from cachekey.worker_auth import CurveKeys, bearer
 from gateway.config import GatewayConfig
@@ -66,6 +66,9 @@ class Replica:
     kv_usage: float = 0.0
     in_flight: int = 0
     in_flight_prefill_tokens: int = 0
+    # LoRA adapters it serves (polled), and when the gateway last sent it each one (adapters.py).
+    lora: LoRAAdapters | None = None
+    lora_routed: dict[str, float] = field(default_factory=dict)
     # Uncached prefill tokens routed here, exponentially decayed: spreads new prefix groups
     # over replicas even when nothing is in flight (a sequential trace).
     recent_prefill: float = 0.0
@@ -210,7 +213,13 @@ class ReplicaSet:
     def describe(self, model: str | None = None) -> str:
         """Every replica (of `model`, when given) and its state, for error messages."""
         now = time.monotonic()
-        reps = [r for r in self.replicas.values() if model is None or r.model in (model, None)]
+        reps = [
+            r
+            for r in self.replicas.values()
+            if model is None
+            or r.model in (model, None)
+            or (r.lora is not None and model in r.lora.adapters)
+        ]
         if not reps:
             return "no worker is configured (--workers or --discovery k8s)"
         return "; ".join(r.describe(now) for r in reps)
@@ -247,6 +256,7 @@ class ReplicaSet:
             return
         if info.instance_id != rep.instance_id:
             await self._new_instance(rep, info)
+        rep.lora = info.lora  # adapters come and go without a restart
         if metrics_r.status_code == 200:
             for attr, value in parse_load(metrics_r.text).items():
                 setattr(rep, attr, value)

@@ -12,6 +12,7 @@ decode_attention              decode kernels: portable reference, Triton (triton
 memory                        KV cache sizing from a profiled maximum-size step
 mm_inputs / encoder_cache     image embeddings merged by position, LRU of encoder outputs
 sampler / detokenizer         token choice; streaming text with stop strings
+lora_adapter / lora_manager   PEFT LoRA adapters read and checked (no torch); their LRU slots
 sim_runner                    the `sim` engine's timing model (no torch)
 llm_engine                    the synchronous API the worker service drives
 """

@@ -84,6 +84,17 @@ class EngineConfig:
     encoder_cache_bytes: int = option(
         64 * 1024 * 1024, "memory for cached image embeddings; 0 disables the cache", **_SIZE
     )
+    enable_lora: bool = option(
+        False, "serve LoRA adapters (implied by --lora-modules); docs/worker.md, LoRA adapters"
+    )
+    lora_modules: tuple[str, ...] = option(
+        (),
+        "LoRA adapters to serve from the start, each name=path to a PEFT adapter directory; "
+        "comma-separated or repeated",
+        metavar="NAME=PATH",
+    )
+    max_loras: int = option(1, "LoRA adapters in device slots at once (distinct per batch)")
+    max_lora_rank: int = option(16, "largest LoRA rank accepted; every slot is this wide")
     sim_prefill_s_per_token: float = option(
         0.0, "the sim engine's seconds per prompt token it computes (cache misses)"
     )
@@ -117,6 +128,20 @@ class EngineConfig:
             raise ValueError("sim timings must be >= 0")
         if not self.hash_seed:
             raise ValueError("hash_seed must be a non-empty string")
+        _positive("max_loras", self.max_loras)
+        _positive("max_lora_rank", self.max_lora_rank)
+        self.lora_modules = tuple(self.lora_modules)
+        for module in self.lora_modules:
+            name, sep, path = module.partition("=")
+            if not sep or not name.strip() or not path.strip():
+                raise ValueError(f"--lora-modules takes name=path, got {module!r}")
+        if self.lora_modules:
+            self.enable_lora = True
+
+    def lora_module_paths(self) -> list[tuple[str, str]]:
+        """(name, path) of each --lora-modules entry."""
+        pairs = (m.partition("=") for m in self.lora_modules)
+        return [(name.strip(), path.strip()) for name, _, path in pairs]
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:

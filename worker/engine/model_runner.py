@@ -33,6 +33,7 @@ from worker.engine.sequence import Sequence
 from worker.engine.staging import HostStager
 from worker.models.image_processor import ImageProcessor
 from worker.models.loader import load_model, read_config, resolve_device, resolve_dtype
+from worker.models.lora import LoRAModel
 
 logger = logging.getLogger("worker.engine")
 
@@ -71,6 +72,9 @@ class ModelRunner:
                 self.device,
                 self.dtype,
             )
+        self.lora: LoRAModel | None = None  # the LoRA manager's weights (LoRAWeights)
+        if config.enable_lora:
+            self.lora = LoRAModel(self.model, config.max_loras, config.max_lora_rank)
         self.num_blocks = self._num_blocks(config)
         # One block more than the scheduler knows of: padded decode rows write there.
         self.kv_cache = self._allocate_kv(self.num_blocks + 1)
@@ -92,6 +96,7 @@ class ModelRunner:
             self.stager,
             pad_block=self.num_blocks,
             use_graphs=self.use_cuda_graphs,
+            lora=self.lora,
         )
         if self.use_cuda_graphs:
             with torch.inference_mode():
@@ -149,7 +154,11 @@ class ModelRunner:
                 images = self.vision.encode_dummy(max(1, num_tokens // per_image))
             span = PrefillSpan(0, num_tokens, num_tokens, None)
             ctx = PagedAttentionContext(kv_cache, slots, [span], None, self.decode_kernel)
+            if self.lora is not None:  # every token through a LoRA slot: its peak too
+                self.lora.batch.prepare(torch.zeros_like(ids))
             hidden = self.model(ids, slots, ctx, self.model.embed_tokens(ids))
+            if self.lora is not None:
+                self.lora.batch.clear()
             del images
             rows = hidden[-min(num_seqs, num_tokens) :]
             logits = self.model.compute_logits(rows).float()
@@ -193,7 +202,11 @@ class ModelRunner:
             embeds = None
             if self.vision is not None:
                 embeds = self.vision.step_embeddings(batch, inputs.q_starts, inputs.input_ids)
+            if self.lora is not None:
+                self.lora.select([(item.lora_slot, item.num_new_tokens) for item in batch])
             hidden = self.model.forward(inputs.input_ids, inputs.positions, inputs.ctx, embeds)
+            if self.lora is not None:
+                self.lora.batch.clear()
             sampling = inputs.sampling
             hidden = hidden[inputs.logits_rows]
         tokens: list[int | None] = [None] * len(batch)

@@ -34,6 +34,18 @@ class EngineStats:
     vision_tower_runs: int = 0
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
+    lora: LoRAStats | None = None  # None: LoRA is not enabled
+
+
+@dataclass(frozen=True, slots=True)
+class LoRAStats:
+    max_loras: int
+    max_lora_rank: int
+    adapters: tuple[tuple[str, str], ...]  # registered (name, path), in load order
+    resident: tuple[str, ...]  # in a device slot now
+    running: tuple[str, ...]  # with a running request
+    waiting: tuple[str, ...]  # with a waiting request
+    loads: int  # adapters copied into a slot so far
 
 
 @dataclass(slots=True)

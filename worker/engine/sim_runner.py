@@ -16,6 +16,7 @@ import xxhash
 from cachekey.assets import ModelAssets
 from cachekey.keys import pack_tokens
 from worker.engine.config import SIM_DEFAULT_NUM_BLOCKS, EngineConfig
+from worker.engine.lora_manager import NoWeights
 from worker.engine.outputs import VisionCounters
 from worker.engine.scheduler import ScheduledSeq
 from worker.engine.sequence import Sequence
@@ -52,6 +53,8 @@ class SimRunner:
         self._words = _word_token_ids(assets)
         self._seeds: dict[str, int] = {}
         self._counters = VisionCounters()
+        # Adapters are read and slotted as in the torch engine; only their weights are absent.
+        self.lora = NoWeights() if config.enable_lora else None
 
     @property
     def vision_counters(self) -> VisionCounters:

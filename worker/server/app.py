@@ -20,7 +20,7 @@ from worker.server.body_guard import BodyGuard
 from worker.server.config import ServerConfig
 from worker.server.engine_client import AsyncEngine
 from worker.server.errors import install_error_handlers
-from worker.server.routers import debug, kvgate, openai, ops, peers
+from worker.server.routers import debug, kvgate, lora, openai, ops, peers
 
 _WATCHDOG_S = 0.5
 
@@ -43,6 +43,8 @@ def create_app(
     install_error_handlers(app)
     for module in (openai, ops, kvgate, peers):
         app.include_router(module.router)
+    if config.allow_runtime_lora_updating:
+        app.include_router(lora.router)
     if config.enable_fault_injection:
         app.include_router(debug.router)
     # Added last is outermost: the token is checked before a body is read.

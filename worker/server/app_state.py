@@ -10,12 +10,20 @@ import time
 import uuid
 from dataclasses import dataclass
 
+import msgspec
 from fastapi import Request
 from starlette.datastructures import State
 
-from cachekey.documents import AssetFiles, FingerprintParts, KVEventsEndpoint, WorkerInfo
+from cachekey.documents import (
+    AssetFiles,
+    FingerprintParts,
+    KVEventsEndpoint,
+    LoRAAdapters,
+    WorkerInfo,
+)
 from cachekey.events import topic
 from worker.engine.llm_engine import LLMEngine
+from worker.engine.outputs import LoRAStats
 from worker.server.config import ServerConfig
 from worker.server.engine_client import AsyncEngine
 from worker.server.faults import DroppingKVEventPublisher, FaultInjector
@@ -126,6 +134,23 @@ def worker_info(
             topic=kv_topic,
             curve=events and config.worker_token is not None,
         ),
+    )
+
+
+def current_info(state: WorkerState) -> WorkerInfo:
+    """The worker's info with its LoRA adapters as the engine thread last recorded them."""
+    lora = state.engine.stats().lora
+    if lora is None:
+        return state.info
+    return msgspec.structs.replace(state.info, lora=lora_adapters(lora))
+
+
+def lora_adapters(lora: LoRAStats) -> LoRAAdapters:
+    return LoRAAdapters(
+        max_loras=lora.max_loras,
+        adapters=[name for name, _ in lora.adapters],
+        resident=list(lora.resident),
+        max_lora_rank=lora.max_lora_rank,
     )
 
 

@@ -20,6 +20,11 @@ class ServerConfig:
     data_parallel_rank: int | None = option(
         None, "DP rank stamped into event batches and checked against X-data-parallel-rank"
     )
+    allow_runtime_lora_updating: bool = option(
+        False,
+        "serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's "
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING); they read local paths: keep them from clients",
+    )
     enable_fault_injection: bool = option(
         False, "serve POST /debug/fault?kind=crash_engine|stall_engine|drop_events (tests only)"
     )

@@ -129,6 +129,20 @@ class AsyncEngine:
             raise
         return RequestStream(self.release, request_ids, sink)
 
+    async def add_lora(self, name: str, path: str, replace: bool = False) -> None:
+        def command(engine: LLMEngine) -> None:
+            engine.add_lora(name, path, replace)
+            self._stats = engine.stats()  # the model list shows it once this returns
+
+        await self._call(command)
+
+    async def remove_lora(self, name: str) -> None:
+        def command(engine: LLMEngine) -> None:
+            engine.remove_lora(name)
+            self._stats = engine.stats()
+
+        await self._call(command)
+
     async def snapshot(self) -> SnapshotResult:
         return await self._call(self._snapshot)
 

@@ -13,6 +13,7 @@ from starlette.types import Send
 from cachekey import openai_errors
 from cachekey.errors import PromptTooLongError, RenderError
 from cachekey.openai_errors import clean_message
+from worker.engine.lora_adapter import LoRAError
 
 
 class APIError(Exception):
@@ -53,7 +54,7 @@ def as_api_error(exc: Exception) -> APIError:
     if isinstance(exc, PromptTooLongError):
         # vLLM answers an over-long prompt with 400, whatever the render layer's default.
         return APIError(exc.message, 400, param=exc.param, code=exc.code)
-    if isinstance(exc, RenderError):
+    if isinstance(exc, RenderError | LoRAError):
         return APIError(exc.message, exc.status_code, param=exc.param, code=exc.code)
     if isinstance(exc, ValueError):
         return APIError(str(exc), 400)

@@ -56,17 +56,27 @@ class OpenAIServing:
 
     # -- checks --------------------------------------------------------------------------------
 
-    def check_request(self, raw: Request, body: SamplingFields) -> None:
-        if body.model is not None and body.model != self.ctx.model_name:
-            raise APIError(
-                f"The model `{body.model}` does not exist; this worker serves "
-                f"`{self.ctx.model_name}`.",
-                404,
-                param="model",
-                code="model_not_found",
-            )
+    def check_request(self, raw: Request, body: SamplingFields) -> str | None:
+        """The LoRA adapter the request's `model` names (None: the base model); 404 for none."""
+        lora = self.lora_name(body.model)
         check_rank_header(raw, self.ctx.data_parallel_rank)
         self.ctx.engine.check_alive()
+        return lora
+
+    def lora_name(self, model: str | None) -> str | None:
+        if model is None or model == self.ctx.model_name:
+            return None
+        lora = self.ctx.engine.stats().lora
+        if lora is not None and any(name == model for name, _ in lora.adapters):
+            return model  # the engine checks again when it adds the request
+        raise APIError(
+            f"The model `{model}` does not exist; this worker serves `{self.ctx.model_name}`"
+            + "".join(f", `{name}`" for name, _ in (lora.adapters if lora else ()))
+            + ".",
+            404,
+            param="model",
+            code="model_not_found",
+        )
 
     def sampling_params(self, body: SamplingFields, max_tokens: int | None, prompt_len: int):
         limit = self.ctx.max_model_len
@@ -111,11 +121,14 @@ class OpenAIServing:
         prompt: Prompt,
         max_tokens: int | None,
         arrived: float,
+        lora_name: str | None = None,
     ) -> Response:
         params = self.sampling_params(body, max_tokens, len(prompt))
         request_id = f"{self.id_prefix}-{uuid.uuid4().hex}"
         sub_ids = [f"{request_id}-{i}" for i in range(body.n)]
-        stream = await self.ctx.engine.add(sub_ids, prompt, params, cache_salt=body.cache_salt)
+        stream = await self.ctx.engine.add(
+            sub_ids, prompt, params, lora_name=lora_name, cache_salt=body.cache_salt
+        )
         if body.stream:
             return StreamingResponse(
                 self._sse(stream, body, request_id, arrived), media_type="text/event-stream"
@@ -141,7 +154,7 @@ class OpenAIServing:
             "id": rid,
             "object": self.object_name,
             "created": int(time.time()),
-            "model": self.ctx.model_name,
+            "model": body.model or self.ctx.model_name,  # an adapter answers with its name
             "choices": [
                 self.final_choice(i, "".join(c.text), c.finish_reason)
                 for i, c in enumerate(choices)
@@ -178,6 +191,7 @@ class OpenAIServing:
         prompt_tokens = cached = 0
         usage_on = body.include_usage()
         created = int(time.time())
+        model = body.model or self.ctx.model_name
         first = True
         try:
             async for out in stream:
@@ -192,11 +206,11 @@ class OpenAIServing:
                     continue
                 choice = self.chunk_choice(i, out.text_delta, out.finish_reason, not started[i])
                 started[i] = True
-                yield self._chunk(rid, created, [choice], None if usage_on else _OMIT)
+                yield self._chunk(rid, model, created, [choice], None if usage_on else _OMIT)
             self.ctx.metrics.e2e.observe(time.perf_counter() - arrived)
             if usage_on:
                 usage = _usage(prompt_tokens, sum(outputs), cached)
-                yield self._chunk(rid, created, [], usage)
+                yield self._chunk(rid, model, created, [], usage)
         except Exception as e:  # the client already has a 200: report in-band, as vLLM does
             err = as_api_error(e)
             body_ = error_body(err.message, err.status_code, param=err.param, code=err.code)
@@ -205,12 +219,12 @@ class OpenAIServing:
             stream.close()
         yield _DONE
 
-    def _chunk(self, rid: str, created: int, choices: list, usage) -> bytes:
+    def _chunk(self, rid: str, model: str, created: int, choices: list, usage) -> bytes:
         payload = {
             "id": rid,
             "object": self.chunk_object_name,
             "created": created,
-            "model": self.ctx.model_name,
+            "model": model,
             "choices": choices,
         }
         if usage is not _OMIT:

@@ -85,3 +85,11 @@ timeoutSeconds: 5
       name: {{ include "kvgate.workerTokenSecret" . }}
       key: {{ .Values.workerAuth.secretKey }}
 {{- end }}
+
+{{- define "kvgate.eppName" -}}
+{{- printf "%s-epp" (include "kvgate.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "kvgate.poolName" -}}
+{{- default (include "kvgate.fullname" .) .Values.epp.pool.name }}
+{{- end }}
