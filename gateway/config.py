@@ -210,10 +210,11 @@ class GatewayConfig:
                     raise ValueError(f"worker URL must start with http:// or https://: {w!r}")
         if not 0 < self.port < 65536:
             raise ValueError(f"port out of range: {self.port}")
-        if self.admin_port is not None and not 0 < self.admin_port < 65536:
-            raise ValueError(f"admin port out of range: {self.admin_port}")
-        if self.admin_port in (self.port, self.epp_port if self.epp else None):
-            raise ValueError("--admin-port must differ from --port and --epp-port")
+        if self.admin_port is not None:
+            if not 0 < self.admin_port < 65536:
+                raise ValueError(f"admin port out of range: {self.admin_port}")
+            if self.admin_port == self.port or (self.epp and self.admin_port == self.epp_port):
+                raise ValueError("--admin-port must differ from --port and --epp-port")
         self.worker_token = resolve_token(self.worker_token)
         if not 0 < self.epp_port < 65536 or (self.epp and self.epp_port == self.port):
             raise ValueError(f"epp_port out of range or equal to port: {self.epp_port}")

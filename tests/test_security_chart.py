@@ -288,3 +288,43 @@ def test_worker_auth_values_are_checked() -> None:
         _render({"workerAuth": {"secretKey": ""}})
     with pytest.raises(helm.HelmValuesError):
         _render({"gateway": {"adminPort": 70000}})
+
+
+def test_epp_mode_lets_the_epp_and_the_proxy_reach_the_workers() -> None:
+    """With kvgate as an InferencePool's EPP, the EPP pods poll and subscribe like gateways, and
+    the Gateway's proxy forwards requests to the workers itself: both must get through."""
+    docs = _render({"epp": {"enabled": True}})
+    (policy,) = _kind(docs, "NetworkPolicy")
+    kubernetes_validate.validate(policy, kubernetes_validate.latest_version(), strict=True)
+    gateway_rule, _, proxy_rule = policy["spec"]["ingress"]
+    epp_labels = _one(docs, "Deployment", "epp")["spec"]["template"]["metadata"]["labels"]
+    assert any(_selects(peer["podSelector"], epp_labels) for peer in gateway_rule["from"])
+    assert {p["port"] for p in gateway_rule["ports"]} == {"http", "kv-events", "kv-replay"}
+    (proxy,) = proxy_rule["from"]
+    assert proxy["podSelector"] == {
+        "matchLabels": {"gateway.networking.k8s.io/gateway-name": "inference-gateway"}
+    }
+    assert proxy["namespaceSelector"] == {
+        "matchLabels": {"kubernetes.io/metadata.name": "inference"}
+    }
+    assert [p["port"] for p in proxy_rule["ports"]] == ["http"]  # never the events
+    # The EPP holds the worker token, which it sets on the requests the proxy forwards.
+    assert _token_env(_one(docs, "Deployment", "epp")) == _token_env(
+        _one(docs, "StatefulSet", "worker")
+    )
+    # Your Gateway's proxies, by your selectors.
+    values = {
+        "epp": {"enabled": True},
+        "networkPolicy": {
+            "proxy": {
+                "namespaceSelector": {
+                    "matchLabels": {"kubernetes.io/metadata.name": "envoy-gateway-system"}
+                },
+                "podSelector": {"matchLabels": {"gateway.envoyproxy.io/owning-gateway-name": "gw"}},
+            }
+        },
+    }
+    (policy,) = _kind(_render(values), "NetworkPolicy")
+    (proxy,) = policy["spec"]["ingress"][2]["from"]
+    assert proxy["podSelector"] == values["networkPolicy"]["proxy"]["podSelector"]
+    assert proxy["namespaceSelector"] == values["networkPolicy"]["proxy"]["namespaceSelector"]
