@@ -60,3 +60,28 @@ def test_the_forwarded_request_carries_the_worker_token(epp) -> None:
     r = httpx.post(f"{c.worker_urls[0]}{CHAT}", content=ans.body,
                    headers={"content-type": "application/json"}, timeout=30)  # fmt: skip
     assert r.status_code == 401
+
+
+@pytest.mark.parametrize("path", ["/kv/snapshot", "/kvgate/assets", "/kvgate/info", "/metrics"])
+def test_internal_endpoints_stay_closed_through_the_proxy(epp, path: str) -> None:
+    """A client asking the Gateway for a worker's snapshot or tokenizer: the EPP routes it (by
+    load) without the token, so the worker refuses it as it refuses any pod."""
+    _, client = epp
+    call = client.call()
+    ans = call.request(path, None, method="GET", headers={"authorization": "Bearer guess"})
+    assert "authorization" not in ans.set_headers
+    worker = ans.endpoints[0]
+    r = httpx.get(f"http://{worker}{path}", headers={"authorization": "Bearer guess"}, timeout=10)
+    assert r.status_code == 401
+    call.close()
+
+
+def test_the_model_list_goes_through_with_the_token(epp) -> None:
+    _, client = epp
+    call = client.call()
+    ans = call.request("/v1/models", None, method="GET")
+    assert ans.set_headers["authorization"] == f"Bearer {TOKEN}"
+    worker = ans.endpoints[0]
+    r = httpx.get(f"http://{worker}/v1/models", headers=ans.set_headers, timeout=10)
+    assert r.status_code == 200 and r.json()["data"][0]["id"] == "demo"
+    call.close()

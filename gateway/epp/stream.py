@@ -109,7 +109,8 @@ class ExtProcStream:
         try:
             if model_cls is None:  # not an OpenAI completion: routed by load, body untouched
                 rep = await self._by_load(headers, subset)
-                yield wire.route_response([wire.endpoint_of(rep.url)], _to_worker(st))
+                auth = _to_worker(st) if (headers.get(":method"), path) in _OPEN_BY_LOAD else {}
+                yield wire.route_response([wire.endpoint_of(rep.url)], auth)
                 async for out in self._echo_request(source):
                     yield out
                 return
@@ -211,6 +212,13 @@ class ExtProcStream:
             self._body += chunk
         if end and self.status.isdigit():
             self.usage = read_usage(int(self.status), bytes(self._body))
+
+
+# Requests other than completions that the EPP lets through to a worker with the worker token:
+# the rest of the client API the HTTP gateway serves. Any other path (`/kv/snapshot`,
+# `/kvgate/assets`, `/reset_prefix_cache`, LoRA loading, ...) goes on without the token, and a
+# worker that has one refuses it: a client must not reach those through the proxy.
+_OPEN_BY_LOAD = frozenset({("GET", "/v1/models")})
 
 
 def _to_worker(st: GatewayState) -> dict[str, str]:
