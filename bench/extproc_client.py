@@ -206,9 +206,10 @@ def forward(
     answer back through the EPP in the chunks it came in, and end the stream. Returns the
     worker's status, its body chunks and what the EPP sent back."""
     endpoint = served or answer.endpoints[0]
+    # As Envoy does: the EPP's header mutation applies to the upstream request (the DP rank, the
+    # worker token); content-length is the body's own.
     headers = {"content-type": "application/json"}
-    if "x-data-parallel-rank" in answer.set_headers:
-        headers["x-data-parallel-rank"] = answer.set_headers["x-data-parallel-rank"]
+    headers |= {k: v for k, v in answer.set_headers.items() if k != "content-length"}
     url = f"http://{endpoint}{path}"
     with httpx.Client(timeout=60) as http, http.stream("POST", url, content=answer.body,
                                                        headers=headers) as resp:  # fmt: skip

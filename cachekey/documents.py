@@ -56,6 +56,8 @@ class KVEventsEndpoint(msgspec.Struct, frozen=True, kw_only=True):
     port: Port | None = None
     replay_port: Port | None = None
     topic: str = ""
+    # True: both sockets are CURVE servers keyed by the worker token (cachekey.worker_auth).
+    curve: bool = False
 
 
 class LoRAAdapters(msgspec.Struct, frozen=True, kw_only=True):

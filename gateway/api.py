@@ -82,6 +82,7 @@ def attach_routes(app: FastAPI) -> None:
         for r in st.replicas.replicas.values():
             sub = r.subscriber
             replicas[r.id] = {
+                "name": r.name,  # the x-kvgate-replica clients see
                 "instance_id": r.instance_id,
                 "healthy": r.healthy,
                 "parity_ok": r.parity_ok,

@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
+from gateway.admin import misrouted, not_found
 from gateway.api import attach_routes
 from gateway.config import GatewayConfig
 from gateway.discovery import Discovery
@@ -35,7 +36,12 @@ class GatewayApp(FastAPI):
     docs/benchmarks.md). The same routes stay registered for the OpenAPI schema.
     """
 
+    admin_port: int | None = None  # set: /metrics and /kvgate/index only there (admin.py)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and self.admin_port and misrouted(scope, self.admin_port):
+            await not_found(scope)(scope, receive, send)
+            return
         if scope["type"] == "http" and scope["method"] == "POST":
             name = _PROXIED.get(scope["path"])
             if name is not None:
@@ -100,5 +106,6 @@ def create_app(config: GatewayConfig, discovery: Discovery | None = None) -> Fas
             await state.close()
 
     app = GatewayApp(title="kvgate gateway", lifespan=lifespan)
+    app.admin_port = config.admin_port
     attach_routes(app)
     return app

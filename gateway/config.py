@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cachekey.flags import LOG_LEVELS, flag_group, format_size, option, parse_size
+from cachekey.worker_auth import resolve_token
 from gateway.image_fetch import AllowList
 from gateway.limits import RequestLimits
 
@@ -73,6 +74,19 @@ class GatewayConfig:
     k8s_port_name: str = option("http", "name of the workers' HTTP port (k8s discovery)")
     host: str = option("127.0.0.1", "listen address")
     port: int = option(8080, "listen port")
+    admin_port: int | None = option(
+        None,
+        "serve /metrics and /kvgate/index on this port (same address) and not on --port",
+        default_text="none: on --port",
+    )
+    worker_token: str | None = option(
+        None,
+        "shared secret sent to every worker (`Authorization: Bearer`, also a vLLM worker's "
+        "--api-key); it also keys the KV events' CURVE encryption",
+        secret=True,
+        default_text="env KVGATE_WORKER_TOKEN, else none",
+        metavar="TOKEN",
+    )
     epp: bool = option(
         False,
         "also serve the endpoint picker protocol (Envoy ext_proc over gRPC) on --epp-port: "
@@ -196,6 +210,12 @@ class GatewayConfig:
                     raise ValueError(f"worker URL must start with http:// or https://: {w!r}")
         if not 0 < self.port < 65536:
             raise ValueError(f"port out of range: {self.port}")
+        if self.admin_port is not None:
+            if not 0 < self.admin_port < 65536:
+                raise ValueError(f"admin port out of range: {self.admin_port}")
+            if self.admin_port == self.port or (self.epp and self.admin_port == self.epp_port):
+                raise ValueError("--admin-port must differ from --port and --epp-port")
+        self.worker_token = resolve_token(self.worker_token)
         if not 0 < self.epp_port < 65536 or (self.epp and self.epp_port == self.port):
             raise ValueError(f"epp_port out of range or equal to port: {self.epp_port}")
         if (self.epp_tls_cert_file is None) != (self.epp_tls_key_file is None):

@@ -134,7 +134,7 @@ def _relay(px: ProxyRequest, resp: UpstreamResponse) -> Response:
 def replica_headers(px: ProxyRequest) -> dict[str, str]:
     """The response headers naming the replica and its predicted cached tokens (both modes)."""
     assert px.replica is not None
-    return {REPLICA_HEADER: px.replica.id, PREDICTED_HEADER: str(px.predicted)}
+    return {REPLICA_HEADER: px.replica.name, PREDICTED_HEADER: str(px.predicted)}
 
 
 class _Answer(msgspec.Struct):

@@ -138,7 +138,7 @@ def test_picks_and_predicts_as_the_http_gateway(cluster, client) -> None:
         r = httpx.post(f"{c.gateway_url}{CHAT}", content=body, timeout=60,
                        headers={"content-type": "application/json"})  # fmt: skip
         assert r.status_code == 200, r.text
-        assert ans.endpoints[0] == endpoint(r.headers["x-kvgate-replica"])
+        assert ans.endpoints[0] == endpoint(c.served_by(r))
         status, _, relayed = forward(call, ans, CHAT)
         assert status == 200
         assert relayed.set_headers["x-kvgate-replica"] == r.headers["x-kvgate-replica"]
@@ -277,7 +277,7 @@ def test_a_worker_going_away(cluster, client) -> None:
     # The proxy's retry goes to the next endpoint of the list; it reports where it was served.
     assert ans.endpoints[1] == endpoint(other.url)
     status, _, relayed = forward(call, ans, CHAT, served=ans.endpoints[1])
-    assert status == 200 and relayed.set_headers["x-kvgate-replica"] == other.url
+    assert status == 200 and relayed.set_headers["x-kvgate-replica"] == c.replica_name(other.url)
 
     deadline = time.monotonic() + 10
     while True:  # the EPP's poller notices the worker is gone
@@ -298,4 +298,6 @@ def test_a_worker_going_away(cluster, client) -> None:
         time.sleep(0.1)
     err = error_of(ans)
     assert ans.status == 503 and err["code"] == "no_healthy_worker"
-    assert picked.url in err["message"] and other.url in err["message"]
+    # Named as clients see replicas (x-kvgate-replica), never by address (docs/security.md).
+    assert all(c.replica_name(w.url) in err["message"] for w in (picked, other))
+    assert HOST not in err["message"]

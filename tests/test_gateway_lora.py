@@ -60,7 +60,7 @@ def test_gateway_lists_adapters(cluster):
 def test_an_adapter_goes_to_the_replicas_that_serve_it_and_its_keys_match(cluster):
     w0 = cluster.worker_urls[0]
     first = complete(cluster.gateway_url, "alpha", PROMPT)
-    assert first.headers["x-kvgate-replica"] == w0  # the only worker serving alpha
+    assert cluster.served_by(first) == w0  # the only worker serving alpha
     assert first.json()["model"] == "alpha"
     full_blocks = first.json()["usage"]["prompt_tokens"] // 16
     index = f"{cluster.gateway_url}/kvgate/index"
@@ -83,9 +83,7 @@ def test_affinity_keeps_an_adapter_on_the_replica_with_a_free_slot(cluster):
     complete(cluster.gateway_url, "alpha", "warm alpha up")  # alpha fills worker 0's one slot
     wait_until(lambda: resident(w0) == ["alpha"], 10, "alpha resident on worker 0")
     served = [
-        complete(cluster.gateway_url, "beta", f"beta question {i}: {PROMPT}").headers[
-            "x-kvgate-replica"
-        ]
+        cluster.served_by(complete(cluster.gateway_url, "beta", f"beta question {i}: {PROMPT}"))
         for i in range(6)
     ]
     assert served == [w1] * 6, served  # never evicting alpha on worker 0

@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Mapping
 
 import grpc
 
+from cachekey.worker_auth import bearer
 from gateway.errors import GatewayError, as_gateway_error
 from gateway.index import ReplicaId
 from gateway.policies import RouteContext
@@ -108,7 +109,8 @@ class ExtProcStream:
         try:
             if model_cls is None:  # not an OpenAI completion: routed by load, body untouched
                 rep = await self._by_load(headers, subset)
-                yield wire.route_response([wire.endpoint_of(rep.url)], {})
+                auth = _to_worker(st) if (headers.get(":method"), path) in _OPEN_BY_LOAD else {}
+                yield wire.route_response([wire.endpoint_of(rep.url)], auth)
                 async for out in self._echo_request(source):
                     yield out
                 return
@@ -122,7 +124,7 @@ class ExtProcStream:
             return
         payload = px.payload(usage_chunk=False)
         endpoints = [wire.endpoint_of(r.url) for r in px.ranked[: st.config.retries + 1]]
-        extra = {"content-length": str(len(payload))}
+        extra = {"content-length": str(len(payload)), **_to_worker(st)}
         if px.ranked[0].dp_rank is not None:
             extra["x-data-parallel-rank"] = str(px.ranked[0].dp_rank)
         yield wire.route_response(endpoints, extra)
@@ -210,3 +212,17 @@ class ExtProcStream:
             self._body += chunk
         if end and self.status.isdigit():
             self.usage = read_usage(int(self.status), bytes(self._body))
+
+
+# Requests other than completions that the EPP lets through to a worker with the worker token:
+# the rest of the client API the HTTP gateway serves. Any other path (`/kv/snapshot`,
+# `/kvgate/assets`, `/reset_prefix_cache`, LoRA loading, ...) goes on without the token, and a
+# worker that has one refuses it: a client must not reach those through the proxy.
+_OPEN_BY_LOAD = frozenset({("GET", "/v1/models")})
+
+
+def _to_worker(st: GatewayState) -> dict[str, str]:
+    """Headers the proxy must forward to the worker: the worker token (docs/security.md), which
+    also replaces any client credential, so a tenant's API key never reaches a worker."""
+    token = st.config.worker_token
+    return {"authorization": bearer(token)} if token else {}

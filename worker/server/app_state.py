@@ -137,6 +137,7 @@ def worker_info(
             port=config.kv_events_port or None,
             replay_port=(config.kv_events_replay_port or None) if events else None,
             topic=kv_topic,
+            curve=events and config.worker_token is not None,
         ),
     )
 
@@ -168,6 +169,7 @@ def _publisher(config: ServerConfig, kv_topic: str) -> EventPublisher:
         topic=kv_topic,
         buffer_size=config.kv_events_buffer,
         data_parallel_rank=config.data_parallel_rank,
+        curve=config.curve_keys,
     )
     if config.enable_fault_injection:
         return DroppingKVEventPublisher(publisher_config)

@@ -8,6 +8,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Send
 
 from cachekey import openai_errors
 from cachekey.errors import PromptTooLongError, RenderError
@@ -103,3 +104,23 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(
             error_body(str(exc.detail), exc.status_code), status_code=exc.status_code
         )
+
+
+async def send_error(
+    send: Send,
+    status_code: int,
+    message: str,
+    *,
+    code: str | None = None,
+    param: str | None = None,
+    headers: tuple[tuple[bytes, bytes], ...] = (),
+) -> None:
+    """Answer with an OpenAI error body straight from an ASGI wrapper (no app, no routing)."""
+    body = json.dumps(error_body(message, status_code, param=param, code=code)).encode()
+    start_headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        *headers,
+    ]
+    await send({"type": "http.response.start", "status": status_code, "headers": start_headers})
+    await send({"type": "http.response.body", "body": body})

@@ -56,6 +56,9 @@ The gateway's own flags, environment and volumes, shared by the HTTP gateway
   value: /tmp
 - name: KVGATE_CACHE_DIR
   value: /var/cache/kvgate
+{{- if .Values.workerAuth.enabled }}
+{{ include "kvgate.workerTokenEnv" . }}
+{{- end }}
 {{- if and .Values.auth.existingSecret .Values.auth.saltSecretKey }}
 - name: KVGATE_TENANT_SALT_SECRET
   valueFrom:
