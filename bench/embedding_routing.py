@@ -26,9 +26,9 @@ from pathlib import Path
 
 import httpx
 
-from bench.cluster import Cluster, ClusterSpec, metric_total
-from bench.report import Col, args_dict, print_table, write_json
-from bench.runs import POLICY_HEADER, reset_caches
+from bench.lib.report import Col, args_dict, print_table, write_json
+from bench.lib.runs import POLICY_HEADER, reset_caches
+from harness.cluster import Cluster, ClusterSpec, metric_total
 
 WORDS = (
     "cache block prefix route model token image worker gateway replica tenant layer attention "

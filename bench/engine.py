@@ -26,8 +26,8 @@ from pathlib import Path
 
 import torch
 
-from bench import engine_reference as ref
-from bench.report import write_json
+from bench.lib import engine_reference as ref
+from bench.lib.report import write_json
 from cachekey import Prompt
 from worker.engine.config import EngineConfig
 from worker.engine.llm_engine import LLMEngine
@@ -97,7 +97,7 @@ def decode_rate(
 
 def resolve_model(name: str, models_dir: Path, device: torch.device) -> tuple[str, int | None]:
     """(model directory, parameter count when generated here)."""
-    from bench.random_llama import SHAPES, write_random_llama
+    from harness.random_llama import SHAPES, write_random_llama
 
     if name == "demo":
         from cachekey.demo import ensure_demo_model

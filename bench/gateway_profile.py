@@ -21,10 +21,10 @@ from pathlib import Path
 import httpx
 import uvicorn
 
-from bench.cluster import HOST, Cluster, ClusterSpec, free_port
 from bench.throughput import ZERO_COMPUTE
 from gateway.app import create_app
 from gateway.config import GatewayConfig
+from harness.cluster import HOST, Cluster, ClusterSpec, free_port
 
 CLIENT = """
 import sys

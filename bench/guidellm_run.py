@@ -27,10 +27,10 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench import worker_metrics as wm
-from bench.cluster import Cluster, ClusterSpec
-from bench.report import Col, args_dict, percentile, print_table, write_json
+from bench.lib.report import Col, args_dict, percentile, print_table, write_json
 from cachekey.demo import ensure_demo_model
+from harness import worker_metrics as wm
+from harness.cluster import Cluster, ClusterSpec
 
 VENV = Path.home() / ".cache" / "kvgate" / "guidellm-venv"
 

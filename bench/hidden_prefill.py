@@ -35,10 +35,10 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from bench.report import Col, args_dict, print_table, write_json
-from bench.workload import make_image
+from bench.lib.report import Col, args_dict, print_table, write_json
 from cachekey import Prompt
 from cachekey.demo import ensure_demo_model
+from harness.workload import make_image
 from worker.engine.config import EngineConfig
 from worker.engine.llm_engine import LLMEngine
 from worker.engine.sampling_params import SamplingParams

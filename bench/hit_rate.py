@@ -22,11 +22,8 @@ import argparse
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench import worker_metrics as wm
-from bench.cluster import Cluster, ClusterSpec
-from bench.driver import hit_rate
-from bench.report import Col, args_dict, print_table, write_json
-from bench.runs import (
+from bench.lib.report import Col, args_dict, print_table, write_json
+from bench.lib.runs import (
     Measured,
     add_workload_args,
     drive_policy,
@@ -34,7 +31,10 @@ from bench.runs import (
     upper_bound,
     workload_spec,
 )
-from bench.workload import Workload
+from harness import worker_metrics as wm
+from harness.cluster import Cluster, ClusterSpec
+from harness.driver import hit_rate
+from harness.workload import Workload
 
 ALL_POLICIES = ("cache_aware", "round_robin", "least_loaded", "session", "random")
 

@@ -20,13 +20,13 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench import worker_metrics as wm
-from bench.cluster import Cluster, ClusterSpec, metric_total
-from bench.driver import Result, hit_rate, run_workload
-from bench.report import Col, args_dict, print_table, write_json
-from bench.runs import POLICY_HEADER, add_workload_args
-from bench.workload import Workload, WorkloadSpec
+from bench.lib.report import Col, args_dict, print_table, write_json
+from bench.lib.runs import POLICY_HEADER, add_workload_args
 from cachekey.demo_lora import write_demo_adapter
+from harness import worker_metrics as wm
+from harness.cluster import Cluster, ClusterSpec, metric_total
+from harness.driver import Result, hit_rate, run_workload
+from harness.workload import Workload, WorkloadSpec
 
 LOADS = "kvgate_worker_lora_loads_total"
 

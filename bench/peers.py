@@ -25,13 +25,13 @@ from pathlib import Path
 
 import httpx
 
-from bench import worker_metrics as wm
-from bench.cluster import HOST, Cluster, ClusterSpec, Proc, free_port
-from bench.driver import hit_rate
-from bench.report import Col, args_dict, print_table, write_json
-from bench.runs import POLICY_HEADER, drive, reset_caches
+from bench.lib.report import Col, args_dict, print_table, write_json
+from bench.lib.runs import POLICY_HEADER, drive, reset_caches
 from bench.throughput import ZERO_COMPUTE, Load, measure, print_loads
-from bench.workload import Workload, WorkloadSpec
+from harness import worker_metrics as wm
+from harness.cluster import HOST, Cluster, ClusterSpec, Proc, free_port
+from harness.driver import hit_rate
+from harness.workload import Workload, WorkloadSpec
 
 PEERS = {"sglang-router": "sglang-router", "vllm-router": "vllm-router"}
 

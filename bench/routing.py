@@ -17,12 +17,12 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench import worker_metrics as wm
-from bench.cluster import Cluster, ClusterSpec
-from bench.driver import Result, hit_rate, run_workload
-from bench.report import Col, print_table, write_json
-from bench.runs import add_workload_args, upper_bound, workload_spec
-from bench.workload import Workload, WorkloadSpec
+from bench.lib.report import Col, print_table, write_json
+from bench.lib.runs import add_workload_args, upper_bound, workload_spec
+from harness import worker_metrics as wm
+from harness.cluster import Cluster, ClusterSpec
+from harness.driver import Result, hit_rate, run_workload
+from harness.workload import Workload, WorkloadSpec
 
 GATEWAY_ARGS = ("--poll-interval", "0.2")
 

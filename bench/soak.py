@@ -23,7 +23,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.cluster import Cluster, ClusterSpec, index_mismatches, rss_bytes
+from harness.cluster import Cluster, ClusterSpec, index_mismatches, rss_bytes
 
 _WORDS = (
     "cache block prefix route model token replica gateway worker latency memory tenant answer "

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import httpx
 
-from bench.cluster import Cluster, ClusterSpec
-from bench.report import Col, percentile, print_table, write_json
+from bench.lib.report import Col, percentile, print_table, write_json
+from harness.cluster import Cluster, ClusterSpec
 
 ZERO_COMPUTE = ("--sim-prefill-s-per-token", "0", "--sim-decode-s-per-step", "0")
 BODY = {

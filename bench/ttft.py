@@ -27,12 +27,12 @@ from pathlib import Path
 
 import httpx
 
-from bench import worker_metrics as wm
-from bench.cluster import Cluster, ClusterSpec
-from bench.driver import hit_rate
-from bench.report import Col, args_dict, percentile, print_table, write_json
-from bench.runs import Measured, add_workload_args, drive_policy, workload_spec
-from bench.workload import Workload
+from bench.lib.report import Col, args_dict, percentile, print_table, write_json
+from bench.lib.runs import Measured, add_workload_args, drive_policy, workload_spec
+from harness import worker_metrics as wm
+from harness.cluster import Cluster, ClusterSpec
+from harness.driver import hit_rate
+from harness.workload import Workload
 
 
 @dataclass(slots=True)
@@ -95,7 +95,7 @@ def warm_up(urls: list[str]) -> None:
 
 def resolve_model(name: str, models_dir: Path, device: str) -> str:
     """A model directory for the workers: `demo` as it is, a shape name generated once."""
-    from bench.random_llama import SHAPES, write_random_llama
+    from harness.random_llama import SHAPES, write_random_llama
 
     if name in SHAPES:
         write_random_llama(models_dir / name, name, "cuda" if device == "cuda" else "cpu")

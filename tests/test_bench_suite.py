@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from bench import worker_metrics as wm
-from bench.cluster import Cluster, ClusterSpec
-from bench.driver import run_workload
 from bench.hit_rate import run_replicas
-from bench.workload import Workload, WorkloadSpec
+from harness import worker_metrics as wm
+from harness.cluster import Cluster, ClusterSpec
+from harness.driver import run_workload
+from harness.workload import Workload, WorkloadSpec
 
 
 def test_max_over_mean_counts_idle_replicas():

@@ -9,10 +9,10 @@ import time
 import httpx
 import pytest
 
-from bench.cluster import Cluster, ClusterSpec
 from bench.routing import compare
-from bench.workload import WorkloadSpec
 from gateway.replica_names import replica_name
+from harness.cluster import Cluster, ClusterSpec
+from harness.workload import WorkloadSpec
 
 pytestmark = pytest.mark.slow
 

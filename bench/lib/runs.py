@@ -12,10 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench import worker_metrics as wm
-from bench.cluster import Cluster, ClusterSpec
-from bench.driver import Result, run_workload
-from bench.workload import Turn, Workload, WorkloadSpec
+from harness import worker_metrics as wm
+from harness.cluster import Cluster, ClusterSpec
+from harness.driver import Result, run_workload
+from harness.workload import Turn, Workload, WorkloadSpec
 
 POLICY_HEADER = "x-kvgate-routing-policy"
 SESSION_HEADER = "x-session-id"

@@ -1,0 +1,1 @@
+"""Code the benchmark entry points share: tables and JSON, workload runs, reference figures."""
