@@ -11,7 +11,6 @@ import httpx
 import pytest
 from k8s_fake_api import FakeApi, FakeApiServer, make_slice
 
-from bench.soak import Tally, make_body, one_request, run_load
 from harness.cluster import (
     Cluster,
     ClusterSpec,
@@ -20,6 +19,7 @@ from harness.cluster import (
     wait_index_converged,
     wait_until,
 )
+from harness.load import Tally, make_body, one_request, run_load
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,6 @@ import time
 import httpx
 import pytest
 
-from bench.soak import Tally, run_load
 from harness.cluster import (
     Cluster,
     ClusterSpec,
@@ -23,6 +22,7 @@ from harness.cluster import (
     wait_index_converged,
     wait_until,
 )
+from harness.load import Tally, run_load
 
 pytestmark = pytest.mark.slow
 
