@@ -18,8 +18,8 @@ import os
 import statistics
 from pathlib import Path
 
+from bench.lib.closed_loop import ZERO_COMPUTE, measure
 from bench.lib.report import write_json
-from bench.throughput import ZERO_COMPUTE, measure
 from harness.cluster import Cluster, ClusterSpec, Proc
 
 

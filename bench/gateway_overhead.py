@@ -22,8 +22,8 @@ from pathlib import Path
 
 import httpx
 
+from bench.lib.closed_loop import ZERO_COMPUTE
 from bench.lib.report import percentile, write_json
-from bench.throughput import ZERO_COMPUTE
 from cachekey.events import BlockStored
 from cachekey.keys import HashNamespace, block_keys
 from gateway.config import GatewayConfig

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import httpx
 
+from bench.lib.closed_loop import ZERO_COMPUTE, Load, measure, print_loads
 from bench.lib.report import Col, args_dict, print_table, write_json
 from bench.lib.runs import POLICY_HEADER, drive, reset_caches
-from bench.throughput import ZERO_COMPUTE, Load, measure, print_loads
 from harness import worker_metrics as wm
 from harness.cluster import HOST, Cluster, ClusterSpec, Proc, free_port
 from harness.driver import hit_rate
