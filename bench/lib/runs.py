@@ -1,7 +1,7 @@
 """Runs of the shared-prefix chat workload against sim or torch clusters, as the policy
-benchmarks (`bench.routing`, `bench.hit_rate`, `bench.ttft`, `bench.peers`) make them: the
-workload's command-line knobs, cold caches between policies, worker-counter deltas around a run,
-and the upper bound of one worker holding all N caches."""
+benchmarks (`bench.hit_rate`, `bench.ttft`, `bench.peers`) make them: the workload's
+command-line knobs, cold caches between policies, worker-counter deltas around a run, and the
+upper bound of one worker holding all N caches."""
 
 from __future__ import annotations
 
