@@ -24,7 +24,7 @@ import argparse
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench.lib.report import Col, args_dict, print_table, write_json
+from bench.lib.report import args_dict, col, columns, print_table, write_json
 from bench.lib.runs import (
     Measured,
     add_workload_args,
@@ -43,31 +43,21 @@ ALL_POLICIES = ("cache_aware", "round_robin", "least_loaded", "session", "random
 
 @dataclass(slots=True)
 class Row:
-    replicas: int
-    policy: str
-    blocks_per_replica: int
-    requests: int
-    failed: int
-    hit_rate: float  # from the responses' cached_tokens
-    worker_hit_rate: float  # from the workers' prefix-cache counters
-    exact_predictions: float | None  # share of requests with predicted == reported cached tokens
-    max_over_mean: float | None
+    replicas: int = col("N", 3)
+    policy: str = col("policy", 13, left=True, sep=" ")
+    blocks_per_replica: int = col("blocks", 7)
+    requests: int = col("reqs", 6)
+    failed: int = col("fail", 5)
+    hit_rate: float = col("hit", 8, ".1%")  # from the responses' cached_tokens
+    worker_hit_rate: float = col("worker hit", 11, ".1%")  # from the workers' prefix-cache counters
+    # share of requests whose predicted cached tokens equal the reported ones
+    exact_predictions: float | None = col("exact pred", 11, ".1%")
+    max_over_mean: float | None = col("max/mean", 9, ".2f")
     requests_per_replica: list[int]
-    seconds: float
+    seconds: float = col("s", 7, ".1f")
 
 
-COLUMNS = (
-    Col("replicas", "N", 3),
-    Col("policy", "policy", 13, left=True, sep=" "),
-    Col("blocks_per_replica", "blocks", 7),
-    Col("requests", "reqs", 6),
-    Col("failed", "fail", 5),
-    Col("hit_rate", "hit", 8, ".1%"),
-    Col("worker_hit_rate", "worker hit", 11, ".1%"),
-    Col("exact_predictions", "exact pred", 11, ".1%"),
-    Col("max_over_mean", "max/mean", 9, ".2f"),
-    Col("seconds", "s", 7, ".1f"),
-)
+COLUMNS = columns(Row)
 
 
 def exact_share(results: list[Result]) -> float | None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from bench.lib.report import Col, percentile, print_table
+from bench.lib.report import col, columns, percentile, print_table
 
 ZERO_COMPUTE = ("--sim-prefill-s-per-token", "0", "--sim-decode-s-per-step", "0")
 BODY = {
@@ -22,24 +22,16 @@ BODY = {
 
 @dataclass(slots=True)
 class Load:
-    target: str
-    concurrency: int
-    requests: int
-    failed: int
-    requests_per_s: float
-    p50_ms: float
-    p99_ms: float
+    target: str = col("target", 24, left=True)
+    concurrency: int = col("clients", 8)
+    requests: int = col("reqs", 6)
+    failed: int = col("fail", 5)
+    requests_per_s: float = col("req/s", 9, ".1f")
+    p50_ms: float = col("p50 ms", 9, ".2f")
+    p99_ms: float = col("p99 ms", 9, ".2f")
 
 
-COLUMNS = (
-    Col("target", "target", 24, left=True),
-    Col("concurrency", "clients", 8),
-    Col("requests", "reqs", 6),
-    Col("failed", "fail", 5),
-    Col("requests_per_s", "req/s", 9, ".1f"),
-    Col("p50_ms", "p50 ms", 9, ".2f"),
-    Col("p99_ms", "p99 ms", 9, ".2f"),
-)
+COLUMNS = columns(Load)
 
 
 async def _fire(urls: list[str], n: int, concurrency: int) -> tuple[list[float], int, float]:
