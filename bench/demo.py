@@ -22,11 +22,11 @@ from pathlib import Path
 import httpx
 from tqdm import tqdm
 
-from bench.cluster import Cluster, ClusterSpec
-from bench.driver import Result, hit_rate, run_workload, summarize
-from bench.workload import Workload, WorkloadSpec
 from cachekey.demo import default_cache_dir, ensure_demo_model
 from cachekey.demo_lora import DEMO_ADAPTERS, ensure_demo_adapters, lora_modules_arg
+from harness.cluster import Cluster, ClusterSpec
+from harness.driver import Result, hit_rate, run_workload, summarize
+from harness.workload import Workload, WorkloadSpec
 
 POLICY_HEADER = "x-kvgate-routing-policy"
 README_PORT = 8080  # the port README.md's commands use

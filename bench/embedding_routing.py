@@ -26,9 +26,9 @@ from pathlib import Path
 
 import httpx
 
-from bench.cluster import Cluster, ClusterSpec, metric_total
-from bench.report import Col, args_dict, print_table, write_json
-from bench.runs import POLICY_HEADER, reset_caches
+from bench.lib.report import args_dict, col, columns, print_table, write_json
+from bench.lib.runs import POLICY_HEADER, reset_caches
+from harness.cluster import Cluster, ClusterSpec, metric_total
 
 WORDS = (
     "cache block prefix route model token image worker gateway replica tenant layer attention "
@@ -40,24 +40,16 @@ QUERIES = "kvgate_worker_hidden_state_queries_total"
 
 @dataclass(slots=True)
 class Row:
-    policy: str
-    requests: int
-    failed: int
-    hit_rate: float
-    exact_predictions: float
-    worker_hidden_hit_rate: float
-    max_over_mean: float
+    policy: str = col("policy", 12, left=True)
+    requests: int = col("reqs", 6)
+    failed: int = col("fail", 5)
+    hit_rate: float = col("hit rate", 10, ".1%")
+    exact_predictions: float = col("exact pred", 12, ".1%")
+    worker_hidden_hit_rate: float = col("worker hidden hit", 19, ".1%")
+    max_over_mean: float = col("max/mean", 10, ".2f")
 
 
-COLUMNS = (
-    Col("policy", "policy", 12, left=True),
-    Col("requests", "reqs", 6),
-    Col("failed", "fail", 5),
-    Col("hit_rate", "hit rate", 10, ".1%"),
-    Col("exact_predictions", "exact pred", 12, ".1%"),
-    Col("worker_hidden_hit_rate", "worker hidden hit", 19, ".1%"),
-    Col("max_over_mean", "max/mean", 10, ".2f"),
-)
+COLUMNS = columns(Row)
 
 
 def make_trace(groups: int, per_group: int, prefix_words: int, seed: int) -> list[str]:

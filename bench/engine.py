@@ -20,18 +20,16 @@ import os
 import platform
 import random
 import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from bench import engine_reference as ref
-from bench.report import write_json
-from cachekey import Prompt
+from bench.lib import engine_reference as ref
+from bench.lib.engine_timing import Clock, decode_rate, resolve_model, time_to_first_token
+from bench.lib.report import write_json
 from worker.engine.config import EngineConfig
 from worker.engine.llm_engine import LLMEngine
-from worker.engine.sampling_params import SamplingParams
 
 RESULTS = Path(__file__).resolve().parent / "results" / "engine.json"
 SUITES = {
@@ -41,28 +39,6 @@ SUITES = {
         "decode": [(1, 128), (8, 128), (32, 128), (64, 128), (16, 2048)],
     },
 }
-
-
-class Clock:
-    def __init__(self, kind: str, device: torch.device) -> None:
-        self.now = time.process_time if kind == "cpu" else time.perf_counter
-        self.device = device
-
-    def __call__(self) -> float:
-        ref.synchronize(self.device)
-        return self.now()
-
-
-def time_to_first_token(engine: LLMEngine, clock: Clock, rid: str, ids: list[int]) -> float:
-    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
-    start = clock()
-    engine.add_request(rid, Prompt(tuple(ids)), params)
-    while not engine.step():
-        pass
-    elapsed = clock() - start
-    while engine.has_unfinished_requests():
-        engine.step()
-    return elapsed
 
 
 def bench_ttft(engine: LLMEngine, clock: Clock, n: int, hit: float, reps: int, vocab: int) -> dict:
@@ -75,39 +51,6 @@ def bench_ttft(engine: LLMEngine, clock: Clock, n: int, hit: float, reps: int, v
         follow = base[:shared] + ref.random_ids(rng, n - shared, vocab)
         warm.append(time_to_first_token(engine, clock, f"warm-{n}-{rep}", follow))
     return {"cold_ms": statistics.median(cold) * 1e3, "hit_ms": statistics.median(warm) * 1e3}
-
-
-def decode_rate(
-    engine: LLMEngine, clock: Clock, tag: str, batch: int, plen: int, new: int, vocab: int
-) -> float:
-    """Decode tokens/s of `batch` requests with plen-token prompts (prefill not counted)."""
-    rng = random.Random(tag)
-    params = SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True)
-    for i in range(batch):
-        engine.add_request(f"{tag}-{i}", Prompt(tuple(ref.random_ids(rng, plen, vocab))), params)
-    produced = 0
-    while produced < batch:  # prefill and every first token
-        produced += len(engine.step())
-    start = clock()
-    decoded = 0
-    while engine.has_unfinished_requests():
-        decoded += len(engine.step())
-    return decoded / (clock() - start)
-
-
-def resolve_model(name: str, models_dir: Path, device: torch.device) -> tuple[str, int | None]:
-    """(model directory, parameter count when generated here)."""
-    from bench.random_llama import SHAPES, write_random_llama
-
-    if name == "demo":
-        from cachekey.demo import ensure_demo_model
-
-        return str(ensure_demo_model()), None
-    if name in SHAPES:
-        path = models_dir / name
-        print(f"model: random-weight {name} in {path}", flush=True)
-        return str(path), write_random_llama(path, name, device.type)
-    return name, None
 
 
 def engine_figures(args: argparse.Namespace, model: str, suite: dict, report: Callable) -> int:

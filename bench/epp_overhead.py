@@ -33,11 +33,11 @@ import httpx
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from bench.cluster import HOST, Cluster, ClusterSpec, Proc, free_port
-from bench.extproc_client import header_map
-from bench.report import percentile, write_json
-from bench.throughput import ZERO_COMPUTE
-from bench.workload import data_url, make_image
+from bench.lib.closed_loop import ZERO_COMPUTE
+from bench.lib.report import percentile, write_json
+from harness.cluster import HOST, Cluster, ClusterSpec, Proc, free_port
+from harness.extproc_client import header_map
+from harness.workload import data_url, make_image
 
 CHAT = "/v1/chat/completions"
 GATEWAY_ARGS = ("--poll-interval", "0.5")

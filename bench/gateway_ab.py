@@ -18,9 +18,9 @@ import os
 import statistics
 from pathlib import Path
 
-from bench.cluster import Cluster, ClusterSpec, Proc
-from bench.report import write_json
-from bench.throughput import ZERO_COMPUTE, measure
+from bench.lib.closed_loop import ZERO_COMPUTE, measure
+from bench.lib.report import write_json
+from harness.cluster import Cluster, ClusterSpec, Proc
 
 
 def cpu_seconds(pid: int) -> float:

@@ -22,9 +22,8 @@ from pathlib import Path
 
 import httpx
 
-from bench.cluster import Cluster, ClusterSpec
-from bench.report import percentile, write_json
-from bench.throughput import ZERO_COMPUTE
+from bench.lib.closed_loop import ZERO_COMPUTE
+from bench.lib.report import percentile, write_json
 from cachekey.events import BlockStored
 from cachekey.keys import HashNamespace, block_keys
 from gateway.config import GatewayConfig
@@ -32,6 +31,7 @@ from gateway.index import BlockIndex, ReplicaId
 from gateway.policies import RouteContext
 from gateway.policies.cache_aware import CacheAwarePolicy
 from gateway.replicas import Replica
+from harness.cluster import Cluster, ClusterSpec
 
 
 async def _latencies(urls: list[str], n: int, concurrency: int) -> list[float]:

@@ -21,14 +21,14 @@ from pathlib import Path
 import httpx
 import uvicorn
 
-from bench.cluster import HOST, Cluster, ClusterSpec, free_port
-from bench.throughput import ZERO_COMPUTE
+from bench.lib.closed_loop import ZERO_COMPUTE
 from gateway.app import create_app
 from gateway.config import GatewayConfig
+from harness.cluster import HOST, Cluster, ClusterSpec, free_port
 
 CLIENT = """
 import sys
-from bench.throughput import measure
+from bench.lib.closed_loop import measure
 load = measure("gateway", [sys.argv[1]], int(sys.argv[2]), int(sys.argv[3]))
 print(f"{load.requests} requests, {load.requests_per_s} req/s, p50 {load.p50_ms} ms")
 """

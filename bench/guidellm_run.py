@@ -27,24 +27,25 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench import worker_metrics as wm
-from bench.cluster import Cluster, ClusterSpec
-from bench.report import Col, args_dict, percentile, print_table, write_json
+from bench.lib.report import args_dict, col, columns, percentile, print_table, write_json
 from cachekey.demo import ensure_demo_model
+from harness import worker_metrics as wm
+from harness.cluster import Cluster, ClusterSpec
 
 VENV = Path.home() / ".cache" / "kvgate" / "guidellm-venv"
 
 
 @dataclass(slots=True)
 class Row:
-    policy: str
-    requests: int
-    errored: int
-    hit_rate: float  # guidellm's per-request cached_tokens / prompt_tokens
-    worker_hit_rate: float  # the workers' prefix-cache counters
-    ttft_p50_ms: float
+    policy: str = col("policy", 13, left=True)
+    requests: int = col("reqs", 5)
+    errored: int = col("err", 5)
+    # guidellm's per-request cached_tokens / prompt_tokens
+    hit_rate: float = col("hit (guidellm)", 16, ".1%")
+    worker_hit_rate: float = col("hit (workers)", 15, ".1%")  # the workers' prefix-cache counters
+    ttft_p50_ms: float = col("TTFT p50", 10, ".0f", "ms")
     requests_per_s: float
-    max_over_mean: float
+    max_over_mean: float = col("max/mean", 9, ".2f")
     requests_per_replica: list[int]
 
 
@@ -125,15 +126,7 @@ def make_row(policy: str, report: dict, per_worker: dict[str, wm.WorkerCounters]
     )
 
 
-COLUMNS = (
-    Col("policy", "policy", 13, left=True),
-    Col("requests", "reqs", 5),
-    Col("errored", "err", 5),
-    Col("hit_rate", "hit (guidellm)", 16, ".1%"),
-    Col("worker_hit_rate", "hit (workers)", 15, ".1%"),
-    Col("ttft_p50_ms", "TTFT p50", 10, ".0f", "ms"),
-    Col("max_over_mean", "max/mean", 9, ".2f"),
-)
+COLUMNS = columns(Row)
 
 
 def main() -> None:

@@ -35,10 +35,10 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from bench.report import Col, args_dict, print_table, write_json
-from bench.workload import make_image
+from bench.lib.report import args_dict, col, columns, print_table, write_json
 from cachekey import Prompt
 from cachekey.demo import ensure_demo_model
+from harness.workload import make_image
 from worker.engine.config import EngineConfig
 from worker.engine.llm_engine import LLMEngine
 from worker.engine.sampling_params import SamplingParams
@@ -50,49 +50,35 @@ WORDS = "cache block prefix route model token image worker gateway replica tenan
 
 @dataclass(slots=True)
 class PrefillRow:
-    workload: str
+    workload: str = col("workload", 9, left=True)
     prompts: int
-    mean_tokens: int
-    hit_rate: float  # of the cached engine, all prompts
-    cached_all_ms: float  # the 20 prompts, from a cold cache
-    uncached_all_ms: float
-    speedup_all: float
-    cached_after_first_ms: float  # the 19 prompts after the first, per prompt
-    kv_only_after_first_ms: float  # the same prompts, no hidden states, prefix caching on
-    uncached_after_first_ms: float
-    speedup_after_first: float
-    max_abs_diff: float  # largest |cached - uncached| over every embedding value
+    mean_tokens: int = col("tokens", 7)
+    hit_rate: float = col("hit", 7, ".1%")  # of the cached engine, all prompts
+    cached_all_ms: float = col("cached 20", 11, ".0f", "ms")  # the 20 prompts, from a cold cache
+    uncached_all_ms: float = col("uncached 20", 13, ".0f", "ms")
+    speedup_all: float = col("x", 7, ".1f")
+    # the 19 prompts after the first, per prompt
+    cached_after_first_ms: float = col("cached/p", 10, ".1f", "ms")
+    # the same prompts, no hidden states, prefix caching on
+    kv_only_after_first_ms: float = col("kv only/p", 11, ".1f", "ms")
+    uncached_after_first_ms: float = col("uncached/p", 12, ".1f", "ms")
+    speedup_after_first: float = col("x", 7, ".1f")
+    # largest |cached - uncached| over every embedding value
+    max_abs_diff: float = col("max diff", 10, ".1e")
 
 
-PREFILL_COLS = (
-    Col("workload", "workload", 9, left=True),
-    Col("mean_tokens", "tokens", 7),
-    Col("hit_rate", "hit", 7, ".1%"),
-    Col("cached_all_ms", "cached 20", 11, ".0f", "ms"),
-    Col("uncached_all_ms", "uncached 20", 13, ".0f", "ms"),
-    Col("speedup_all", "x", 7, ".1f"),
-    Col("cached_after_first_ms", "cached/p", 10, ".1f", "ms"),
-    Col("kv_only_after_first_ms", "kv only/p", 11, ".1f", "ms"),
-    Col("uncached_after_first_ms", "uncached/p", 12, ".1f", "ms"),
-    Col("speedup_after_first", "x", 7, ".1f"),
-    Col("max_abs_diff", "max diff", 10, ".1e"),
-)
+PREFILL_COLS = columns(PrefillRow)
 
 
 @dataclass(slots=True)
 class OverheadRow:
-    figure: str
-    cache_off_ms: float
-    cache_on_ms: float
-    on_over_off: float
+    figure: str = col("no request wants hidden states", 36, left=True)
+    cache_off_ms: float = col("cache off", 11, ".2f", "ms")
+    cache_on_ms: float = col("cache on", 11, ".2f", "ms")
+    on_over_off: float = col("on/off", 8, ".3f")
 
 
-OVERHEAD_COLS = (
-    Col("figure", "no request wants hidden states", 36, left=True),
-    Col("cache_off_ms", "cache off", 11, ".2f", "ms"),
-    Col("cache_on_ms", "cache on", 11, ".2f", "ms"),
-    Col("on_over_off", "on/off", 8, ".3f"),
-)
+OVERHEAD_COLS = columns(OverheadRow)
 
 
 def make_engine(model: str, **overrides: object) -> LLMEngine:

@@ -10,10 +10,12 @@ directly: a perfect router over N caches can approach it, never beat it.
 
 Hit rate is reported twice: from the responses (`usage.prompt_tokens_details.cached_tokens`)
 and from the workers' own prefix-cache counters; load balance is max/mean requests per replica
-from the workers' request counters (an idle replica counts).
+from the workers' request counters (an idle replica counts). "exact pred" is the share of
+requests whose cached tokens the gateway predicted exactly (`x-kvgate-predicted-cached-tokens`).
 
     python -m bench.hit_rate                         # table + bench/results/hit_rate.json
     python -m bench.hit_rate --replicas 4 --policies cache_aware,round_robin
+    python -m bench.hit_rate --replicas 4 --tenants 12 --concurrency 1   # a fixed workload
 """
 
 from __future__ import annotations
@@ -22,11 +24,8 @@ import argparse
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench import worker_metrics as wm
-from bench.cluster import Cluster, ClusterSpec
-from bench.driver import hit_rate
-from bench.report import Col, args_dict, print_table, write_json
-from bench.runs import (
+from bench.lib.report import args_dict, col, columns, print_table, write_json
+from bench.lib.runs import (
     Measured,
     add_workload_args,
     drive_policy,
@@ -34,36 +33,40 @@ from bench.runs import (
     upper_bound,
     workload_spec,
 )
-from bench.workload import Workload
+from harness import worker_metrics as wm
+from harness.cluster import Cluster, ClusterSpec
+from harness.driver import Result, hit_rate
+from harness.workload import Workload
 
 ALL_POLICIES = ("cache_aware", "round_robin", "least_loaded", "session", "random")
 
 
 @dataclass(slots=True)
 class Row:
-    replicas: int
-    policy: str
-    blocks_per_replica: int
-    requests: int
-    failed: int
-    hit_rate: float  # from the responses' cached_tokens
-    worker_hit_rate: float  # from the workers' prefix-cache counters
-    max_over_mean: float | None
+    replicas: int = col("N", 3)
+    policy: str = col("policy", 13, left=True, sep=" ")
+    blocks_per_replica: int = col("blocks", 7)
+    requests: int = col("reqs", 6)
+    failed: int = col("fail", 5)
+    hit_rate: float = col("hit", 8, ".1%")  # from the responses' cached_tokens
+    worker_hit_rate: float = col("worker hit", 11, ".1%")  # from the workers' prefix-cache counters
+    # share of requests whose predicted cached tokens equal the reported ones
+    exact_predictions: float | None = col("exact pred", 11, ".1%")
+    max_over_mean: float | None = col("max/mean", 9, ".2f")
     requests_per_replica: list[int]
-    seconds: float
+    seconds: float = col("s", 7, ".1f")
 
 
-COLUMNS = (
-    Col("replicas", "N", 3),
-    Col("policy", "policy", 13, left=True, sep=" "),
-    Col("blocks_per_replica", "blocks", 7),
-    Col("requests", "reqs", 6),
-    Col("failed", "fail", 5),
-    Col("hit_rate", "hit", 8, ".1%"),
-    Col("worker_hit_rate", "worker hit", 11, ".1%"),
-    Col("max_over_mean", "max/mean", 9, ".2f"),
-    Col("seconds", "s", 7, ".1f"),
-)
+COLUMNS = columns(Row)
+
+
+def exact_share(results: list[Result]) -> float | None:
+    """Share of the answered requests whose predicted cached tokens equal the reported ones
+    (None when nothing predicted: the upper bound has no gateway)."""
+    predicted = [r for r in results if r.ok and r.predicted_cached_tokens is not None]
+    if not predicted:
+        return None
+    return sum(r.predicted_cached_tokens == r.cached_tokens for r in predicted) / len(predicted)
 
 
 def make_row(replicas: int, policy: str, blocks: int, m: Measured) -> Row:
@@ -76,6 +79,7 @@ def make_row(replicas: int, policy: str, blocks: int, m: Measured) -> Row:
         failed=sum(not r.ok for r in m.results),
         hit_rate=hit_rate(m.results),
         worker_hit_rate=wm.hit_rate(m.per_worker),
+        exact_predictions=exact_share(m.results),
         max_over_mean=wm.max_over_mean(counts) if len(counts) > 1 else None,
         requests_per_replica=counts,
         seconds=round(m.seconds, 2),
@@ -83,7 +87,7 @@ def make_row(replicas: int, policy: str, blocks: int, m: Measured) -> Row:
 
 
 def run_replicas(replicas: int, policies: list[str], args: argparse.Namespace) -> list[Row]:
-    workload = Workload(workload_spec(args, args.tenants_per_replica * replicas))
+    workload = Workload(workload_spec(args, args.tenants or args.tenants_per_replica * replicas))
     log_dir = args.log_dir / f"n{replicas}"
     rows: list[Row] = []
     spec = ClusterSpec(
@@ -126,16 +130,22 @@ def ratios(rows: list[Row]) -> dict[str, dict[str, float]]:
     return out
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--replicas", default="4,8,16", help="comma-separated replica counts")
     ap.add_argument("--policies", default=",".join(ALL_POLICIES))
     ap.add_argument("--num-blocks", type=int, default=860, help="KV blocks per replica")
     ap.add_argument("--tenants-per-replica", type=int, default=3)
+    ap.add_argument("--tenants", type=int, help="a fixed tenant count (not per replica)")
     add_workload_args(ap)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--log-dir", type=Path, default=Path("bench/results/logs/hit_rate"))
     ap.add_argument("--out", type=Path, default=Path("bench/results/hit_rate.json"))
+    return ap
+
+
+def main() -> None:
+    ap = parser()
     args = ap.parse_args()
     policies = [p for p in args.policies.split(",") if p]
     unknown = set(policies) - set(ALL_POLICIES)

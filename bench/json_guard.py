@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench.report import Col, args_dict, print_table, write_json
+from bench.lib.report import Col, args_dict, print_table, write_json
 from cachekey.json_shape import JSONShapeError, decode_json
 
 MiB = 2**20

@@ -20,38 +20,30 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench import worker_metrics as wm
-from bench.cluster import Cluster, ClusterSpec, metric_total
-from bench.driver import Result, hit_rate, run_workload
-from bench.report import Col, args_dict, print_table, write_json
-from bench.runs import POLICY_HEADER, add_workload_args
-from bench.workload import Workload, WorkloadSpec
+from bench.lib.report import args_dict, col, columns, print_table, write_json
+from bench.lib.runs import POLICY_HEADER, add_workload_args
 from cachekey.demo_lora import write_demo_adapter
+from harness import worker_metrics as wm
+from harness.cluster import Cluster, ClusterSpec, metric_total
+from harness.driver import Result, hit_rate, run_workload
+from harness.workload import Workload, WorkloadSpec
 
 LOADS = "kvgate_worker_lora_loads_total"
 
 
 @dataclass(slots=True)
 class Row:
-    run: int
-    policy: str
-    requests: int
-    failed: int
-    adapter_loads: int
-    hit_rate: float
+    run: int = col("run", 3)
+    policy: str = col("policy", 13, left=True, sep=" ")
+    requests: int = col("reqs", 6)
+    failed: int = col("fail", 5)
+    adapter_loads: int = col("adapter loads", 14)
+    hit_rate: float = col("hit rate", 10, ".1%")
     requests_per_replica: list[int]
-    seconds: float
+    seconds: float = col("s", 7, ".1f")
 
 
-COLUMNS = (
-    Col("run", "run", 3),
-    Col("policy", "policy", 13, left=True, sep=" "),
-    Col("requests", "reqs", 6),
-    Col("failed", "fail", 5),
-    Col("adapter_loads", "adapter loads", 14),
-    Col("hit_rate", "hit rate", 10, ".1%"),
-    Col("seconds", "s", 7, ".1f"),
-)
+COLUMNS = columns(Row)
 
 
 def write_adapters(root: Path, n: int) -> dict[str, Path]:

@@ -23,9 +23,9 @@ import numpy as np
 import torch
 from safetensors.numpy import save_file
 
-from bench import engine_reference as ref
-from bench.engine import Clock, decode_rate, resolve_model
-from bench.report import write_json
+from bench.lib import engine_reference as ref
+from bench.lib.engine_timing import Clock, decode_rate, resolve_model
+from bench.lib.report import write_json
 from cachekey import Prompt
 from worker.engine.config import EngineConfig
 from worker.engine.llm_engine import LLMEngine

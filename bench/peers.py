@@ -25,13 +25,13 @@ from pathlib import Path
 
 import httpx
 
-from bench import worker_metrics as wm
-from bench.cluster import HOST, Cluster, ClusterSpec, Proc, free_port
-from bench.driver import hit_rate
-from bench.report import Col, args_dict, print_table, write_json
-from bench.runs import POLICY_HEADER, drive, reset_caches
-from bench.throughput import ZERO_COMPUTE, Load, measure, print_loads
-from bench.workload import Workload, WorkloadSpec
+from bench.lib.closed_loop import ZERO_COMPUTE, Load, measure, print_loads
+from bench.lib.report import args_dict, col, columns, print_table, write_json
+from bench.lib.runs import POLICY_HEADER, drive, reset_caches
+from harness import worker_metrics as wm
+from harness.cluster import HOST, Cluster, ClusterSpec, Proc, free_port
+from harness.driver import hit_rate
+from harness.workload import Workload, WorkloadSpec
 
 PEERS = {"sglang-router": "sglang-router", "vllm-router": "vllm-router"}
 
@@ -48,25 +48,17 @@ class Router:
 
 @dataclass(slots=True)
 class HitRow:
-    router: str
-    policy: str
-    requests: int
-    failed: int
-    hit_rate: float
-    worker_hit_rate: float
-    max_over_mean: float
+    router: str = col("router", 15, left=True)
+    policy: str = col("policy", 13, left=True)
+    requests: int = col("reqs", 5)
+    failed: int = col("fail", 5)
+    hit_rate: float = col("hit", 8, ".1%")
+    worker_hit_rate: float = col("worker hit", 11, ".1%")
+    max_over_mean: float = col("max/mean", 9, ".2f")
     requests_per_replica: list[int]
 
 
-HIT_COLUMNS = (
-    Col("router", "router", 15, left=True),
-    Col("policy", "policy", 13, left=True),
-    Col("requests", "reqs", 5),
-    Col("failed", "fail", 5),
-    Col("hit_rate", "hit", 8, ".1%"),
-    Col("worker_hit_rate", "worker hit", 11, ".1%"),
-    Col("max_over_mean", "max/mean", 9, ".2f"),
-)
+HIT_COLUMNS = columns(HitRow)
 
 
 def peer_binary(name: str) -> str | None:

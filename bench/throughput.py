@@ -11,89 +11,12 @@ one run, so the ratio (via router / direct) is the figure to read on a shared CP
 from __future__ import annotations
 
 import argparse
-import asyncio
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
-import httpx
-
-from bench.cluster import Cluster, ClusterSpec
-from bench.report import Col, percentile, print_table, write_json
-
-ZERO_COMPUTE = ("--sim-prefill-s-per-token", "0", "--sim-decode-s-per-step", "0")
-BODY = {
-    "model": "demo",
-    "messages": [{"role": "user", "content": "a short question about caches " * 8}],
-    "max_tokens": 1,
-}
-
-
-@dataclass(slots=True)
-class Load:
-    target: str
-    concurrency: int
-    requests: int
-    failed: int
-    requests_per_s: float
-    p50_ms: float
-    p99_ms: float
-
-
-COLUMNS = (
-    Col("target", "target", 24, left=True),
-    Col("concurrency", "clients", 8),
-    Col("requests", "reqs", 6),
-    Col("failed", "fail", 5),
-    Col("requests_per_s", "req/s", 9, ".1f"),
-    Col("p50_ms", "p50 ms", 9, ".2f"),
-    Col("p99_ms", "p99 ms", 9, ".2f"),
-)
-
-
-async def _fire(urls: list[str], n: int, concurrency: int) -> tuple[list[float], int, float]:
-    sem = asyncio.Semaphore(concurrency)
-    lat: list[float] = []
-    failed = 0
-    limits = httpx.Limits(max_connections=concurrency * 2, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
-
-        async def one(i: int) -> None:
-            nonlocal failed
-            async with sem:
-                t0 = time.perf_counter()
-                try:
-                    r = await client.post(f"{urls[i % len(urls)]}/v1/chat/completions", json=BODY)
-                    r.raise_for_status()
-                    lat.append(time.perf_counter() - t0)
-                except httpx.HTTPError:
-                    failed += 1
-
-        await asyncio.gather(*(one(i) for i in range(min(n, 2 * concurrency))))  # warm-up
-        lat.clear()
-        failed = 0
-        t0 = time.perf_counter()
-        await asyncio.gather(*(one(i) for i in range(n)))
-        wall = time.perf_counter() - t0
-    return lat, failed, wall
-
-
-def measure(target: str, urls: list[str], n: int, concurrency: int) -> Load:
-    """`n` requests at `concurrency` against `urls` (one router, or the workers themselves)."""
-    lat, failed, wall = asyncio.run(_fire(urls, n, concurrency))
-    return Load(
-        target=target,
-        concurrency=concurrency,
-        requests=n,
-        failed=failed,
-        requests_per_s=round(len(lat) / wall, 1),
-        p50_ms=round(percentile(lat, 0.5) * 1000, 2),
-        p99_ms=round(percentile(lat, 0.99) * 1000, 2),
-    )
-
-
-def print_loads(rows: list[Load], header: bool = True) -> None:
-    print_table(rows, COLUMNS, header)
+from bench.lib.closed_loop import ZERO_COMPUTE, Load, measure, print_loads
+from bench.lib.report import write_json
+from harness.cluster import Cluster, ClusterSpec
 
 
 def main() -> None:

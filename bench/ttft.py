@@ -27,42 +27,31 @@ from pathlib import Path
 
 import httpx
 
-from bench import worker_metrics as wm
-from bench.cluster import Cluster, ClusterSpec
-from bench.driver import hit_rate
-from bench.report import Col, args_dict, percentile, print_table, write_json
-from bench.runs import Measured, add_workload_args, drive_policy, workload_spec
-from bench.workload import Workload
+from bench.lib.report import args_dict, col, columns, percentile, print_table, write_json
+from bench.lib.runs import Measured, add_workload_args, drive_policy, workload_spec
+from harness import worker_metrics as wm
+from harness.cluster import Cluster, ClusterSpec
+from harness.driver import hit_rate
+from harness.workload import Workload
 
 
 @dataclass(slots=True)
 class Row:
-    policy: str
-    requests: int
-    failed: int
-    hit_rate: float
-    ttft_p50_ms: float
-    ttft_p90_ms: float
+    policy: str = col("policy", 13, left=True)
+    requests: int = col("reqs", 5)
+    failed: int = col("fail", 5)
+    hit_rate: float = col("hit", 7, ".1%")
+    ttft_p50_ms: float = col("TTFT p50", 10, ".0f", "ms")
+    ttft_p90_ms: float = col("TTFT p90", 10, ".0f", "ms")
     latency_p50_ms: float
-    requests_per_s: float
-    prompt_tokens_per_s: float
-    output_tokens_per_s: float
-    max_over_mean: float
+    requests_per_s: float = col("req/s", 7, ".2f")
+    prompt_tokens_per_s: float = col("prompt tok/s", 13, ".0f")
+    output_tokens_per_s: float = col("out tok/s", 10, ".1f")
+    max_over_mean: float = col("max/mean", 9, ".2f")
     seconds: float
 
 
-COLUMNS = (
-    Col("policy", "policy", 13, left=True),
-    Col("requests", "reqs", 5),
-    Col("failed", "fail", 5),
-    Col("hit_rate", "hit", 7, ".1%"),
-    Col("ttft_p50_ms", "TTFT p50", 10, ".0f", "ms"),
-    Col("ttft_p90_ms", "TTFT p90", 10, ".0f", "ms"),
-    Col("requests_per_s", "req/s", 7, ".2f"),
-    Col("prompt_tokens_per_s", "prompt tok/s", 13, ".0f"),
-    Col("output_tokens_per_s", "out tok/s", 10, ".1f"),
-    Col("max_over_mean", "max/mean", 9, ".2f"),
-)
+COLUMNS = columns(Row)
 
 
 def make_row(policy: str, m: Measured) -> Row:
@@ -95,7 +84,7 @@ def warm_up(urls: list[str]) -> None:
 
 def resolve_model(name: str, models_dir: Path, device: str) -> str:
     """A model directory for the workers: `demo` as it is, a shape name generated once."""
-    from bench.random_llama import SHAPES, write_random_llama
+    from harness.random_llama import SHAPES, write_random_llama
 
     if name in SHAPES:
         write_random_llama(models_dir / name, name, "cuda" if device == "cuda" else "cpu")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.cluster import free_port  # noqa: F401 (tests import it from here)
+from harness.cluster import free_port  # noqa: F401 (tests import it from here)
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from bench.random_llama import write_random_llama
+from harness.random_llama import write_random_llama
 from worker.models.attention import DenseCausalContext
 from worker.models.loader import load_model
 

@@ -11,7 +11,7 @@ import pytest
 
 from bench import embedding_routing as er
 from bench import hidden_prefill as hp
-from bench.cluster import Cluster, ClusterSpec
+from harness.cluster import Cluster, ClusterSpec
 
 
 def shared_prefix(prompts) -> int:

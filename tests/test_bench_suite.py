@@ -3,17 +3,16 @@ runs, worker-counter deltas and streaming TTFT."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 from pathlib import Path
 
 import pytest
 
-from bench import worker_metrics as wm
-from bench.cluster import Cluster, ClusterSpec
-from bench.driver import run_workload
-from bench.hit_rate import run_replicas
-from bench.workload import Workload, WorkloadSpec
+from bench.hit_rate import parser, run_replicas
+from harness import worker_metrics as wm
+from harness.cluster import Cluster, ClusterSpec
+from harness.driver import run_workload
+from harness.workload import Workload, WorkloadSpec
 
 
 def test_max_over_mean_counts_idle_replicas():
@@ -24,16 +23,8 @@ def test_max_over_mean_counts_idle_replicas():
 
 @pytest.mark.slow
 def test_hit_rate_runs_are_cold_and_counted_by_workers(tmp_path: Path):
-    args = argparse.Namespace(
-        tenants_per_replica=3,
-        users_per_tenant=2,
-        turns=2,
-        system_words=600,
-        seed=0,
-        num_blocks=320,
-        concurrency=1,
-        log_dir=tmp_path,
-    )
+    small = "--users-per-tenant 2 --turns 2 --system-words 600 --num-blocks 320 --concurrency 1"
+    args = parser().parse_args([*small.split(), "--log-dir", str(tmp_path)])
     rows = {r.policy: r for r in run_replicas(2, ["cache_aware", "round_robin"], args)}
     ca, rr, bound = rows["cache_aware"], rows["round_robin"], rows["upper_bound"]
     for r in (ca, rr, bound):

@@ -17,10 +17,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from PIL import Image
 
-from bench.cluster import HOST, Cluster, ClusterSpec, Proc, free_port, wait_index_converged
-from bench.extproc_client import ExtProcClient, forward
-from bench.workload import Workload, WorkloadSpec, data_url, make_image
 from gateway.epp.wire import BODY_CHUNK_BYTES
+from harness.cluster import HOST, Cluster, ClusterSpec, Proc, free_port, wait_index_converged
+from harness.extproc_client import ExtProcClient, forward
+from harness.workload import Workload, WorkloadSpec, data_url, make_image
 
 CHAT = "/v1/chat/completions"
 # The worker-polled load gauges (queue, KV usage) are sampled by each gateway process at its own

@@ -15,11 +15,11 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bench.cluster import free_port
-from bench.extproc_client import header_map
 from gateway.config import GatewayConfig
 from gateway.epp import EppServer
 from gateway.state import GatewayState
+from harness.cluster import free_port
+from harness.extproc_client import header_map
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING

@@ -12,7 +12,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from bench.cluster import (
+from harness.cluster import (
     Cluster,
     ClusterSpec,
     Proc,

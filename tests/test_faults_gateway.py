@@ -11,7 +11,7 @@ import httpx
 import pytest
 from k8s_fake_api import FakeApi, FakeApiServer, make_slice
 
-from bench.cluster import (
+from harness.cluster import (
     Cluster,
     ClusterSpec,
     Proc,
@@ -19,7 +19,7 @@ from bench.cluster import (
     wait_index_converged,
     wait_until,
 )
-from bench.soak import Tally, make_body, one_request, run_load
+from harness.load import Tally, make_body, one_request, run_load
 
 pytestmark = pytest.mark.slow
 

@@ -15,14 +15,14 @@ import time
 import httpx
 import pytest
 
-from bench.cluster import (
+from harness.cluster import (
     Cluster,
     ClusterSpec,
     metric_total,
     wait_index_converged,
     wait_until,
 )
-from bench.soak import Tally, run_load
+from harness.load import Tally, run_load
 
 pytestmark = pytest.mark.slow
 

@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from bench.cluster import Cluster, ClusterSpec
+from harness.cluster import Cluster, ClusterSpec
 
 pytestmark = pytest.mark.slow
 

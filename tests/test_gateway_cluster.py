@@ -9,35 +9,29 @@ import time
 import httpx
 import pytest
 
-from bench.cluster import Cluster, ClusterSpec
-from bench.routing import compare
-from bench.workload import WorkloadSpec
+from bench.hit_rate import parser, run_replicas
 from gateway.replica_names import replica_name
+from harness.cluster import Cluster, ClusterSpec
 
 pytestmark = pytest.mark.slow
 
 
 def test_cache_aware_hit_rate_acceptance(tmp_path):
     # 12 groups with long system prompts; each worker's cache holds about a third of the
-    # workload's ~2,600 distinct blocks (860 of them).
-    spec = WorkloadSpec(tenants=12, users_per_tenant=3, turns=3, system_words=1200, seed=0)
-    rows = {
-        r.policy: r
-        for r in compare(
-            spec,
-            ["cache_aware", "round_robin", "single_worker"],
-            workers=4,
-            num_blocks=860,
-            log_dir=tmp_path,
-        )
-    }
-    ca, rr, one = rows["cache_aware"], rows["round_robin"], rows["single_worker"]
+    # workload's ~2,600 distinct blocks (860 of them). One request at a time.
+    args = parser().parse_args(
+        ["--tenants", "12", "--num-blocks", "860", "--concurrency", "1", "--log-dir", str(tmp_path)]
+    )
+    rows = {r.policy: r for r in run_replicas(4, ["cache_aware", "round_robin"], args)}
+    ca, rr, one = rows["cache_aware"], rows["round_robin"], rows["upper_bound"]
     assert ca.failed == rr.failed == one.failed == 0
+    assert ca.requests == 108 and one.blocks_per_replica == 4 * 860
     assert ca.hit_rate >= 2 * rr.hit_rate, (ca.hit_rate, rr.hit_rate)
     assert ca.hit_rate >= 0.9 * one.hit_rate, (ca.hit_rate, one.hit_rate)
     assert ca.max_over_mean <= 1.5, ca.requests_per_replica
-    assert len(ca.requests_per_replica) == 4
+    assert len(ca.requests_per_replica) == 4 and min(ca.requests_per_replica) > 0
     assert ca.exact_predictions is not None and ca.exact_predictions >= 0.99
+    assert one.exact_predictions is None  # no gateway in front of the upper bound
 
 
 async def _load(gateway: str, n: int, concurrency: int) -> list[httpx.Response | Exception]:

@@ -10,12 +10,12 @@ import time
 import httpx
 import pytest
 
-from bench.cluster import HOST, Cluster, ClusterSpec, Proc, free_port
 from gateway.config import GatewayConfig
 from gateway.index import BlockIndex
 from gateway.metrics import GatewayMetrics
 from gateway.replica_names import replica_name
 from gateway.replicas import Replica, ReplicaSet
+from harness.cluster import HOST, Cluster, ClusterSpec, Proc, free_port
 
 
 def _wait_for(pred, timeout: float = 30.0, what: str = "condition"):

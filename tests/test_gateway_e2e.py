@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.cluster import Cluster, ClusterSpec
-from bench.workload import Workload, WorkloadSpec
+from harness.cluster import Cluster, ClusterSpec
+from harness.workload import Workload, WorkloadSpec
 
 GATEWAY_ARGS = ("--poll-interval", "0.2", "--image-fetch-allow", "127.0.0.1/32")
 
@@ -244,7 +244,7 @@ class _ImageServer:
 
 
 def test_remote_image_fetched_once_inlined_and_keyed_alike(cluster):
-    from bench.workload import make_image
+    from harness.workload import make_image
 
     images = _ImageServer(make_image(77))
     try:

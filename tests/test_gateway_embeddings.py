@@ -9,8 +9,8 @@ import random
 import httpx
 import pytest
 
-from bench.cluster import Cluster, ClusterSpec, wait_index_converged
-from bench.workload import data_url, make_image
+from harness.cluster import Cluster, ClusterSpec, wait_index_converged
+from harness.workload import data_url, make_image
 
 WORDS = "cache block prefix route model token image worker gateway replica tenant".split()
 

@@ -11,8 +11,8 @@ import pytest
 from conftest import free_port
 from test_gateway_vllm_compat import FakeVllm
 
-from bench.cluster import Cluster, ClusterSpec, Proc, wait_until
 from cachekey.demo_lora import DEMO_ADAPTERS, write_demo_adapter
+from harness.cluster import Cluster, ClusterSpec, Proc, wait_until
 
 PROMPT = "Adapters route to the replicas that hold them, like prefixes do. " * 4
 

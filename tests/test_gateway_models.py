@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from bench.cluster import Cluster, ClusterSpec
+from harness.cluster import Cluster, ClusterSpec
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,8 @@ import time
 
 import httpx
 
-from bench.cluster import Cluster, ClusterSpec, Proc, free_port
 from gateway.replica_names import replica_name
+from harness.cluster import Cluster, ClusterSpec, Proc, free_port
 
 
 def test_mismatching_worker_is_flagged_and_routed_by_load_only(tmp_path):

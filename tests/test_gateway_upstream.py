@@ -7,8 +7,8 @@ import contextlib
 
 import pytest
 
-from bench.cluster import HOST, free_port
 from gateway.upstream import UpstreamError, UpstreamPool, UpstreamTimeout
+from harness.cluster import HOST, free_port
 
 
 class Server:

@@ -18,8 +18,8 @@ import pytest
 import zmq
 from conftest import free_port
 
-from bench.cluster import Proc
 from cachekey.events import seq_bytes
+from harness.cluster import Proc
 
 BS = 16
 

@@ -11,7 +11,7 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("cachekey", "gateway", "worker")
+PACKAGES = ("cachekey", "gateway", "worker", "harness", "bench")
 
 
 def _modules(root: Path, packages: tuple[str, ...]) -> dict[str, Path]:

@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.cluster import HOST, Cluster, ClusterSpec, Proc, free_port, wait_until
 from gateway.replica_names import replica_name
+from harness.cluster import HOST, Cluster, ClusterSpec, Proc, free_port, wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.cluster import Cluster, ClusterSpec
+from harness.cluster import Cluster, ClusterSpec
 
 pytestmark = pytest.mark.slow
 

@@ -13,8 +13,8 @@ import json
 import httpx
 import pytest
 
-from bench.cluster import HOST, Cluster, ClusterSpec, Proc, free_port
-from bench.extproc_client import ExtProcClient, forward
+from harness.cluster import HOST, Cluster, ClusterSpec, Proc, free_port
+from harness.extproc_client import ExtProcClient, forward
 
 pytestmark = pytest.mark.slow
 

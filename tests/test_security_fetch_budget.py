@@ -16,10 +16,10 @@ import tracemalloc
 import pytest
 from image_server import BOMB_INFLATED, ImageServer
 
-from bench.workload import make_image
 from cachekey.errors import ImageFetchError, ImageTooLargeError
 from gateway.fetch import FetchBudget, ImageFetcher
 from gateway.image_fetch import AllowList, FetchPolicy
+from harness.workload import make_image
 
 NETWORK_FAILURE = "could not fetch the image from its URL"
 

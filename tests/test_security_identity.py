@@ -11,7 +11,6 @@ import re
 
 import pytest
 
-from bench.workload import make_image
 from cachekey import (
     IGNORE_UUIDS,
     ClientUuids,
@@ -22,6 +21,7 @@ from cachekey import (
     scoped_uuid_identifier,
 )
 from gateway.fetch import RemoteImagesDisabled, image_options
+from harness.workload import make_image
 
 CONTENT_HASH = re.compile(r"[0-9a-f]{32}")
 

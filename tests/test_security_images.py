@@ -18,9 +18,9 @@ import pytest
 from image_server import ImageServer
 from PIL import Image
 
-from bench.cluster import Cluster, ClusterSpec
-from bench.workload import make_image
 from cachekey import image_identifier
+from harness.cluster import Cluster, ClusterSpec
+from harness.workload import make_image
 
 pytestmark = pytest.mark.slow
 

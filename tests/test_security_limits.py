@@ -15,8 +15,8 @@ import httpx
 import pytest
 from PIL import Image
 
-from bench.cluster import Cluster, ClusterSpec
-from bench.workload import make_image
+from harness.cluster import Cluster, ClusterSpec
+from harness.workload import make_image
 
 LIMIT_ARGS = (
     "--poll-interval", "0.2",

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from bench.cluster import Cluster, ClusterSpec
+from harness.cluster import Cluster, ClusterSpec
 
 DECODE_S = 0.15
 TOKENS = 12  # ~1.8 s per request on the sim worker

@@ -14,8 +14,8 @@ import time
 import httpx
 import pytest
 
-from bench.cluster import Cluster, ClusterSpec
 from gateway.tenants import AuthError, TenantRegistry, parse_keys
+from harness.cluster import Cluster, ClusterSpec
 
 KEY_A = "sk-alice-7f3c9a1e5b2d4c6e8a0b"
 KEY_B = "sk-bob-2e4d6f8a0c1b3d5e7f9a"

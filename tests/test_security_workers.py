@@ -19,9 +19,9 @@ import httpx
 import pytest
 from worker_harness import WorkerProcess
 
-from bench.cluster import HOST, Cluster, ClusterSpec, Proc, free_port, wait_until
 from cachekey.assets import ModelAssets
 from cachekey.documents import AssetFiles, Snapshot, WorkerInfo, decode_document
+from harness.cluster import HOST, Cluster, ClusterSpec, Proc, free_port, wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from openai import AsyncOpenAI
 
-from bench.workload import Turn, Workload
+from harness.workload import Turn, Workload
 
 
 @dataclass(slots=True)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +35,19 @@ class Col:
     def cell(self, row: object) -> str:
         value = getattr(row, self.attr)
         return self._fit("-" if value is None else f"{value:{self.spec}}{self.suffix}")
+
+
+def col(
+    title: str, width: int, spec: str = "", suffix: str = "", *, left: bool = False, sep: str = ""
+) -> Any:
+    """A row dataclass's field that is also a table column (see `Col`), in field order."""
+    shown = dict(title=title, width=width, spec=spec, suffix=suffix, left=left, sep=sep)
+    return field(metadata={"col": shown})
+
+
+def columns(row_type: type) -> tuple[Col, ...]:
+    """The columns a row dataclass declares with `col`; its other fields go only to the JSON."""
+    return tuple(Col(f.name, **f.metadata["col"]) for f in fields(row_type) if "col" in f.metadata)
 
 
 def print_table(rows: Sequence[object], cols: Sequence[Col], header: bool = True) -> None:

@@ -1,7 +1,7 @@
 """Runs of the shared-prefix chat workload against sim or torch clusters, as the policy
-benchmarks (`bench.routing`, `bench.hit_rate`, `bench.ttft`, `bench.peers`) make them: the
-workload's command-line knobs, cold caches between policies, worker-counter deltas around a run,
-and the upper bound of one worker holding all N caches."""
+benchmarks (`bench.hit_rate`, `bench.ttft`, `bench.peers`) make them: the workload's
+command-line knobs, cold caches between policies, worker-counter deltas around a run, and the
+upper bound of one worker holding all N caches."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench import worker_metrics as wm
-from bench.cluster import Cluster, ClusterSpec
-from bench.driver import Result, run_workload
-from bench.workload import Turn, Workload, WorkloadSpec
+from harness import worker_metrics as wm
+from harness.cluster import Cluster, ClusterSpec
+from harness.driver import Result, run_workload
+from harness.workload import Turn, Workload, WorkloadSpec
 
 POLICY_HEADER = "x-kvgate-routing-policy"
 SESSION_HEADER = "x-session-id"

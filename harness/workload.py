@@ -4,7 +4,7 @@ Each tenant has a long system prompt; each user of a tenant holds a multi-turn c
 turns carry an image, drawn from a pool shared across tenants or from the tenant's own pool. The
 same seed always gives the same trace, so policies can be compared on identical input.
 
-    python -m bench.workload --out bench/results/trace.jsonl      # write a JSONL trace
+    python -m harness.workload --out bench/results/trace.jsonl      # write a JSONL trace
 """
 
 from __future__ import annotations
