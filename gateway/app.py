@@ -51,6 +51,8 @@ def build_discovery(config: GatewayConfig) -> Discovery:
             config.k8s_selector,
             config.k8s_port_name,
             service=config.k8s_service,
+            events_port_name=config.k8s_kv_events_port_name,
+            replay_port_name=config.k8s_kv_replay_port_name,
         )
     return StaticDiscovery(config.workers)
 
@@ -67,7 +69,7 @@ def create_app(config: GatewayConfig, discovery: Discovery | None = None) -> Fas
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state = GatewayState.build(config)
         app.state.gateway = state
-        task = asyncio.create_task(discovery.run(state.replicas.set_urls))
+        task = asyncio.create_task(discovery.run(state.replicas.set_workers))
         try:
             yield
         finally:

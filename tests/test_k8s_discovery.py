@@ -19,6 +19,7 @@ from gateway.discovery.k8s import (
     default_namespace,
     endpoint_urls,
 )
+from gateway.endpoints import WorkerEndpoint
 
 WAIT_S = 10.0
 
@@ -30,8 +31,8 @@ class Recorder:
         self.sets: list[frozenset[str]] = []
         self.changed = asyncio.Event()
 
-    async def __call__(self, urls: frozenset[str]) -> None:
-        self.sets.append(urls)
+    async def __call__(self, workers: frozenset[WorkerEndpoint]) -> None:
+        self.sets.append(frozenset(w.url for w in workers))
         self.changed.set()
 
     async def until(self, expected: set[str]) -> None:

@@ -20,8 +20,11 @@ from typing import Any
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
+from gateway.endpoints import WorkerEndpoint
+
 log = logging.getLogger(__name__)
 
+Emit = Callable[[frozenset[WorkerEndpoint]], None]
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 # Mounted into every pod that has a service-account token: the pod's own namespace.
 POD_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
@@ -29,25 +32,44 @@ _GONE = 410
 
 
 def endpoint_urls(slices: Iterable[dict[str, Any]], port_name: str) -> frozenset[str]:
-    """Base URLs of every ready endpoint in `slices` (raw EndpointSlice dicts).
+    """Base URLs of every ready endpoint in `slices` (raw EndpointSlice dicts)."""
+    return frozenset(w.url for w in worker_endpoints(slices, port_name))
+
+
+def worker_endpoints(
+    slices: Iterable[dict[str, Any]],
+    port_name: str,
+    events_port_name: str = "kv-events",
+    replay_port_name: str = "kv-replay",
+) -> frozenset[WorkerEndpoint]:
+    """Every ready endpoint in `slices` (raw EndpointSlice dicts): its base URL, the slice's
+    KV-events ports when it names them, and the pod behind it.
 
     An endpoint counts when `conditions.ready` is true or unset (the API's own reading of unset).
     """
-    urls: set[str] = set()
+    out: set[WorkerEndpoint] = set()
     for sl in slices:
-        port = next(
-            (p.get("port") for p in sl.get("ports") or () if (p.get("name") or "") == port_name),
-            None,
-        )
+        ports = {p.get("name") or "": p.get("port") for p in sl.get("ports") or ()}
+        port = ports.get(port_name)
         if port is None or sl.get("addressType") not in ("IPv4", "IPv6"):
             continue
+        events, replay = ports.get(events_port_name), ports.get(replay_port_name)
         for ep in sl.get("endpoints") or ():
             if (ep.get("conditions") or {}).get("ready") is False:
                 continue
+            ref = ep.get("targetRef") or {}
+            pod = ref.get("name") if ref.get("kind") == "Pod" else None
             for addr in ep.get("addresses") or ():
                 host = f"[{addr}]" if ":" in addr else addr
-                urls.add(f"http://{host}:{port}")
-    return frozenset(urls)
+                out.add(
+                    WorkerEndpoint(
+                        f"http://{host}:{port}",
+                        events,
+                        replay,
+                        pod=pod,
+                    )
+                )
+    return frozenset(out)
 
 
 def default_namespace() -> str:
@@ -103,6 +125,8 @@ class KubernetesDiscovery:
         kubeconfig: str | None = None,
         *,
         service: str | None = None,
+        events_port_name: str = "kv-events",
+        replay_port_name: str = "kv-replay",
         watch_timeout_s: int = 300,
         backoff_initial_s: float = 0.5,
         backoff_max_s: float = 30.0,
@@ -112,21 +136,23 @@ class KubernetesDiscovery:
         self.namespace = namespace or default_namespace()
         self.selector = build_selector(label_selector, service)
         self.port_name = port_name
+        self.events_port_name = events_port_name
+        self.replay_port_name = replay_port_name
         self.kubeconfig = kubeconfig
         self.watch_timeout_s = watch_timeout_s
         self._backoff = Backoff(backoff_initial_s, backoff_max_s)
         self._api: client.DiscoveryV1Api | None = None
         self._slices: dict[str, dict[str, Any]] = {}
         self._resource_version: str | None = None
-        self._emitted: frozenset[str] | None = None
+        self._emitted: frozenset[WorkerEndpoint] | None = None
         self._watch: watch.Watch | None = None
 
-    async def run(self, on_change: Callable[[frozenset[str]], Awaitable[None]]) -> None:
+    async def run(self, on_change: Callable[[frozenset[WorkerEndpoint]], Awaitable[None]]) -> None:
         loop = asyncio.get_running_loop()
-        updates: asyncio.Queue[frozenset[str]] = asyncio.Queue()
+        updates: asyncio.Queue[frozenset[WorkerEndpoint]] = asyncio.Queue()
         stop = threading.Event()
 
-        def emit(urls: frozenset[str]) -> None:
+        def emit(urls: frozenset[WorkerEndpoint]) -> None:
             with contextlib.suppress(RuntimeError):  # the loop closed under us: we are stopping
                 loop.call_soon_threadsafe(updates.put_nowait, urls)
 
@@ -159,7 +185,7 @@ class KubernetesDiscovery:
             )
         return client.DiscoveryV1Api(client.ApiClient(cfg))
 
-    def _sync_loop(self, emit: Callable[[frozenset[str]], None], stop: threading.Event) -> None:
+    def _sync_loop(self, emit: Emit, stop: threading.Event) -> None:
         while not stop.is_set():
             try:
                 if self._api is None:
@@ -197,7 +223,7 @@ class KubernetesDiscovery:
         self._slices = {_slice_id(sl): sl for sl in body.get("items") or ()}
         self._resource_version = str(body["metadata"]["resourceVersion"])
 
-    def _watch_once(self, emit: Callable[[frozenset[str]], None], stop: threading.Event) -> bool:
+    def _watch_once(self, emit: Emit, stop: threading.Event) -> bool:
         """One watch request from the last version seen; True when it delivered any event."""
         assert self._api is not None
         # return_type=object keeps raw dicts: no model conversion, tolerant of new fields.
@@ -232,8 +258,10 @@ class KubernetesDiscovery:
             self._watch = None
         return saw_events
 
-    def _publish(self, emit: Callable[[frozenset[str]], None]) -> None:
-        urls = endpoint_urls(self._slices.values(), self.port_name)
+    def _publish(self, emit: Emit) -> None:
+        urls = worker_endpoints(
+            self._slices.values(), self.port_name, self.events_port_name, self.replay_port_name
+        )
         if urls != self._emitted:
             log.info("Kubernetes discovery: %d ready worker(s)", len(urls))
             self._emitted = urls
