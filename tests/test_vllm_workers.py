@@ -15,13 +15,16 @@ import time
 from collections.abc import Callable
 
 import httpx
+import pytest
 from conftest import free_port
 from test_gateway_subscriber import _count
 from vllm_like import VllmLike, free_port_run, load
 
 from bench.cluster import Proc
+from cachekey.assets import ModelAssets
 from cachekey.events import decode_batch
 from cachekey.keys import block_keys, clamp_match
+from cachekey.render import Renderer
 from cachekey.types import MMItem
 from gateway.config import GatewayConfig
 from gateway.endpoints import parse_worker
@@ -264,8 +267,9 @@ def test_connect_mode_refuses_two_workers_on_one_topic(caplog):
 
 def test_gateway_sends_each_request_to_the_rank_holding_its_prefix(tmp_path, demo_model_dir):
     """The whole gateway process: a prompt cached on rank 1 only is routed to rank 1 with
-    `X-data-parallel-rank: 1` (vLLM's index of that engine); the replica id names the rank."""
-    vllm = VllmLike(DP, model="demo")
+    `X-data-parallel-rank: 1` (vLLM's index of that engine); the replica id names the rank.
+    A chat request without max_tokens gets what is left of vLLM's `max_model_len`."""
+    vllm = VllmLike(DP, model="demo", max_model_len=40)
     port = free_port()
     spec = f"{vllm.url};kv-events={vllm.events_port};kv-replay={vllm.replay_port}"
     args = ["-m", "gateway", "--workers", spec, "--port", str(port)]
@@ -298,6 +302,51 @@ def test_gateway_sends_each_request_to_the_rank_holding_its_prefix(tmp_path, dem
             assert resp.headers["x-kvgate-replica"] == rank1
             assert resp.headers["x-kvgate-predicted-cached-tokens"] == "8"
         assert vllm.rank_headers == ["1", "1"]
+        chat = {"model": "demo", "messages": [{"role": "user", "content": "hi"}]}
+        resp = httpx.post(f"{gw.url}/v1/chat/completions", json=chat, timeout=30)
+        assert resp.status_code == 200, resp.text
+        prompt = Renderer(ModelAssets.from_dir(demo_model_dir)).render_chat(chat["messages"])
+        assert vllm.bodies[-1]["max_tokens"] == 40 - len(prompt)  # not --max-output-tokens
+    finally:
+        gw.kill()
+        vllm.close()
+
+
+@pytest.mark.parametrize("name", ["lookahead", "hybrid_sliding_window"])
+def test_gateway_predicts_what_vllm_hits_from_the_prompt_tokens(name, tmp_path, demo_model_dir):
+    """The request path hands the index the prompt's tokens: a replica whose blocks are hashed
+    with lookahead tokens (EAGLE/MTP), or a hybrid model's sliding-window group, is predicted
+    exactly what vLLM's prefix cache hits (without the tokens: nothing, or too much)."""
+    doc = load(name)
+    vllm = VllmLike({0: doc})
+    port = free_port()
+    spec = f"{vllm.url};kv-events={vllm.events_port};kv-replay={vllm.replay_port}"
+    args = ["-m", "gateway", "--workers", spec, "--port", str(port), "--speculative-ttl", "0"]
+    args += ["--model-dir", str(demo_model_dir), "--poll-interval", "0.2"]
+    gw = Proc("gateway", args, port, tmp_path / "gw.log")
+    gw.start()
+    try:
+        gw.wait_healthy(60)
+
+        def seq() -> int | None:
+            return httpx.get(f"{gw.url}/kvgate/index").json()["replicas"][vllm.url]["seq"]
+
+        deadline = time.monotonic() + 15
+        while not httpx.get(f"{gw.url}/kvgate/index").json()["replicas"][vllm.url]["synced"]:
+            assert time.monotonic() < deadline, gw.log_tail()
+            time.sleep(0.1)
+        vllm.subscribed(0)
+        for i, step in enumerate(doc["steps"]):
+            vllm.publish(0)
+            while seq() != i:
+                assert time.monotonic() < deadline, gw.log_tail()
+                time.sleep(0.05)
+            for probe in step["probes"]:
+                body = {"model": "demo", "prompt": probe["tokens"], "max_tokens": 1}
+                resp = httpx.post(f"{gw.url}/v1/completions", json=body, timeout=30)
+                assert resp.status_code == 200, resp.text
+                got = int(resp.headers["x-kvgate-predicted-cached-tokens"])
+                assert got == probe["vllm_hit_tokens"], (step["note"], probe["tokens"])
     finally:
         gw.kill()
         vllm.close()
