@@ -11,23 +11,37 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING
+from typing import Protocol
 from urllib.parse import urlparse
 
 import httpx
 import zmq.asyncio
 
+from cachekey.documents import WorkerInfo
+from cachekey.keys import HashNamespace
 from gateway.config import GatewayConfig
+from gateway.endpoints import WorkerEndpoint
 from gateway.event_hub import EventHub
-from gateway.index import BlockIndex
+from gateway.index import BlockIndex, ReplicaId
 from gateway.metrics import GatewayMetrics
+from gateway.ranks import RankSlot
 from gateway.subscriber import EventSource, KVEventSubscriber
 from gateway.vllm_compat import INSTANCE
 
-if TYPE_CHECKING:
-    from gateway.replicas import Replica
-
 log = logging.getLogger(__name__)
+
+
+class Replica(Protocol):
+    """What following a replica's events reads and sets (gateway.replicas.Replica)."""
+
+    id: ReplicaId
+    url: str
+    endpoint: WorkerEndpoint | None
+    info: WorkerInfo | None
+    slot: RankSlot | None
+    namespace: HashNamespace | None
+    subscriber: KVEventSubscriber | None
+    sub_task: asyncio.Task | None
 
 
 class EventFollowers:
