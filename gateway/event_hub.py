@@ -59,7 +59,10 @@ class EventHub:
     def bind_rank(self, rank: int) -> None:
         """Bind the port rank `rank`'s publishers connect to (vLLM: PORT + rank)."""
         if rank not in self._bound:
-            self._sub.bind(self.endpoint(rank))
+            try:
+                self._sub.bind(self.endpoint(rank))
+            except zmq.ZMQError as e:
+                raise OSError(f"--kv-events-bind: cannot bind {self.endpoint(rank)}: {e}") from None
             self._bound.add(rank)
             log.info("KV events: central SUB bound at %s", self.endpoint(rank))
 

@@ -90,7 +90,7 @@ class EventFollowers:
         if hub is not None:
             try:
                 inbox = hub.register(kv.topic, slot.rank)
-            except ValueError as e:
+            except (ValueError, OSError) as e:  # a taken topic, or a port we cannot bind
                 log.error("replica %s: %s; its index stays empty", rep.id, e)
                 return
         sub = KVEventSubscriber(
