@@ -56,6 +56,22 @@ class KVEventsEndpoint(msgspec.Struct, frozen=True, kw_only=True):
     port: Port | None = None
     replay_port: Port | None = None
     topic: str = ""
+    # True: both sockets are CURVE servers keyed by the worker token (cachekey.worker_auth).
+    curve: bool = False
+
+
+class LoRAAdapters(msgspec.Struct, frozen=True, kw_only=True):
+    """The LoRA adapters a worker serves: a request whose `model` names one of `adapters` is
+    served there, at once when the adapter is `resident` (in one of its `max_loras` slots)."""
+
+    max_loras: PositiveInt
+    adapters: list[str]
+    resident: list[str] = []
+    max_lora_rank: PositiveInt | None = None
+
+    def has_room(self) -> bool:
+        """A slot is free: loading one more adapter evicts none."""
+        return len(self.resident) < self.max_loras
 
 
 class RankInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -66,6 +82,7 @@ class RankInfo(msgspec.Struct, frozen=True, kw_only=True):
     rank: Annotated[int, msgspec.Meta(ge=0)]  # the global rank, stamped into its event batches
     kv_events: KVEventsEndpoint
     num_blocks: PositiveInt | None = None
+    lora: LoRAAdapters | None = None  # its own slots (None: as WorkerInfo.lora)
 
 
 class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -84,8 +101,9 @@ class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
     max_model_len: PositiveInt | None = None
     num_blocks: PositiveInt | None = None
     has_snapshot: bool = True  # False: no /kv/snapshot (plain vLLM), resync from empty
+    lora: LoRAAdapters | None = None  # None: serves no LoRA adapter
     # Several ranks behind this URL, in the order of their X-data-parallel-rank index; empty:
-    # one engine, described by the fields above (data_parallel_rank, kv_events).
+    # one engine, described by the fields above (data_parallel_rank, kv_events, lora).
     data_parallel_ranks: list[RankInfo] = []
 
     def namespace(self) -> HashNamespace:

@@ -19,6 +19,7 @@ import zmq.asyncio
 
 from cachekey.documents import WorkerInfo
 from cachekey.keys import HashNamespace
+from cachekey.worker_auth import CurveKeys
 from gateway.config import GatewayConfig
 from gateway.endpoints import WorkerEndpoint
 from gateway.event_hub import EventHub
@@ -54,12 +55,14 @@ class EventFollowers:
         metrics: GatewayMetrics,
         http: httpx.AsyncClient,
         zmq_ctx: zmq.asyncio.Context,
+        curve: CurveKeys | None = None,
     ) -> None:
         self.config = config
         self.index = index
         self.metrics = metrics
         self._http = http
         self._zmq = zmq_ctx
+        self._curve = curve  # the worker token's keys, for the ranks whose sockets use CURVE
         self.hub = (
             EventHub(zmq_ctx, config.kv_events_bind, metrics) if config.kv_events_bind else None
         )
@@ -85,6 +88,7 @@ class EventFollowers:
             topic=kv.topic,
             snapshot_url=f"{rep.url}{slot.snapshot_path}" if slot.snapshot_path else None,
             rank=slot.rank,
+            curve=self._curve if kv.curve else None,
         )
         inbox = None
         if hub is not None:

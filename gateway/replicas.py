@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 import httpx
 import zmq.asyncio
 
-from cachekey.documents import DocumentError, WorkerInfo, decode_document
+from cachekey.documents import DocumentError, LoRAAdapters, WorkerInfo, decode_document
 from cachekey.keys import HashNamespace
+from cachekey.worker_auth import CurveKeys, bearer
 from gateway.config import GatewayConfig
 from gateway.endpoints import WorkerEndpoint
 from gateway.index import BlockIndex, ReplicaId
@@ -32,6 +33,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.parity import check_parity
 from gateway.rank_events import EventFollowers
 from gateway.ranks import RankSlot, parse_engine_load, rank_slots
+from gateway.replica_names import replica_name
 from gateway.subscriber import KVEventSubscriber
 from gateway.upstream import UpstreamPool
 from gateway.vllm_compat import vllm_info
@@ -45,6 +47,7 @@ _REWARN_SECONDS = 30.0  # how often an unreachable worker is logged again
 class Replica:
     id: ReplicaId
     url: str
+    name: str = ""  # what clients see (x-kvgate-replica): never the URL (replica_names.py)
     dp_rank: int | None = None  # its global data-parallel rank (None: not data parallel)
     rank_header: int | None = None  # the X-data-parallel-rank a request sends (None: none)
     endpoint: WorkerEndpoint | None = None  # what discovery says about its URL
@@ -64,6 +67,9 @@ class Replica:
     kv_usage: float = 0.0
     in_flight: int = 0
     in_flight_prefill_tokens: int = 0
+    # LoRA adapters it serves (polled), and when the gateway last sent it each one (adapters.py).
+    lora: LoRAAdapters | None = None
+    lora_routed: dict[str, float] = field(default_factory=dict)
     # Uncached prefill tokens routed here, exponentially decayed: spreads new prefix groups
     # over replicas even when nothing is in flight (a sequential trace).
     recent_prefill: float = 0.0
@@ -85,6 +91,10 @@ class Replica:
         """This head and its siblings: every rank behind its URL."""
         return [self, *self.siblings]
 
+    def __post_init__(self) -> None:
+        if not self.name:  # ReplicaSet names its replicas with the worker token as key
+            self.name = replica_name(self.id, None)
+
     def available(self, now: float) -> bool:
         return self.healthy and now >= self.ejected_until
 
@@ -96,14 +106,14 @@ class Replica:
         self.recent_at = now
 
     def describe(self, now: float) -> str:
-        """`url (why it takes no traffic)`, or `url (healthy...)`."""
+        """`name (why it takes no traffic)`, or `name (healthy...)`: for clients, so no URL."""
         if self.available(now):
             state = "healthy" if self.parity_ok else "healthy, parity mismatch: routed by load only"
         elif now < self.ejected_until:
             state = self.down_reason or "ejected"
         else:
             state = self.down_reason or "unhealthy"
-        return f"{self.id} ({state})"
+        return f"{self.name} ({state})"
 
 
 def parse_load(text: str) -> dict[str, float]:
@@ -117,6 +127,12 @@ def _reason(resp: httpx.Response) -> str:
         return str(resp.json()["error"]["message"])
     except (ValueError, KeyError, TypeError):
         return resp.text[:200] or resp.reason_phrase
+
+
+def _refusal(info_r: httpx.Response) -> str:
+    if info_r.status_code == 401:
+        return "/kvgate/info answered 401: the worker does not take this gateway's worker token"
+    return f"/kvgate/info answered {info_r.status_code}"
 
 
 async def _cancel(task: asyncio.Task | None) -> None:
@@ -143,10 +159,12 @@ class ReplicaSet:
         self._http = http
         self._zmq = zmq.asyncio.Context()
         self._ssl = httpx.create_ssl_context()  # built once: loading CA files costs ~0.1 s
+        token = config.worker_token
+        self._curve = CurveKeys.from_token(token) if token else None
         self.replicas: dict[ReplicaId, Replica] = {}
         self._heads: dict[str, Replica] = {}  # URL -> the replica polling it
         self.changed = asyncio.Event()
-        self.events = EventFollowers(config, index, metrics, http, self._zmq)
+        self.events = EventFollowers(config, index, metrics, http, self._zmq, self._curve)
 
     # ---- membership ------------------------------------------------------------------------
 
@@ -162,7 +180,7 @@ class ReplicaSet:
                 head = None
             if head is None:
                 rid = ReplicaId(url)
-                rep = Replica(id=rid, url=url, endpoint=endpoint, pool=self._new_pool(url))
+                rep = self._new_replica(rid, url, endpoint, self._new_pool(url))
                 self.replicas[rid] = self._heads[url] = rep
                 rep.poll_task = asyncio.create_task(self._poll_loop(rep))
                 self.metrics.replica_healthy.labels(rid).set(0)
@@ -204,6 +222,7 @@ class ReplicaSet:
             connect_timeout=c.connect_timeout,
             read_timeout=c.request_timeout,
             ssl_context=self._ssl,
+            authorization=bearer(c.worker_token) if c.worker_token else None,
         )
 
     # ---- views -----------------------------------------------------------------------------
@@ -215,7 +234,13 @@ class ReplicaSet:
     def describe(self, model: str | None = None) -> str:
         """Every replica (of `model`, when given) and its state, for error messages."""
         now = time.monotonic()
-        reps = [r for r in self.replicas.values() if model is None or r.model in (model, None)]
+        reps = [
+            r
+            for r in self.replicas.values()
+            if model is None
+            or r.model in (model, None)
+            or (r.lora is not None and model in r.lora.adapters)
+        ]
         if not reps:
             return "no worker is configured (--workers or --discovery k8s)"
         return "; ".join(r.describe(now) for r in reps)
@@ -247,11 +272,13 @@ class ReplicaSet:
         if info is None and info_r.status_code == 404 and health_r.status_code == 200:
             info = await vllm_info(self._http, rep.url, metrics_r.text, self.config, rep.endpoint)
         if info is None:
-            reason = rep.info_error or f"/kvgate/info answered {info_r.status_code}"
+            reason = rep.info_error or _refusal(info_r)
             await self._mark_down(rep, reason)
             return
         if info.instance_id != rep.instance_id or _layout(info) != _layout(rep.info):
             await self._new_instance(rep, info)
+        for r, lora in zip(rep.ranks, rank_loras(info), strict=False):
+            r.lora = lora  # adapters come and go without a restart
         if metrics_r.status_code == 200:
             self._set_load(rep, parse_engine_load(metrics_r.text))
         for r in rep.ranks:
@@ -341,11 +368,17 @@ class ReplicaSet:
         for rep in reps:
             self.events.start(rep)
 
+    def _new_replica(
+        self, rid: ReplicaId, url: str, endpoint: WorkerEndpoint | None, pool: UpstreamPool | None
+    ) -> Replica:
+        name = replica_name(rid, self.config.worker_token)  # each rank has a name of its own
+        return Replica(id=rid, url=url, name=name, endpoint=endpoint, pool=pool)
+
     def _sibling(self, head: Replica, slot: RankSlot) -> Replica:
         rid = ReplicaId(f"{head.url}#dp{slot.rank}")
         rep = next((r for r in head.siblings if r.id == rid), None)
         if rep is None:
-            rep = Replica(id=rid, url=head.url, endpoint=head.endpoint, pool=head.pool)
+            rep = self._new_replica(rid, head.url, head.endpoint, head.pool)
             rep.healthy, rep.down_reason = head.healthy, head.down_reason
             self.metrics.replica_healthy.labels(rid).set(1 if rep.healthy else 0)
         self.replicas[rid] = rep
@@ -360,4 +393,12 @@ def _layout(info: WorkerInfo | None) -> tuple | None:
     and where each rank publishes (a vLLM worker restarted with other ranks keeps its id)."""
     if info is None:
         return None
-    return (info.block_size, info.kv_events, tuple(info.data_parallel_ranks))
+    ranks = tuple((r.rank, r.kv_events) for r in info.data_parallel_ranks)  # not their LoRA
+    return (info.block_size, info.kv_events, ranks)
+
+
+def rank_loras(info: WorkerInfo) -> list[LoRAAdapters | None]:
+    """Each rank's LoRA adapters, in header order: its own slots where it reports them."""
+    if not info.data_parallel_ranks:
+        return [info.lora]
+    return [r.lora or info.lora for r in info.data_parallel_ranks]

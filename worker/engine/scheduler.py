@@ -4,7 +4,8 @@ Every step gives each running sequence what it still needs (one token for a deco
 of a prompt chunk for a prefill) under a token budget, then admits waiting sequences, oldest
 first. When blocks run out, the most recently admitted running sequence is preempted: its
 blocks are freed, its generated tokens kept, and it is recomputed later (mostly from the
-prefix cache), so its output is unchanged.
+prefix cache), so its output is unchanged. A waiting sequence whose LoRA adapter can get no slot
+(all `max_loras` are in use) is passed over until one frees; the ones behind it go ahead.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from worker.engine.block_manager import BlockManager
+from worker.engine.lora_manager import NO_SLOT, LoRAManager
 from worker.engine.sequence import Sequence, SequenceStatus
 
 
@@ -20,6 +22,7 @@ from worker.engine.sequence import Sequence, SequenceStatus
 class ScheduledSeq:
     seq: Sequence
     num_new_tokens: int
+    lora_slot: int = NO_SLOT  # the LoRA slot its tokens use; NO_SLOT: the base model
 
     @property
     def completes_prompt(self) -> bool:
@@ -36,9 +39,14 @@ class SchedulerCounters:
 
 class Scheduler:
     def __init__(
-        self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        loras: LoRAManager | None = None,
     ) -> None:
         self.block_manager = block_manager
+        self.loras = loras
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
@@ -65,7 +73,7 @@ class Scheduler:
                 preempted = True
                 continue
             self.block_manager.append_slots(seq, n)
-            scheduled.append(ScheduledSeq(seq, n))
+            scheduled.append(ScheduledSeq(seq, n, self._lora_slot(seq)))
             budget -= n
         if not preempted:
             budget = self._admit(scheduled, budget)
@@ -82,8 +90,12 @@ class Scheduler:
 
     def _admit(self, scheduled: list[ScheduledSeq], budget: int) -> int:
         bm = self.block_manager
+        passed: list[Sequence] = []  # waiting for a LoRA slot; they keep their places
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            if not self._lora_ready(seq):
+                passed.append(self.waiting.popleft())
+                continue
             hits = bm.find_cached_prefix(seq)
             num_hit_tokens = len(hits) * bm.block_size
             n = min(seq.num_tokens - num_hit_tokens, budget)
@@ -97,12 +109,26 @@ class Scheduler:
                 self.counters.prefix_hits_tokens += num_hit_tokens
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            scheduled.append(ScheduledSeq(seq, n))
+            if self.loras is not None and seq.lora_name is not None:
+                self.loras.acquire(seq.request_id)
+            scheduled.append(ScheduledSeq(seq, n, self._lora_slot(seq)))
             budget -= n
+        self.waiting.extendleft(reversed(passed))
         return budget
+
+    def _lora_ready(self, seq: Sequence) -> bool:
+        if self.loras is None or seq.lora_name is None:
+            return True
+        return self.loras.can_acquire(seq.request_id)
+
+    def _lora_slot(self, seq: Sequence) -> int:
+        if self.loras is None or seq.lora_name is None:
+            return NO_SLOT
+        return self.loras.slot_index(seq.request_id)
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
+        self._release_lora(seq)
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
@@ -118,8 +144,13 @@ class Scheduler:
     def finish(self, seq: Sequence, reason: str) -> None:
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
+            self._release_lora(seq)
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
         self.block_manager.free(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
+
+    def _release_lora(self, seq: Sequence) -> None:
+        if self.loras is not None and seq.lora_name is not None:
+            self.loras.release(seq.request_id)

@@ -9,11 +9,13 @@ request goes to, `all_ranks`); nothing here imports a router or the app module.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import msgspec
 from fastapi import Request
 from starlette.datastructures import State
 
@@ -21,11 +23,13 @@ from cachekey.documents import (
     AssetFiles,
     FingerprintParts,
     KVEventsEndpoint,
+    LoRAAdapters,
     RankInfo,
     WorkerInfo,
 )
 from cachekey.events import topic
 from worker.engine.llm_engine import LLMEngine
+from worker.engine.outputs import LoRAStats
 from worker.server.config import ServerConfig
 from worker.server.engine_client import AsyncEngine
 from worker.server.faults import DroppingKVEventPublisher, FaultInjector
@@ -39,6 +43,7 @@ from worker.server.metrics import WorkerMetrics
 from worker.server.serving import ServingContext, rank_index
 from worker.server.serving_chat import ServingChat
 from worker.server.serving_completion import ServingCompletion
+from worker.server.serving_embedding import ServingEmbedding
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +57,7 @@ class WorkerState:
     metrics: WorkerMetrics
     chat: ServingChat
     completion: ServingCompletion
+    embedding: ServingEmbedding
     assets: AssetFiles
     max_num_seqs: int
     created: int  # the model card's `created`
@@ -111,8 +117,14 @@ def init_app_state(
     states = []
     for i, (engine, ae, pub) in enumerate(zip(engines, async_engines, publishers, strict=True)):
         ctx = ServingContext(
-            ae, engine.renderer, model_name, engine.max_model_len, metrics.engines[i]
+            ae,
+            engine.renderer,
+            model_name,
+            engine.max_model_len,
+            metrics.engines[i],
+            hidden_layers=engine.runner.hidden.row_layers,
         )
+        model_config = json.loads(engine.assets.files.get("config.json", b"{}"))
         states.append(
             WorkerState(
                 config=config,
@@ -122,6 +134,7 @@ def init_app_state(
                 metrics=metrics,
                 chat=ServingChat(ctx),
                 completion=ServingCompletion(ctx),
+                embedding=ServingEmbedding(ctx, model_config),
                 assets=AssetFiles(dict(engine.assets.files)),
                 max_num_seqs=engine.config.max_num_seqs,
                 created=int(time.time()),
@@ -176,6 +189,30 @@ def worker_info(
     )
 
 
+def current_info(ranks: Sequence[WorkerState]) -> WorkerInfo:
+    """The worker's info with its LoRA adapters as each engine thread last recorded them:
+    the first engine's at the top, and each rank's own (its resident slots) in its RankInfo."""
+    info = ranks[0].info
+    loras = [r.engine.stats().lora for r in ranks]
+    if loras[0] is None:
+        return info
+    replace = msgspec.structs.replace
+    per_rank = [
+        replace(ri, lora=lora_adapters(lora) if lora is not None else None)
+        for ri, lora in zip(info.data_parallel_ranks, loras, strict=False)
+    ]
+    return replace(info, lora=lora_adapters(loras[0]), data_parallel_ranks=per_rank)
+
+
+def lora_adapters(lora: LoRAStats) -> LoRAAdapters:
+    return LoRAAdapters(
+        max_loras=lora.max_loras,
+        adapters=[name for name, _ in lora.adapters],
+        resident=list(lora.resident),
+        max_lora_rank=lora.max_lora_rank,
+    )
+
+
 def _endpoint(config: ServerConfig, kv_topic: str, i: int) -> KVEventsEndpoint:
     """Engine i's events endpoint: the configured ports + i (vLLM offsets by the rank)."""
     events = config.events_enabled
@@ -185,6 +222,7 @@ def _endpoint(config: ServerConfig, kv_topic: str, i: int) -> KVEventsEndpoint:
         port=config.kv_events_port + i if events else None,
         replay_port=replay + i if events and replay else None,
         topic=kv_topic,
+        curve=events and config.worker_token is not None,
     )
 
 
@@ -199,6 +237,7 @@ def _publisher(config: ServerConfig, kv_topic: str, i: int, rank: int | None) ->
         topic=kv_topic,
         buffer_size=config.kv_events_buffer,
         data_parallel_rank=rank,
+        curve=config.curve_keys,
     )
     if config.enable_fault_injection:
         return DroppingKVEventPublisher(publisher_config)

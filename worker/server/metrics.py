@@ -6,6 +6,7 @@ engine thread last recorded, at scrape time; request latencies are observed by t
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from worker.engine.llm_engine import EngineStats
+from worker.engine.outputs import LoRAStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -116,12 +118,53 @@ class _EngineCollector(Collector):
         yield counter(
             "kvgate_worker_vision_tower_runs", "Vision-tower forward passes.", "vision_tower_runs"
         )
+        yield gauge(
+            "kvgate_worker_hidden_state_cache_bytes",
+            "Memory of the hidden-state cache (0 without --hidden-state-cache).",
+            "hidden_cache_bytes",
+        )
+        yield counter(
+            "kvgate_worker_hidden_state_queries",
+            "Prompt tokens of requests that wanted hidden states (embeddings, "
+            "return_hidden_states).",
+            "hidden_queries_tokens",
+        )
+        yield counter(
+            "kvgate_worker_hidden_state_hits",
+            "Of those, prompt tokens served from the prefix cache (not recomputed).",
+            "hidden_hits_tokens",
+        )
         info = GaugeMetricFamily(
             "vllm:cache_config_info", "KV-cache configuration.", labels=[*self._info, "engine"]
         )
         for engine, _ in self._engines:
             info.add_metric([*self._info.values(), engine], 1.0)
         yield info
+        loras = [(values, s.lora) for values, s in stats if s.lora is not None]
+        if loras:
+            yield from _lora_metrics(loras)
+
+
+def _lora_metrics(loras: list[tuple[list[str], LoRAStats]]) -> Iterator:
+    """vLLM's vllm:lora_requests_info: the adapters with running and with waiting requests,
+    comma-separated, and max_lora, on a sample whose value is the time it was taken; one per
+    engine (each has its own slots)."""
+    labels = ["max_lora", "running_lora_adapters", "waiting_lora_adapters", "engine"]
+    info = GaugeMetricFamily(
+        "vllm:lora_requests_info", "Running stats on lora requests.", labels=labels
+    )
+    loads = CounterMetricFamily(
+        "kvgate_worker_lora_loads",
+        "LoRA adapters copied into a device slot.",
+        labels=["model_name", "engine"],
+    )
+    now = time.time()
+    for (model, engine), lora in loras:
+        running, waiting = ",".join(lora.running), ",".join(lora.waiting)
+        info.add_metric([str(lora.max_loras), running, waiting, engine], now)
+        loads.add_metric([model, engine], lora.loads)
+    yield info
+    yield loads
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,6 +58,14 @@ data-parallel pod offsets both ports by r. */}}
   value: /var/cache/kvgate/huggingface
 - name: VLLM_CACHE_ROOT
   value: /var/cache/kvgate/vllm
+{{- if .Values.workerAuth.enabled }}
+# vLLM's --api-key: the worker token every gateway sends as its bearer (vLLM checks /v1/* only).
+- name: VLLM_API_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "kvgate.workerTokenSecret" . }}
+      key: {{ .Values.workerAuth.secretKey }}
+{{- end }}
 {{- end }}
 
 {{- define "kvgate.vllm.check" -}}
