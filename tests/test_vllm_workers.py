@@ -30,6 +30,7 @@ from gateway.config import GatewayConfig
 from gateway.endpoints import parse_worker
 from gateway.index import BlockIndex, ReplicaId
 from gateway.metrics import GatewayMetrics
+from gateway.replica_names import replica_name
 from gateway.replicas import Replica, ReplicaSet
 
 DP = {r: load(f"data_parallel/rank{r}") for r in (0, 1)}
@@ -299,7 +300,7 @@ def test_gateway_sends_each_request_to_the_rank_holding_its_prefix(tmp_path, dem
             body = {"model": "demo", "prompt": tokens, "max_tokens": 1}
             resp = httpx.post(f"{gw.url}/v1/completions", json=body, timeout=30)
             assert resp.status_code == 200, resp.text
-            assert resp.headers["x-kvgate-replica"] == rank1
+            assert resp.headers["x-kvgate-replica"] == replica_name(rank1, None)
             assert resp.headers["x-kvgate-predicted-cached-tokens"] == "8"
         assert vllm.rank_headers == ["1", "1"]
         chat = {"model": "demo", "messages": [{"role": "user", "content": "hi"}]}

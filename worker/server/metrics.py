@@ -147,11 +147,15 @@ class _EngineCollector(Collector):
 
 def _lora_metrics(loras: list[tuple[list[str], LoRAStats]]) -> Iterator:
     """vLLM's vllm:lora_requests_info: the adapters with running and with waiting requests,
-    comma-separated, and max_lora, on a sample whose value is the time it was taken; one per
-    engine (each has its own slots)."""
-    labels = ["max_lora", "running_lora_adapters", "waiting_lora_adapters", "engine"]
+    comma-separated, and max_lora, on a sample whose value is the time it was taken. Several
+    engines (each with its own slots) give one sample each, told apart by an `engine` label;
+    one engine gives vLLM's label set exactly."""
+    labels = ["max_lora", "running_lora_adapters", "waiting_lora_adapters"]
+    many = len(loras) > 1
     info = GaugeMetricFamily(
-        "vllm:lora_requests_info", "Running stats on lora requests.", labels=labels
+        "vllm:lora_requests_info",
+        "Running stats on lora requests.",
+        labels=[*labels, "engine"] if many else labels,
     )
     loads = CounterMetricFamily(
         "kvgate_worker_lora_loads",
@@ -161,7 +165,8 @@ def _lora_metrics(loras: list[tuple[list[str], LoRAStats]]) -> Iterator:
     now = time.time()
     for (model, engine), lora in loras:
         running, waiting = ",".join(lora.running), ",".join(lora.waiting)
-        info.add_metric([str(lora.max_loras), running, waiting, engine], now)
+        values = [str(lora.max_loras), running, waiting]
+        info.add_metric([*values, engine] if many else values, now)
         loads.add_metric([model, engine], lora.loads)
     yield info
     yield loads
