@@ -290,6 +290,9 @@ def test_vllm_values(chart: Any, dp: int) -> None:
     env = {e["name"]: e for e in wc["env"]}
     assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     assert "PYTHONHASHSEED" not in env  # the gateway re-keys blocks itself (docs/kubernetes.md)
+    # vLLM's API key is the worker token the gateways send (workerAuth is on by default).
+    token_ref = env["VLLM_API_KEY"]["valueFrom"]["secretKeyRef"]
+    assert token_ref == {"name": "kvgate-worker-token", "key": "token"}
     assert wc["securityContext"]["readOnlyRootFilesystem"] is True
 
     gateway = one(docs, "Deployment", "gateway")
@@ -325,6 +328,24 @@ def test_vllm_values(chart: Any, dp: int) -> None:
     else:
         assert {"port": 5557, "endPort": 5558, "protocol": "TCP"} in policy
         assert {"port": 5657, "endPort": 5658, "protocol": "TCP"} in policy
+
+
+def test_vllm_values_with_the_endpoint_picker(chart: Any) -> None:
+    """The EPP discovers vLLM pods from an InferencePool, which names no events ports: it gets
+    them, the tokenizer volume and the topic from the same flags as the HTTP gateway."""
+    values = load_values("values-vllm.yaml")
+    values["epp"] = {"enabled": True}
+    values["workerAuth"] = {"enabled": False}
+    docs = render(chart, values)  # (the EPP's manifests are validated in test_k8s_epp_chart.py)
+    for component in ("gateway", "epp"):
+        c = container(one(docs, "Deployment", component))
+        assert vllm_flag(c["args"], "--model-dir") == "/models/Qwen2.5-7B-Instruct"
+        assert vllm_flag(c["args"], "--vllm-kv-events-port") == "5557"
+        assert vllm_flag(c["args"], "--vllm-kv-events-replay-port") == "5657"
+        assert vllm_flag(c["args"], "--vllm-kv-events-topic") == "kv@{pod}@{model}"
+        assert {m["name"] for m in c["volumeMounts"]} >= {"models"}
+    wc = container(one(docs, "StatefulSet", "worker"))
+    assert "VLLM_API_KEY" not in {e["name"] for e in wc["env"]}
 
 
 @pytest.mark.parametrize(
