@@ -220,9 +220,10 @@ class KVEventSubscriber:
             )
 
     async def _apply(self, seq: int, payload: bytes) -> None:
-        self.next_seq = seq + 1
         loop = asyncio.get_running_loop()
         errors, applied = await loop.run_in_executor(_INGEST, self._ingest, seq, payload)
+        # Only now: whoever reads last_seq (/kvgate/index, tests) finds the batch in the index.
+        self.next_seq = seq + 1
         self._metrics.events_applied.labels(self.replica).inc(applied)
         for reason in errors:
             self._count_error(reason, seq)
