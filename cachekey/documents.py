@@ -74,6 +74,17 @@ class LoRAAdapters(msgspec.Struct, frozen=True, kw_only=True):
         return len(self.resident) < self.max_loras
 
 
+class RankInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """One data-parallel rank of a worker that serves several behind one URL (as vLLM's
+    `--data-parallel-size` does). Requests name it with `X-data-parallel-rank: <index in
+    WorkerInfo.data_parallel_ranks>`; its snapshot is `/kv/snapshot?rank=<rank>`."""
+
+    rank: Annotated[int, msgspec.Meta(ge=0)]  # the global rank, stamped into its event batches
+    kv_events: KVEventsEndpoint
+    num_blocks: PositiveInt | None = None
+    lora: LoRAAdapters | None = None  # its own slots (None: as WorkerInfo.lora)
+
+
 class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
     """`GET /kvgate/info`: how a worker keys blocks, who it is, and where its events are."""
 
@@ -91,6 +102,9 @@ class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
     num_blocks: PositiveInt | None = None
     has_snapshot: bool = True  # False: no /kv/snapshot (plain vLLM), resync from empty
     lora: LoRAAdapters | None = None  # None: serves no LoRA adapter
+    # Several ranks behind this URL, in the order of their X-data-parallel-rank index; empty:
+    # one engine, described by the fields above (data_parallel_rank, kv_events, lora).
+    data_parallel_ranks: list[RankInfo] = []
 
     def namespace(self) -> HashNamespace:
         return HashNamespace(self.model, self.block_size, self.hash_seed)

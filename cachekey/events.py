@@ -113,6 +113,27 @@ def encode_batch(events: Iterable[KVEvent], dp_rank: int | None = None) -> bytes
     )
 
 
+class _BatchHead(msgspec.Struct, array_like=True):
+    ts: msgspec.Raw
+    events: msgspec.Raw
+    data_parallel_rank: int | None = None
+
+
+_head = msgspec.msgpack.Decoder(_BatchHead)
+
+
+def peek_rank(payload: bytes) -> int | None:
+    """The data-parallel rank a batch names, without decoding its events (None: none, or not
+    readable; `decode_batch` then says what is wrong)."""
+    try:
+        return _head.decode(payload).data_parallel_rank
+    except msgspec.DecodeError:
+        try:
+            return decode_batch(payload).data_parallel_rank
+        except DecodeError:
+            return None
+
+
 def decode_batch(payload: bytes) -> DecodedBatch:
     """Decode one batch in any known encoding; raise DecodeError only if no event is readable."""
     try:

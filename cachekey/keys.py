@@ -7,6 +7,7 @@ so every gateway and worker that share a namespace compute identical keys.
 
 from __future__ import annotations
 
+import functools
 import struct
 import sys
 from array import array
@@ -44,6 +45,7 @@ class HashNamespace:
         return root_key(self)
 
 
+@functools.lru_cache(maxsize=256)  # one per namespace: every parentless event asks for it
 def root_key(ns: HashNamespace) -> BlockKey:
     payload = b"kvgate-root\x00" + _encode_str(ns.model) + _encode_str(ns.seed)
     payload += struct.pack("<I", ns.block_size)
@@ -102,11 +104,17 @@ def chain_keys(
     step = 4 * block_size
     digest = xxhash.xxh3_128_digest
     keys: list[BlockKey] = []
+    append = keys.append
+    if extra_keys is None:  # the common case, kept tight: one digest per block
+        for i in range(0, len(packed_tokens) - step + 1, step):
+            parent = digest(parent + packed_tokens[i : i + step] + _NO_EXTRA)
+            append(parent)
+        return keys
     for i in range(len(packed_tokens) // step):
-        extra = extra_keys[i] if extra_keys is not None else None
+        extra = extra_keys[i]
         tail = encode_extra_keys(extra) if extra else _NO_EXTRA
         parent = digest(parent + packed_tokens[i * step : (i + 1) * step] + tail)
-        keys.append(parent)
+        append(parent)
     return keys
 
 

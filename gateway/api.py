@@ -45,8 +45,9 @@ def attach_routes(app: FastAPI) -> None:
         reps = st.replicas.available()
         if not reps:
             return _no_worker(st)
+        urls = dict.fromkeys(r.url for r in reps)  # one request per worker, not per rank
         results = await asyncio.gather(
-            *(st.http.get(f"{r.url}/v1/models", timeout=st.config.connect_timeout) for r in reps),
+            *(st.http.get(f"{u}/v1/models", timeout=st.config.connect_timeout) for u in urls),
             return_exceptions=True,
         )
         seen: dict[str, dict] = {}

@@ -16,6 +16,7 @@ from gateway.api import attach_routes
 from gateway.config import GatewayConfig
 from gateway.discovery import Discovery
 from gateway.discovery.static import StaticDiscovery
+from gateway.endpoints import WorkerEndpoint
 from gateway.serving import OpenAIServing
 from gateway.state import GatewayState
 
@@ -66,6 +67,8 @@ def build_discovery(config: GatewayConfig) -> Discovery:
             config.k8s_selector,
             config.k8s_port_name,
             service=config.k8s_service,
+            events_port_name=config.k8s_kv_events_port_name,
+            replay_port_name=config.k8s_kv_replay_port_name,
         )
     return StaticDiscovery(config.workers)
 
@@ -89,8 +92,8 @@ def create_app(config: GatewayConfig, discovery: Discovery | None = None) -> Fas
             epp = EppServer(state, config.host, config.epp_port)
             await epp.start()
 
-        async def on_change(urls: frozenset[str]) -> None:
-            await state.replicas.set_urls(urls)
+        async def on_change(workers: frozenset[WorkerEndpoint]) -> None:
+            await state.replicas.set_workers(workers)
             if epp is not None:
                 await epp.mark_synced()
 

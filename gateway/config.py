@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from cachekey.flags import LOG_LEVELS, flag_group, format_size, option, parse_size
 from cachekey.worker_auth import resolve_token
+from gateway.endpoints import check_topic, parse_bind, parse_worker
 from gateway.image_fetch import AllowList
 from gateway.limits import RequestLimits
 
@@ -53,7 +54,11 @@ class CostWeights:
 @dataclass(slots=True)
 class GatewayConfig:
     workers: tuple[str, ...] = option(
-        (), "static worker base URLs, comma-separated or repeated", metavar="URL[,URL]"
+        (),
+        "static worker base URLs, comma-separated or repeated; a plain vLLM worker may add "
+        "its events endpoints: URL;kv-events=[HOST:]PORT;kv-replay=[HOST:]PORT;kv-topic=T "
+        "(docs/gateway.md)",
+        metavar="URL[,URL]",
     )
     discovery: str = option(
         "static",
@@ -72,6 +77,16 @@ class GatewayConfig:
     )
     k8s_service: str | None = option(None, "worker Service name (k8s discovery)")
     k8s_port_name: str = option("http", "name of the workers' HTTP port (k8s discovery)")
+    k8s_kv_events_port_name: str = option(
+        "kv-events",
+        "name of a plain vLLM worker's KV-events port (k8s discovery); absent: "
+        "--vllm-kv-events-port",
+    )
+    k8s_kv_replay_port_name: str = option(
+        "kv-replay",
+        "name of a plain vLLM worker's KV-events replay port (k8s discovery); absent: "
+        "--vllm-kv-events-replay-port",
+    )
     host: str = option("127.0.0.1", "listen address")
     port: int = option(8080, "listen port")
     admin_port: int | None = option(
@@ -188,12 +203,21 @@ class GatewayConfig:
         None, "KV-events replay port of plain vLLM workers"
     )
     vllm_kv_events_topic: str = option(
-        "", "KV-events topic of plain vLLM workers", default_text="every topic"
+        "",
+        "KV-events topic of plain vLLM workers; may name {host}, {port}, {pod}, {model}",
+        default_text="every topic",
+    )
+    kv_events_bind: str | None = option(
+        None,
+        "connect mode: bind one SUB here (tcp://*:PORT) that plain vLLM workers' publishers "
+        "connect to; rank r's on PORT + r. Each worker needs its own topic, and a "
+        "replay port for what the SUB misses (docs/gateway.md)",
+        metavar="ENDPOINT",
     )
     log_level: str = option("info", "log level", choices=LOG_LEVELS)
 
     def __post_init__(self) -> None:
-        self.workers = tuple(w.rstrip("/") for w in self.workers if w.strip())
+        self.workers = tuple(w.strip().rstrip("/") for w in self.workers if w.strip())
         if self.policy not in POLICY_NAMES:
             raise ValueError(f"unknown policy {self.policy!r}; choose from {POLICY_NAMES}")
         if self.discovery not in DISCOVERY_NAMES:
@@ -205,9 +229,13 @@ class GatewayConfig:
         if self.discovery == "inferencepool" and not self.inference_pool:
             raise ValueError("inferencepool discovery needs --inference-pool")
         if self.discovery == "static":
-            for w in self.workers:
-                if not w.startswith(("http://", "https://")):
-                    raise ValueError(f"worker URL must start with http:// or https://: {w!r}")
+            urls = [parse_worker(w).url for w in self.workers]  # raises on a malformed one
+            twice = sorted({u for u in urls if urls.count(u) > 1})
+            if twice:
+                raise ValueError(f"worker listed twice: {', '.join(twice)}")
+        check_topic(self.vllm_kv_events_topic)
+        if self.kv_events_bind is not None:
+            parse_bind(self.kv_events_bind)  # raises on anything but tcp://HOST:PORT
         if not 0 < self.port < 65536:
             raise ValueError(f"port out of range: {self.port}")
         if self.admin_port is not None:

@@ -155,22 +155,28 @@ class BlockIndex:
             rep.lookahead = len(ev.lookahead_token_ids[0]) if ev.lookahead_token_ids else 0
         bit = group.bit
         reannounce = ev.parent_block_hash is None and rep.id in self._reannouncing
-        held, engine, spec = self._held, rep.engine, self._spec
-        for j, (engine_hash, key) in enumerate(zip(ev.block_hashes, keys, strict=True)):
-            hkey = key if held_as is None else held_as[j]
+        held, engine, spec, extra = self._held, rep.engine, self._spec, self._extra
+        hkeys = keys if held_as is None else held_as
+        values = keys if held_as is None else list(zip(keys, held_as, strict=True))
+        hashes = ev.block_hashes
+        if hashes and type(hashes[0]) is bytes:  # a kvgate worker: its hashes are our keys
+            hashes = [k if h == k else h for h, k in zip(hashes, keys, strict=True)]
+        new = dup = 0
+        for engine_hash, hkey, value in zip(hashes, hkeys, values, strict=True):
             mask = held.pop(hkey, 0)  # pop + insert: the key becomes the newest
             if not mask & bit:
-                mask |= bit
-                group.blocks += 1
-                self._copies += 1
-            elif not reannounce:
-                self._extra[(hkey, bit)] = self._extra.get((hkey, bit), 0) + 1
-                self._copies += 1
-            held[hkey] = mask
-            value = key if held_as is None else (key, hkey)
-            engine[key if engine_hash == key else engine_hash] = value
+                held[hkey] = mask | bit
+                new += 1
+            else:
+                held[hkey] = mask
+                if not reannounce:
+                    extra[(hkey, bit)] = extra.get((hkey, bit), 0) + 1
+                    dup += 1
+            engine[engine_hash] = value
             if spec and hkey in spec:
                 self._clear_spec(hkey, rep.home_bit)  # the real event replaces the guess
+        group.blocks += new
+        self._copies += new + dup
         if len(engine) > 2 * rep.blocks() + 1024:
             rep.sweep_engine(held)
 

@@ -1,12 +1,15 @@
 """Replicas: the workers behind the gateway, their health and load view.
 
-A replica is one worker base URL (plus its data-parallel rank from /kvgate/info). Each replica
-has one poller task reading /kvgate/info, /health and /metrics every `poll_interval`: the info
-gives the instance id (a change means a restarted worker: its index entries are dropped and a
-new event subscriber reloads them), /metrics gives the queue and KV usage. The gateway's own
-in-flight count (`Replica.in_flight`, the one counter admission, policies and metrics read) is
-kept by admission on the request path. A replica that is not available says why
-(`down_reason`); the gateway logs it, and names it in its 503s.
+A replica is one data-parallel rank of one worker base URL (gateway/ranks.py): a worker serving
+one rank is one replica whose id is its URL; one serving several is one replica per rank, the
+first keeping the URL as its id and rank r being `URL#dp<r>`. Each URL has one poller task (on
+its first replica, the "head") reading /kvgate/info, /health and /metrics every `poll_interval`:
+the info gives the instance id and the ranks (a change means a restarted worker: its index
+entries are dropped and new event subscribers, one per rank, reload them), /metrics gives each
+rank's queue and KV usage (vLLM's `engine` label). The gateway's own in-flight count
+(`Replica.in_flight`, the one counter admission, policies and metrics read) is kept by admission
+on the request path. A replica that is not available says why (`down_reason`); the gateway logs
+it, and names it in its 503s.
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
-from urllib.parse import urlparse
 
 import httpx
 import zmq.asyncio
@@ -25,11 +27,14 @@ from cachekey.documents import DocumentError, LoRAAdapters, WorkerInfo, decode_d
 from cachekey.keys import HashNamespace
 from cachekey.worker_auth import CurveKeys, bearer
 from gateway.config import GatewayConfig
+from gateway.endpoints import WorkerEndpoint
 from gateway.index import BlockIndex, ReplicaId
 from gateway.metrics import GatewayMetrics
 from gateway.parity import check_parity
+from gateway.rank_events import EventFollowers
+from gateway.ranks import RankSlot, parse_engine_load, rank_slots
 from gateway.replica_names import replica_name
-from gateway.subscriber import EventSource, KVEventSubscriber
+from gateway.subscriber import KVEventSubscriber
 from gateway.upstream import UpstreamPool
 from gateway.vllm_compat import vllm_info
 
@@ -37,19 +42,15 @@ log = logging.getLogger(__name__)
 
 _REWARN_SECONDS = 30.0  # how often an unreachable worker is logged again
 
-_LOAD_GAUGES = {
-    "vllm:num_requests_waiting": "waiting",
-    "vllm:num_requests_running": "running",
-    "vllm:kv_cache_usage_perc": "kv_usage",
-}
-
 
 @dataclass(slots=True)
 class Replica:
     id: ReplicaId
     url: str
     name: str = ""  # what clients see (x-kvgate-replica): never the URL (replica_names.py)
-    dp_rank: int | None = None
+    dp_rank: int | None = None  # its global data-parallel rank (None: not data parallel)
+    rank_header: int | None = None  # the X-data-parallel-rank a request sends (None: none)
+    endpoint: WorkerEndpoint | None = None  # what discovery says about its URL
     instance_id: str | None = None
     model: str | None = None
     fingerprint: str | None = None
@@ -81,6 +82,14 @@ class Replica:
     subscriber: KVEventSubscriber | None = field(default=None, repr=False)
     poll_task: asyncio.Task | None = field(default=None, repr=False)
     sub_task: asyncio.Task | None = field(default=None, repr=False)
+    # On the head replica of a URL: its other ranks (polled with it, sharing its pool).
+    siblings: list[Replica] = field(default_factory=list, repr=False)
+    slot: RankSlot | None = field(default=None, repr=False)
+
+    @property
+    def ranks(self) -> list[Replica]:
+        """This head and its siblings: every rank behind its URL."""
+        return [self, *self.siblings]
 
     def __post_init__(self) -> None:
         if not self.name:  # ReplicaSet names its replicas with the worker token as key
@@ -109,16 +118,7 @@ class Replica:
 
 def parse_load(text: str) -> dict[str, float]:
     """The three load gauges from a vLLM-style /metrics page (summed over label sets)."""
-    out = dict.fromkeys(_LOAD_GAUGES.values(), 0.0)
-    for line in text.splitlines():
-        if not line.startswith("vllm:"):
-            continue
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        attr = _LOAD_GAUGES.get(name)
-        if attr is not None:
-            with contextlib.suppress(ValueError):
-                out[attr] += float(line.rsplit(" ", 1)[1])
-    return out
+    return parse_engine_load(text)[None]
 
 
 def _reason(resp: httpx.Response) -> str:
@@ -162,36 +162,57 @@ class ReplicaSet:
         token = config.worker_token
         self._curve = CurveKeys.from_token(token) if token else None
         self.replicas: dict[ReplicaId, Replica] = {}
+        self._heads: dict[str, Replica] = {}  # URL -> the replica polling it
         self.changed = asyncio.Event()
+        self.events = EventFollowers(config, index, metrics, http, self._zmq, self._curve)
 
     # ---- membership ------------------------------------------------------------------------
 
-    async def set_urls(self, urls: frozenset[str]) -> None:
-        """Discovery callback: the full current set of worker base URLs."""
-        wanted = {ReplicaId(u.rstrip("/")): u.rstrip("/") for u in urls}
-        for rid in [r for r in self.replicas if r not in wanted]:
-            await self._remove(rid)
-        for rid, url in wanted.items():
-            if rid not in self.replicas:
-                name = replica_name(rid, self.config.worker_token)
-                rep = self.replicas[rid] = Replica(rid, url, name, pool=self._new_pool(url))
+    async def set_workers(self, workers: frozenset[WorkerEndpoint]) -> None:
+        """Discovery callback: the full current set of workers."""
+        wanted = {w.url.rstrip("/"): w for w in workers}
+        for url in [u for u in self._heads if u not in wanted]:
+            await self._remove(self._heads[url])
+        for url, endpoint in wanted.items():
+            head = self._heads.get(url)
+            if head is not None and head.endpoint != endpoint:
+                await self._remove(head)  # its events endpoints moved: start over
+                head = None
+            if head is None:
+                rid = ReplicaId(url)
+                rep = self._new_replica(rid, url, endpoint, self._new_pool(url))
+                self.replicas[rid] = self._heads[url] = rep
                 rep.poll_task = asyncio.create_task(self._poll_loop(rep))
                 self.metrics.replica_healthy.labels(rid).set(0)
 
-    async def _remove(self, rid: ReplicaId) -> None:
-        rep = self.replicas.pop(rid)
+    async def set_urls(self, urls: frozenset[str]) -> None:
+        """`set_workers` for plain base URLs."""
+        await self.set_workers(frozenset(WorkerEndpoint(u.rstrip("/")) for u in urls))
+
+    async def _remove(self, head: Replica) -> None:
+        if self._heads.get(head.url) is head:
+            del self._heads[head.url]
+        await _cancel(head.poll_task)
+        for rep in head.ranks:
+            await self._forget(rep)
+        if head.pool is not None:
+            await head.pool.close()
+
+    async def _forget(self, rep: Replica) -> None:
+        """Take one replica out: its subscriber, index entries and metrics."""
+        if self.replicas.get(rep.id) is rep:
+            del self.replicas[rep.id]
         await self._stop_subscriber(rep)
-        await _cancel(rep.poll_task)
-        if rep.pool is not None:
-            await rep.pool.close()
-        self.index.drop_replica(rid)
+        self.index.drop_replica(rep.id)
         for g in (self.metrics.replica_healthy, self.metrics.parity_mismatch):
             with contextlib.suppress(KeyError):
-                g.remove(rid)
+                g.remove(rep.id)
 
     async def close(self) -> None:
-        for rid in list(self.replicas):
-            await self._remove(rid)
+        siblings = {id(s) for r in self.replicas.values() for s in r.siblings}
+        for head in [r for r in self.replicas.values() if id(r) not in siblings]:
+            await self._remove(head)
+        await self.events.close()
         self._zmq.destroy(linger=0)
 
     def _new_pool(self, url: str) -> UpstreamPool:
@@ -249,18 +270,27 @@ class ReplicaSet:
             return
         info = self._read_info(rep, info_r)
         if info is None and info_r.status_code == 404 and health_r.status_code == 200:
-            info = await vllm_info(self._http, rep.url, metrics_r.text, self.config)
+            info = await vllm_info(self._http, rep.url, metrics_r.text, self.config, rep.endpoint)
         if info is None:
             reason = rep.info_error or _refusal(info_r)
             await self._mark_down(rep, reason)
             return
-        if info.instance_id != rep.instance_id:
+        if info.instance_id != rep.instance_id or _layout(info) != _layout(rep.info):
             await self._new_instance(rep, info)
-        rep.lora = info.lora  # adapters come and go without a restart
+        for r, lora in zip(rep.ranks, rank_loras(info), strict=False):
+            r.lora = lora  # adapters come and go without a restart
         if metrics_r.status_code == 200:
-            for attr, value in parse_load(metrics_r.text).items():
+            self._set_load(rep, parse_engine_load(metrics_r.text))
+        for r in rep.ranks:
+            self._set_health(r, health_r)
+
+    def _set_load(self, head: Replica, loads: dict[str | None, dict[str, float]]) -> None:
+        """Each rank's gauges (its `engine` label); one rank alone takes the sum if unlabelled."""
+        for rep in head.ranks:
+            engine = rep.slot.engine if rep.slot is not None else None
+            load = loads.get(engine) or (loads[None] if not head.siblings else None)
+            for attr, value in (load or {}).items():
                 setattr(rep, attr, value)
-        self._set_health(rep, health_r)
 
     def _set_health(self, rep: Replica, health_r: httpx.Response) -> None:
         ejected = time.monotonic() < rep.ejected_until
@@ -293,19 +323,20 @@ class ReplicaSet:
         rep.info_error = None
         return info
 
-    async def _mark_down(self, rep: Replica, reason: str) -> None:
-        was_up = rep.healthy or rep.instance_id is not None
-        rep.down_reason = reason
-        if was_up:
-            log.warning("replica %s %s; dropping its index entries", rep.id, reason)
-            rep.warned_at = time.monotonic()
-        else:
-            self._warn_down(rep)
-        rep.healthy = False
-        rep.instance_id = None
-        self.metrics.replica_healthy.labels(rep.id).set(0)
-        await self._stop_subscriber(rep)
-        self.index.drop_replica(rep.id)
+    async def _mark_down(self, head: Replica, reason: str) -> None:
+        for rep in head.ranks:
+            was_up = rep.healthy or rep.instance_id is not None
+            rep.down_reason = reason
+            if was_up:
+                log.warning("replica %s %s; dropping its index entries", rep.id, reason)
+                rep.warned_at = time.monotonic()
+            else:
+                self._warn_down(rep)
+            rep.healthy = False
+            rep.instance_id = None
+            self.metrics.replica_healthy.labels(rep.id).set(0)
+            await self._stop_subscriber(rep)
+            self.index.drop_replica(rep.id)
 
     def _warn_down(self, rep: Replica) -> None:
         """Log a replica that is down at once, then every _REWARN_SECONDS while it stays down."""
@@ -314,53 +345,60 @@ class ReplicaSet:
             rep.warned_at = now
             log.warning("worker %s takes no traffic: %s", rep.url, rep.down_reason)
 
-    async def _new_instance(self, rep: Replica, info: WorkerInfo) -> None:
-        if rep.instance_id is not None:
-            log.info("replica %s restarted (new instance %s)", rep.id, info.instance_id)
-        await self._stop_subscriber(rep)
-        self.index.drop_replica(rep.id)
-        rep.info = info
-        rep.instance_id = info.instance_id
-        rep.model = info.model
-        rep.dp_rank = info.data_parallel_rank
-        rep.fingerprint = info.fingerprint
-        rep.namespace = info.namespace()
+    async def _new_instance(self, head: Replica, info: WorkerInfo) -> None:
+        """A (re)started worker: one replica per rank, each with a new event subscriber."""
+        if head.instance_id is not None:
+            log.info("replica %s restarted (new instance %s)", head.id, info.instance_id)
+        slots = rank_slots(info)
+        reps = [head, *(self._sibling(head, slot) for slot in slots[1:])]
+        for old in head.siblings:
+            if old not in reps:
+                await self._forget(old)
+        head.siblings = reps[1:]
+        for rep, slot in zip(reps, slots, strict=True):
+            await self._stop_subscriber(rep)
+            self.index.drop_replica(rep.id)
+            rep.info, rep.slot = info, slot
+            rep.instance_id = info.instance_id
+            rep.model = info.model
+            rep.dp_rank, rep.rank_header = slot.rank, slot.header
+            rep.fingerprint = info.fingerprint
+            rep.namespace = info.namespace()
         check_parity(self.replicas.values(), self.metrics)
-        kv = info.kv_events
-        if kv.enabled and kv.port is not None:
-            source = EventSource(
-                instance_id=info.instance_id,
-                host=urlparse(rep.url).hostname or "127.0.0.1",
-                port=kv.port,
-                replay_port=kv.replay_port,
-                topic=kv.topic,
-                snapshot_url=f"{rep.url}/kv/snapshot" if info.has_snapshot else None,
-                curve=self._curve if kv.curve else None,
-            )
-            sub = KVEventSubscriber(
-                rep.id,
-                source,
-                rep.namespace,
-                self.index,
-                self._http,
-                self._zmq,
-                self.metrics,
-                tail_check_interval=self.config.event_tail_check_interval,
-            )
-            rep.subscriber = sub
-            rep.sub_task = asyncio.create_task(self._run_subscriber(rep, sub))
+        for rep in reps:
+            self.events.start(rep)
 
-    async def _run_subscriber(self, rep: Replica, sub: KVEventSubscriber) -> None:
-        while rep.subscriber is sub:
-            try:
-                await sub.run()
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:
-                log.warning("subscriber %s failed: %s; restarting", rep.id, e)
-                await asyncio.sleep(self.config.poll_interval)
+    def _new_replica(
+        self, rid: ReplicaId, url: str, endpoint: WorkerEndpoint | None, pool: UpstreamPool | None
+    ) -> Replica:
+        name = replica_name(rid, self.config.worker_token)  # each rank has a name of its own
+        return Replica(id=rid, url=url, name=name, endpoint=endpoint, pool=pool)
+
+    def _sibling(self, head: Replica, slot: RankSlot) -> Replica:
+        rid = ReplicaId(f"{head.url}#dp{slot.rank}")
+        rep = next((r for r in head.siblings if r.id == rid), None)
+        if rep is None:
+            rep = self._new_replica(rid, head.url, head.endpoint, head.pool)
+            rep.healthy, rep.down_reason = head.healthy, head.down_reason
+            self.metrics.replica_healthy.labels(rid).set(1 if rep.healthy else 0)
+        self.replicas[rid] = rep
+        return rep
 
     async def _stop_subscriber(self, rep: Replica) -> None:
-        rep.subscriber = None
-        task, rep.sub_task = rep.sub_task, None
-        await _cancel(task)
+        await self.events.stop(rep)
+
+
+def _layout(info: WorkerInfo | None) -> tuple | None:
+    """What, besides the instance id, makes a worker a new one to the index: its block size
+    and where each rank publishes (a vLLM worker restarted with other ranks keeps its id)."""
+    if info is None:
+        return None
+    ranks = tuple((r.rank, r.kv_events) for r in info.data_parallel_ranks)  # not their LoRA
+    return (info.block_size, info.kv_events, ranks)
+
+
+def rank_loras(info: WorkerInfo) -> list[LoRAAdapters | None]:
+    """Each rank's LoRA adapters, in header order: its own slots where it reports them."""
+    if not info.data_parallel_ranks:
+        return [info.lora]
+    return [r.lora or info.lora for r in info.data_parallel_ranks]

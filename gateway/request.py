@@ -188,7 +188,13 @@ class ProxyRequest:
         t0 = time.perf_counter()
         bs = self.ns.block_size
         keys = self.keys
-        self.matched = st.index.match(keys, [r.id for r in self.candidates if r.parity_ok])
+        prompt = self.prompt  # its tokens: lookahead (EAGLE/MTP) and sliding-window replicas
+        self.matched = st.index.match(
+            keys,
+            [r.id for r in self.candidates if r.parity_ok],
+            tokens=prompt.token_ids,
+            mm_items=prompt.mm_items,
+        )
         seed = (
             keys[0] if keys else xxhash.xxh3_128_digest(repr(self.prompt.token_ids[:bs]).encode())
         )

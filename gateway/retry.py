@@ -22,7 +22,8 @@ async def send_with_retries(px: ProxyRequest, payload: bytes) -> UpstreamRespons
     while (rep := px.replica) is not None:
         tried.add(rep.id)
         assert rep.pool is not None
-        rank = b"" if rep.dp_rank is None else b"X-data-parallel-rank: %d\r\n" % rep.dp_rank
+        n = rep.rank_header
+        rank = b"" if n is None else b"X-data-parallel-rank: %d\r\n" % n
         try:
             resp = await rep.pool.post(px.endpoint, payload, rank)
         except UpstreamError as e:

@@ -11,6 +11,12 @@ whatever the worker's buffer holds after it, and from then on apply live batches
   outlives one interval. Without a replay endpoint only the live stream is followed.
 A new worker instance gets a new subscriber (the replica manager sees the instance id change).
 
+One subscriber per data-parallel rank (gateway/ranks.py): each follows its rank's own ports, and
+a batch naming another rank is skipped and counted (`wrong_data_parallel_rank`). In connect mode
+(`--kv-events-bind`) the live stream is not a SUB of its own but an inbox that the gateway's
+central SUB (gateway/event_hub.py) fills with this rank's batches; replay and the tail check are
+the same, through the worker's replay endpoint.
+
 Batches are decoded, hashed and applied on one ingestion thread (`_INGEST`), never on the event
 loop; each subscriber awaits its batch before the next, so a replica's order is kept. A
 malformed batch, event or field is skipped and counted by reason
@@ -49,10 +55,11 @@ class EventSource:
 
     instance_id: str
     host: str
-    port: int
+    port: int | None  # None: connect mode, batches come from the central SUB
     replay_port: int | None
     topic: str
     snapshot_url: str | None
+    rank: int | None = None  # the data-parallel rank its batches must name (None: any)
     curve: CurveKeys | None = None  # the worker's sockets are CURVE servers (worker token)
 
     def endpoint(self, port: int) -> str:
@@ -76,9 +83,13 @@ class KVEventSubscriber:
         metrics: GatewayMetrics,
         replay_timeout: float = 2.0,
         tail_check_interval: float = 1.0,
+        inbox: asyncio.Queue[tuple[int, bytes]] | None = None,
     ) -> None:
         if tail_check_interval <= 0:
             raise ValueError("tail_check_interval must be positive")
+        if (inbox is None) == (source.port is None):
+            raise ValueError("a subscriber follows either its own SUB (a port) or an inbox")
+        self._inbox = inbox
         self.replica = replica
         self.source = source
         self.ns = ns
@@ -108,10 +119,22 @@ class KVEventSubscriber:
         index.set_reannouncing(replica, source.snapshot_url is None)
 
     @property
+    def inbox(self) -> asyncio.Queue[tuple[int, bytes]] | None:
+        """Connect mode: where the central SUB puts this rank's batches."""
+        return self._inbox
+
+    @property
     def last_seq(self) -> int | None:
         return self.next_seq - 1 if self.next_seq > 0 else None
 
     async def run(self) -> None:
+        if self._inbox is not None:
+            try:
+                await self._follow(self._from_inbox)
+            finally:
+                if self._replay is not None:
+                    self._replay.close()
+            return
         sub = self._ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.RCVHWM, 100_000)
@@ -121,19 +144,37 @@ class KVEventSubscriber:
         try:
             sub.connect(self.source.endpoint(self.source.port))
             sub.subscribe(self.source.topic.encode())
-            await self.resync(current_seq=None)
-            self.synced.set()
-            while True:
-                if not await sub.poll(self._tail_check_ms, zmq.POLLIN):
-                    await self._check_tail()
-                    continue
-                frames = await sub.recv_multipart()
-                if len(frames) == 3:
-                    await self._on_batch(seq_of(frames[1]), frames[2])
+            await self._follow(lambda: self._from_sub(sub))
         finally:
             sub.close(linger=0)
             if self._replay is not None:
                 self._replay.close()
+
+    async def _follow(self, receive) -> None:
+        """Sync, then apply live batches in order; an idle interval runs the tail check."""
+        await self.resync(current_seq=None)
+        self.synced.set()
+        while True:
+            item = await receive()
+            if item is None:
+                await self._check_tail()
+            else:
+                await self._on_batch(*item)
+
+    async def _from_sub(self, sub: zmq.asyncio.Socket) -> tuple[int, bytes] | None:
+        """The next live batch, or None after an idle interval (a malformed one is dropped)."""
+        while await sub.poll(self._tail_check_ms, zmq.POLLIN):
+            frames = await sub.recv_multipart()
+            if len(frames) == 3 and len(frames[1]) == 8:
+                return seq_of(frames[1]), frames[2]
+        return None
+
+    async def _from_inbox(self) -> tuple[int, bytes] | None:
+        assert self._inbox is not None
+        try:
+            return await asyncio.wait_for(self._inbox.get(), self._tail_check_ms / 1000)
+        except TimeoutError:
+            return None
 
     async def _on_batch(self, seq: int, payload: bytes) -> None:
         last = self._last_sub_seq
@@ -179,9 +220,10 @@ class KVEventSubscriber:
             )
 
     async def _apply(self, seq: int, payload: bytes) -> None:
-        self.next_seq = seq + 1
         loop = asyncio.get_running_loop()
         errors, applied = await loop.run_in_executor(_INGEST, self._ingest, seq, payload)
+        # Only now: whoever reads last_seq (/kvgate/index, tests) finds the batch in the index.
+        self.next_seq = seq + 1
         self._metrics.events_applied.labels(self.replica).inc(applied)
         for reason in errors:
             self._count_error(reason, seq)
@@ -193,6 +235,9 @@ class KVEventSubscriber:
             batch = decode_batch(payload)
         except DecodeError as e:
             return [e.reason], 0
+        rank = self.source.rank
+        if rank is not None and batch.data_parallel_rank not in (None, rank):
+            return ["wrong_data_parallel_rank"], 0  # another rank's stream: never merge it
         before_parent, before_errors = index.skipped_unknown_parent, index.errors.copy()
         try:
             applied = index.apply(self.replica, self.ns, batch.events)

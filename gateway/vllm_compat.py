@@ -1,12 +1,16 @@
 """Plain vLLM workers: no /kvgate/info, so the gateway builds the same facts from what vLLM has.
 
-The model comes from /v1/models (the entry without a `parent`; entries whose `parent` is it are
-its LoRA adapters), the block size from `vllm:cache_config_info`, the adapters in use from
-`vllm:lora_requests_info`, the KV-event endpoints from the gateway's `--vllm-kv-events-*` flags
-(the worker's `--kv-events-config`). The index still uses the gateway's own keys (recomputed
-from the events' token ids and extra keys, the LoRA name among them), so vLLM's hash algorithm
-and seed do not matter; the render assets must come from --model-dir. There is no snapshot and
-no instance id: a restart shows as the seq going back, which resyncs from empty.
+The model and its context length come from /v1/models (the entry without a `parent`, and its
+`max_model_len`; entries whose `parent` is it are its LoRA adapters), the block size from
+`vllm:cache_config_info`, the adapters in use from `vllm:lora_requests_info`, the data-parallel
+ranks from the `engine` labels of /metrics, and the KV-event endpoints from the worker's own
+entry (`--workers URL;kv-events=...`, or the named ports of its EndpointSlice) or else the
+gateway's `--vllm-kv-events-*` flags (the worker's `--kv-events-config`), each port offset by
+the rank as vLLM does (gateway/ranks.py). Every rank serves the same adapters (vLLM loads them
+on each). The index still uses the gateway's own keys (recomputed from the events' token ids and
+extra keys, the LoRA name among them), so vLLM's hash algorithm and seed do not matter; the
+render assets must come from --model-dir. There is no snapshot and no instance id: a restart
+shows as the seq going back, which resyncs from the replay buffer.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import httpx
 from cachekey.documents import KVEventsEndpoint, LoRAAdapters, WorkerInfo
 from cachekey.keys import DEFAULT_HASH_SEED
 from gateway.config import GatewayConfig
+from gateway.endpoints import WorkerEndpoint
+from gateway.ranks import metrics_ranks, vllm_ranks
 
 _BLOCK_SIZE = re.compile(r'^vllm:cache_config_info\{[^}]*block_size="(\d+)"', re.MULTILINE)
 _LORA_INFO = re.compile(r"^vllm:lora_requests_info\{([^}]*)\}\s+(\S+)", re.MULTILINE)
@@ -72,6 +78,13 @@ def parse_models(data: Any) -> tuple[str, list[str]] | None:
     return base, [i for i, parent in entries if parent == base and isinstance(i, str)]
 
 
+def _max_model_len(data: Any, model: str) -> int | None:
+    """The base model card's `max_model_len` (vLLM's context length), when it is a length."""
+    card = next(m for m in data["data"] if m.get("id") == model)  # parse_models found it
+    n = card.get("max_model_len")
+    return n if type(n) is int and n > 0 else None
+
+
 def lora_adapters(adapters: list[str], metrics_text: str) -> LoRAAdapters | None:
     if not adapters:
         return None
@@ -85,28 +98,42 @@ def lora_adapters(adapters: list[str], metrics_text: str) -> LoRAAdapters | None
 
 
 async def vllm_info(
-    http: httpx.AsyncClient, url: str, metrics_text: str, config: GatewayConfig
+    http: httpx.AsyncClient,
+    url: str,
+    metrics_text: str,
+    config: GatewayConfig,
+    endpoint: WorkerEndpoint | None = None,
 ) -> WorkerInfo | None:
     """The WorkerInfo of a plain vLLM worker, or None if it is not one."""
     try:
         resp = await http.get(f"{url}/v1/models", timeout=config.connect_timeout)
-        models = parse_models(resp.json())
+        data = resp.json()
+        models = parse_models(data)
     except (httpx.HTTPError, ValueError):
         return None
     if models is None:
         return None
     model, adapters = models
+    model_len = _max_model_len(data, model)
+    ranks = vllm_ranks(
+        metrics_ranks(metrics_text),
+        endpoint or WorkerEndpoint(url),
+        port=config.vllm_kv_events_port,
+        replay_port=config.vllm_kv_events_replay_port,
+        topic=config.vllm_kv_events_topic,
+        model=model,
+        connect=config.kv_events_bind is not None,
+    )
     return WorkerInfo(
         model=model,
         block_size=parse_block_size(metrics_text) or 16,
         hash_seed=DEFAULT_HASH_SEED,  # the index re-keys vLLM's blocks: any shared seed works
         instance_id=INSTANCE,
         has_snapshot=False,
-        kv_events=KVEventsEndpoint(
-            enabled=config.vllm_kv_events_port is not None,
-            port=config.vllm_kv_events_port,
-            replay_port=config.vllm_kv_events_replay_port,
-            topic=config.vllm_kv_events_topic,
-        ),
+        engine="vllm",
+        max_model_len=model_len,
+        data_parallel_rank=ranks[0].rank if len(ranks) == 1 else None,
+        kv_events=ranks[0].kv_events if len(ranks) == 1 else KVEventsEndpoint(enabled=False),
+        data_parallel_ranks=ranks,
         lora=lora_adapters(adapters, metrics_text),
     )

@@ -295,9 +295,12 @@ def snapshot_digest(worker_url: str) -> tuple[str, int]:
     """(digest, blocks) of a worker's `/kv/snapshot`, computed like the gateway's index digest.
 
     kvgate workers key blocks exactly as the gateway does, so equal digests mean the gateway's
-    index holds exactly the worker's cached blocks.
+    index holds exactly the worker's cached blocks. A replica id `URL#dp<r>` (data-parallel rank
+    r of a worker) names that rank's snapshot.
     """
-    resp = httpx.get(f"{worker_url}/kv/snapshot", timeout=10)
+    url, _, rank = worker_url.partition("#dp")
+    query = f"?rank={rank}" if rank else ""
+    resp = httpx.get(f"{url}/kv/snapshot{query}", timeout=10)
     snap = decode_document(resp.content, Snapshot)
     keys = sorted({bytes.fromhex(b.key) for b in snap.blocks})
     h = hashlib.sha256()

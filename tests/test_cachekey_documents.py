@@ -20,6 +20,7 @@ from cachekey.documents import (
     AssetFiles,
     DocumentError,
     KVEventsEndpoint,
+    RankInfo,
     Snapshot,
     SnapshotBlock,
     WorkerInfo,
@@ -186,27 +187,55 @@ def test_subscriber_refuses_a_malformed_snapshot() -> None:
         worker.close()
 
 
-def test_plain_vllm_info_is_a_worker_info_without_snapshot() -> None:
-    from gateway.vllm_compat import INSTANCE, vllm_info
+def _vllm_info(models: dict, metrics: str, config: GatewayConfig) -> WorkerInfo | None:
+    from gateway.vllm_compat import vllm_info
 
     worker = FakeWorker()
-    worker.bodies["/v1/models"] = json.dumps({"data": [{"id": "llava"}]}).encode()
-    metrics = 'vllm:cache_config_info{block_size="32",num_gpu_blocks="9"} 1.0\n'
-    config = GatewayConfig(vllm_kv_events_port=5557, vllm_kv_events_topic="kv")
+    worker.bodies["/v1/models"] = json.dumps(models).encode()
 
     async def main() -> WorkerInfo | None:
         async with httpx.AsyncClient() as http:
             return await vllm_info(http, worker.url, metrics, config)
 
     try:
-        info = asyncio.run(main())
+        return asyncio.run(main())
     finally:
         worker.close()
-    assert info == WorkerInfo(
+
+
+def test_plain_vllm_info_is_a_worker_info_without_snapshot() -> None:
+    from gateway.vllm_compat import INSTANCE
+
+    models = {"data": [{"id": "llava", "max_model_len": 4096}]}
+    metrics = 'vllm:cache_config_info{block_size="32",num_gpu_blocks="9"} 1.0\n'
+    config = GatewayConfig(vllm_kv_events_port=5557, vllm_kv_events_topic="kv")
+    events = KVEventsEndpoint(enabled=True, port=5557, replay_port=None, topic="kv")
+    assert _vllm_info(models, metrics, config) == WorkerInfo(
         model="llava",
         block_size=32,
         hash_seed=DEFAULT_HASH_SEED,
         instance_id=INSTANCE,
         has_snapshot=False,
-        kv_events=KVEventsEndpoint(enabled=True, port=5557, replay_port=None, topic="kv"),
+        engine="vllm",
+        max_model_len=4096,
+        data_parallel_rank=0,
+        kv_events=events,
+        data_parallel_ranks=[RankInfo(rank=0, kv_events=events)],
     )
+
+
+def test_plain_vllm_info_of_two_engines_has_two_ranks_on_offset_ports() -> None:
+    """vLLM's `engine` labels name the ranks; each publishes on the base ports + its rank."""
+    metrics = (
+        'vllm:cache_config_info{block_size="16",engine="0"} 1.0\n'
+        'vllm:num_requests_running{engine="0",model_name="m"} 0.0\n'
+        'vllm:num_requests_running{engine="1",model_name="m"} 2.0\n'
+    )
+    config = GatewayConfig(
+        vllm_kv_events_port=5557, vllm_kv_events_replay_port=5600, vllm_kv_events_topic="kv"
+    )
+    info = _vllm_info({"data": [{"id": "m", "max_model_len": 0}]}, metrics, config)
+    assert info is not None and info.max_model_len is None  # 0 is no length
+    assert info.data_parallel_rank is None and not info.kv_events.enabled
+    ranks = [(r.rank, r.kv_events.port, r.kv_events.replay_port) for r in info.data_parallel_ranks]
+    assert ranks == [(0, 5557, 5600), (1, 5558, 5601)]

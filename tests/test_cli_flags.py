@@ -110,6 +110,16 @@ def test_human_sizes_and_pixels_as_the_docs_write_them() -> None:
             ("-m", "worker", "--model=m", "--kv-events-port=7", "--kv-events-replay-port=7"),
             "--kv-events-port and --kv-events-replay-port must differ",
         ),
+        (
+            ("-m", "worker", "--model=m", "--data-parallel-size=2", "--kv-events-port=7",
+             "--kv-events-replay-port=8"),
+            "the KV-event ports of 2 engines (7-8) and their replay ports (8-9) overlap",
+        ),
+        (("-m", "gateway", "--workers", "http://a:1;kv-event=5"), "unknown field 'kv-event=5'"),
+        (("-m", "gateway", "--workers", "http://a:1;kv-replay=x"), "kv-replay must be a port"),
+        (("-m", "gateway", "--workers", "http://a:1,http://a:1/"), "worker listed twice: http://a:1"),
+        (("-m", "gateway", "--vllm-kv-events-topic", "kv@{rank}"), "only {host}, {port}, {pod}"),
+        (("-m", "gateway", "--kv-events-bind", "tcp://*"), "--kv-events-bind must be tcp://HOST:PORT"),
     ],
 )  # fmt: skip
 def test_bad_values_are_usage_errors_not_tracebacks(argv, message) -> None:

@@ -13,7 +13,7 @@ from k8s_fake_api import FakeApi, FakeApiServer, make_pod, make_pool
 from test_k8s_discovery import WAIT_S, Recorder, until
 
 from gateway.config import GatewayConfig
-from gateway.discovery.inferencepool import InferencePoolDiscovery, pool_urls
+from gateway.discovery.inferencepool import InferencePoolDiscovery, pool_urls, pool_workers
 
 W = {"app": "w"}
 
@@ -35,6 +35,9 @@ def test_pool_urls_ready_pods_on_every_target_port() -> None:
     # matchLabels is required by the CRD; an empty one must not select every pod.
     assert pool_urls([make_pool("p", {}, [8000])], pods) == frozenset()
     assert pool_urls([], pods) == frozenset()
+    # Each worker names its pod, for a vLLM worker's events topic (--vllm-kv-events-topic {pod}).
+    pods_of = {w.url: w.pod for w in pool_workers([pool], pods)}
+    assert pods_of["http://10.0.0.6:8001"] == "f" and pods_of["http://[fd00::7]:8000"] == "g"
 
 
 def test_config_needs_pool_and_namespace() -> None:

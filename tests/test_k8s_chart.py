@@ -244,10 +244,132 @@ def test_all_options_on(chart: Any) -> None:
     assert one(docs, "ConfigMap")["metadata"]["annotations"]["grafana_folder"] == "LLM serving"
 
 
+# KVEventsConfig's fields in vLLM 0.33.0 (vllm/config/kv_events.py).
+VLLM_KV_EVENTS_FIELDS = {
+    "enable_kv_cache_events",
+    "publisher",
+    "endpoint",
+    "replay_endpoint",
+    "buffer_steps",
+    "hwm",
+    "max_queue_size",
+    "topic",
+}
+
+
+def vllm_flag(args: list[str], name: str) -> str:
+    (value,) = [a.split("=", 1)[1] for a in args if a.startswith(f"{name}=")]
+    return value
+
+
+@pytest.mark.parametrize("dp", [1, 2])
+def test_vllm_values(chart: Any, dp: int) -> None:
+    """vLLM as the worker, and a gateway that follows it: the ports, rank offsets and topic the
+    gateway derives from the rendered objects are the ones vLLM's rendered flags publish on."""
+    from gateway.discovery.k8s import worker_endpoints
+    from gateway.endpoints import format_topic
+    from gateway.ranks import vllm_ranks
+
+    values = load_values("values-vllm.yaml")
+    values["worker"]["vllm"]["dataParallelSize"] = dp
+    docs = render(chart, values)
+    validate_all(docs)
+    assert helm.lint(CHART, values, strict=True)["errors"] == []
+    sts = one(docs, "StatefulSet", "worker")
+    wc = container(sts)
+    assert wc["image"] == "vllm/vllm-openai:v0.33.0" and wc["command"] == ["vllm", "serve"]
+    args = wc["args"]
+    assert {"--enable-prefix-caching", "--prefix-caching-hash-algo=sha256_cbor"} <= set(args)
+    assert vllm_flag(args, "--block-size") == "16"
+    assert ("--data-parallel-size=2" in args) == (dp == 2)
+    kv = json.loads(vllm_flag(args, "--kv-events-config"))
+    assert set(kv) <= VLLM_KV_EVENTS_FIELDS
+    assert kv["enable_kv_cache_events"] is True and kv["publisher"] == "zmq"
+    assert (kv["endpoint"], kv["replay_endpoint"]) == ("tcp://*:5557", "tcp://*:5657")
+    assert kv["topic"] == "kv@$(POD_NAME)@Qwen2.5-7B-Instruct"
+    env = {e["name"]: e for e in wc["env"]}
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert "PYTHONHASHSEED" not in env  # the gateway re-keys blocks itself (docs/kubernetes.md)
+    # vLLM's API key is the worker token the gateways send (workerAuth is on by default).
+    token_ref = env["VLLM_API_KEY"]["valueFrom"]["secretKeyRef"]
+    assert token_ref == {"name": "kvgate-worker-token", "key": "token"}
+    assert wc["securityContext"]["readOnlyRootFilesystem"] is True
+
+    gateway = one(docs, "Deployment", "gateway")
+    gc = container(gateway)
+    assert "--model-dir=/models/Qwen2.5-7B-Instruct" in gc["args"]
+    models = {m["name"]: m for m in gc["volumeMounts"]}["models"]
+    assert models == {"name": "models", "mountPath": "/models", "readOnly": True}
+    vols = {v["name"]: v for v in gateway["spec"]["template"]["spec"]["volumes"]}
+    assert vols["models"]["persistentVolumeClaim"]["claimName"] == "kvgate-models"
+
+    # The EndpointSlice Kubernetes makes from the worker Service, for pod kvgate-worker-0.
+    svc = one(docs, "Service", "worker")
+    pod = "kvgate-worker-0"
+    slice_ = {
+        "addressType": "IPv4",
+        "ports": [{"name": p["name"], "port": p["port"]} for p in svc["spec"]["ports"]],
+        "endpoints": [{"addresses": ["10.1.2.3"], "targetRef": {"kind": "Pod", "name": pod}}],
+    }
+    (endpoint,) = worker_endpoints([slice_], "http")
+    topic = vllm_flag(gc["args"], "--vllm-kv-events-topic")
+    ranks = vllm_ranks(
+        list(range(dp)), endpoint, port=None, replay_port=None, topic=topic,
+        model="Qwen2.5-7B-Instruct", connect=False,
+    )  # fmt: skip
+    published = kv["topic"].replace("$(POD_NAME)", pod)
+    assert [(r.kv_events.port, r.kv_events.replay_port, r.kv_events.topic) for r in ranks] == [
+        (5557 + r, 5657 + r, published) for r in range(dp)
+    ]
+    assert format_topic(topic, "10.1.2.3", 8000, pod, "Qwen2.5-7B-Instruct") == published
+    policy = one(docs, "NetworkPolicy")["spec"]["ingress"][0]["ports"]
+    if dp == 1:
+        assert {"port": "kv-events", "protocol": "TCP"} in policy
+    else:
+        assert {"port": 5557, "endPort": 5558, "protocol": "TCP"} in policy
+        assert {"port": 5657, "endPort": 5658, "protocol": "TCP"} in policy
+
+
+def test_vllm_values_with_the_endpoint_picker(chart: Any) -> None:
+    """The EPP discovers vLLM pods from an InferencePool, which names no events ports: it gets
+    them, the tokenizer volume and the topic from the same flags as the HTTP gateway."""
+    values = load_values("values-vllm.yaml")
+    values["epp"] = {"enabled": True}
+    values["workerAuth"] = {"enabled": False}
+    docs = render(chart, values)  # (the EPP's manifests are validated in test_k8s_epp_chart.py)
+    for component in ("gateway", "epp"):
+        c = container(one(docs, "Deployment", component))
+        assert vllm_flag(c["args"], "--model-dir") == "/models/Qwen2.5-7B-Instruct"
+        assert vllm_flag(c["args"], "--vllm-kv-events-port") == "5557"
+        assert vllm_flag(c["args"], "--vllm-kv-events-replay-port") == "5657"
+        assert vllm_flag(c["args"], "--vllm-kv-events-topic") == "kv@{pod}@{model}"
+        assert {m["name"] for m in c["volumeMounts"]} >= {"models"}
+    wc = container(one(docs, "StatefulSet", "worker"))
+    assert "VLLM_API_KEY" not in {e["name"] for e in wc["env"]}
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"worker": {"vllm": {"dataParallelSize": 2}, "ports": {"kvReplay": 5558}}}, "overlap"),
+        ({"model": {"claimTemplate": {"enabled": True}}}, "gateway reads its tokenizer"),
+    ],
+)
+def test_vllm_values_refused(chart: Any, values: dict[str, Any], message: str) -> None:
+    base = load_values("values-vllm.yaml")
+    for key, sub in values.items():
+        for k, v in sub.items():
+            base[key][k] = {**base[key].get(k, {}), **v} if isinstance(v, dict) else v
+    with pytest.raises(helm.HelmRenderError, match=message):
+        chart.render(base, name="kvgate", namespace="inference")
+
+
 @pytest.mark.parametrize(
     "bad",
     [
         {"worker": {"engine": "tensorrt"}},
+        {"worker": {"kind": "sglang"}},
+        {"worker": {"vllm": {"hashAlgo": "md5"}}},
         {"gateway": {"replicas": "two"}},
         {"gateway": {"policy": "fastest"}},
         {"worker": {"ports": {"http": 70000}}},

@@ -18,7 +18,9 @@ from gateway.discovery.k8s import (
     build_selector,
     default_namespace,
     endpoint_urls,
+    worker_endpoints,
 )
+from gateway.endpoints import WorkerEndpoint
 
 WAIT_S = 10.0
 
@@ -30,8 +32,8 @@ class Recorder:
         self.sets: list[frozenset[str]] = []
         self.changed = asyncio.Event()
 
-    async def __call__(self, urls: frozenset[str]) -> None:
-        self.sets.append(urls)
+    async def __call__(self, workers: frozenset[WorkerEndpoint]) -> None:
+        self.sets.append(frozenset(w.url for w in workers))
         self.changed.set()
 
     async def until(self, expected: set[str]) -> None:
@@ -71,6 +73,23 @@ def test_endpoint_urls_ready_only_and_named_port() -> None:
     empty = make_slice("d", [])
     empty["endpoints"] = None  # what the API sends for a Service with no pods
     assert endpoint_urls([empty], "http") == frozenset()
+
+
+def test_worker_endpoints_carry_each_slices_kv_ports_and_pod() -> None:
+    """A plain vLLM worker's events ports come from its slice's named ports; the pod from the
+    endpoint's targetRef (for a topic naming {pod})."""
+    sl = make_slice("a", [("10.0.0.1", True), ("10.0.0.2", True)])
+    sl["ports"].append({"name": "kv-replay", "port": 5657, "protocol": "TCP"})
+    sl["endpoints"][0]["targetRef"] = {"kind": "Pod", "name": "vllm-0", "namespace": "ns"}
+    other = make_slice("b", [("10.0.0.3", True)], http_port=9000)
+    other["ports"] = [p for p in other["ports"] if p["name"] == "http"]  # no events ports
+    got = {w.url: w for w in worker_endpoints([sl, other], "http")}
+    first = got[url("10.0.0.1")]
+    assert (first.kv_events_port, first.kv_replay_port) == (5557, 5657)
+    assert got[url("10.0.0.1")].pod == "vllm-0" and got[url("10.0.0.2")].pod is None
+    assert got["http://10.0.0.3:9000"] == WorkerEndpoint("http://10.0.0.3:9000")
+    named = worker_endpoints([sl], "http", "events", "replay")  # other names: none found
+    assert {(w.kv_events_port, w.kv_replay_port) for w in named} == {(None, None)}
 
 
 def test_selector_and_config_validation() -> None:

@@ -108,11 +108,13 @@ def test_over_length_message_names_the_limit(worker):
 
 
 def test_data_parallel_rank_header(worker):
+    """As vLLM reads it, the header is an index among the server's engines: this worker runs one
+    engine (rank 1), so 0 names it and 1 is out of range."""
     ok = httpx.post(
-        worker.url + "/v1/chat/completions", json=CHAT, headers={"X-data-parallel-rank": "1"}
+        worker.url + "/v1/chat/completions", json=CHAT, headers={"X-data-parallel-rank": "0"}
     )
     assert ok.status_code == 200
-    for bad in ("0", "two"):
+    for bad in ("1", "-1", "two"):
         r = httpx.post(
             worker.url + "/v1/chat/completions", json=CHAT, headers={"X-data-parallel-rank": bad}
         )

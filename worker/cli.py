@@ -69,8 +69,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         sock = listen_socket(server_config.host, server_config.port)
-        engine = LLMEngine(engine_config)
-        app = create_app(engine, server_config, on_ready=_ready_line(engine_config, server_config))
+        # One engine per data-parallel rank, each with its own KV cache (as vLLM's).
+        engines = [LLMEngine(engine_config) for _ in range(server_config.data_parallel_size)]
+        ready = _ready_line(engine_config, server_config)
+        app = create_app(engines, server_config, on_ready=ready)
     except (ValueError, OSError) as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2
@@ -89,10 +91,12 @@ def _ready_line(engine_config: EngineConfig, server_config: ServerConfig):
             if server_config.events_enabled
             else "disabled"
         )
+        ranks = len(info.data_parallel_ranks)
         print(
             f"kvgate worker ready: http://{server_config.host}:{server_config.port} "
             f"model={info.model} engine={engine_config.engine} "
-            f"instance={info.instance_id} kv-events={events}",
+            f"instance={info.instance_id} kv-events={events}"
+            + (f" (+ rank index, {ranks} data-parallel ranks)" if ranks else ""),
             flush=True,
         )
 

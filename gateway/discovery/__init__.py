@@ -1,7 +1,7 @@
-"""Worker discovery: a source of the full current set of worker base URLs.
+"""Worker discovery: a source of the full current set of workers (`WorkerEndpoint`s).
 
 `static.StaticDiscovery` serves `--workers`; `k8s.KubernetesDiscovery` watches EndpointSlices.
-Both implement `Discovery`: `run(on_change)` calls `on_change(urls)` with the whole set every
+Both implement `Discovery`: `run(on_change)` calls `on_change(workers)` with the whole set every
 time it changes (at least once), and runs until cancelled.
 """
 
@@ -10,7 +10,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-OnChange = Callable[[frozenset[str]], Awaitable[None]]
+from gateway.endpoints import WorkerEndpoint
+
+OnChange = Callable[[frozenset[WorkerEndpoint]], Awaitable[None]]
 
 
 class Discovery(Protocol):

@@ -17,6 +17,7 @@ from typing import Any
 from kubernetes import client
 
 from gateway.discovery.k8s import Backoff, ListWatch, run_watches
+from gateway.endpoints import WorkerEndpoint
 
 GROUP = "inference.networking.k8s.io"
 VERSION = "v1"
@@ -42,7 +43,14 @@ def pod_ready(pod: dict[str, Any]) -> bool:
 
 def pool_urls(pools: Iterable[dict[str, Any]], pods: Iterable[dict[str, Any]]) -> frozenset[str]:
     """Worker base URLs: every ready pod the pool selects, on every target port."""
-    urls: set[str] = set()
+    return frozenset(w.url for w in pool_workers(pools, pods))
+
+
+def pool_workers(
+    pools: Iterable[dict[str, Any]], pods: Iterable[dict[str, Any]]
+) -> frozenset[WorkerEndpoint]:
+    """Every ready pod the pool selects, on every target port, with its pod name."""
+    out: set[WorkerEndpoint] = set()
     for pool in pools:
         labels, ports = pool_selector(pool)
         if not labels:  # the CRD requires matchLabels; an empty one must not select everything
@@ -53,8 +61,9 @@ def pool_urls(pools: Iterable[dict[str, Any]], pods: Iterable[dict[str, Any]]) -
                 continue
             ip = pod["status"]["podIP"]
             host = f"[{ip}]" if ":" in ip else ip
-            urls.update(f"http://{host}:{port}" for port in ports)
-    return frozenset(urls)
+            pod_name = (pod.get("metadata") or {}).get("name")
+            out.update(WorkerEndpoint(f"http://{host}:{port}", pod=pod_name) for port in ports)
+    return frozenset(out)
 
 
 class InferencePoolDiscovery:
@@ -97,9 +106,9 @@ class InferencePoolDiscovery:
             **common,
         )
 
-    async def run(self, on_change: Callable[[frozenset[str]], Awaitable[None]]) -> None:
-        def urls() -> frozenset[str]:
-            return pool_urls(self.pools.objects.values(), self.pods.objects.values())
+    async def run(self, on_change: Callable[[frozenset[WorkerEndpoint]], Awaitable[None]]) -> None:
+        def workers() -> frozenset[WorkerEndpoint]:
+            return pool_workers(self.pools.objects.values(), self.pods.objects.values())
 
         what = f"InferencePool {self.namespace}/{self.pool}"
-        await run_watches([self.pools, self.pods], urls, on_change, what)
+        await run_watches([self.pools, self.pods], workers, on_change, what)

@@ -22,6 +22,8 @@ from typing import Any
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
+from gateway.endpoints import WorkerEndpoint
+
 log = logging.getLogger(__name__)
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
@@ -31,25 +33,44 @@ _GONE = 410
 
 
 def endpoint_urls(slices: Iterable[dict[str, Any]], port_name: str) -> frozenset[str]:
-    """Base URLs of every ready endpoint in `slices` (raw EndpointSlice dicts).
+    """Base URLs of every ready endpoint in `slices` (raw EndpointSlice dicts)."""
+    return frozenset(w.url for w in worker_endpoints(slices, port_name))
+
+
+def worker_endpoints(
+    slices: Iterable[dict[str, Any]],
+    port_name: str,
+    events_port_name: str = "kv-events",
+    replay_port_name: str = "kv-replay",
+) -> frozenset[WorkerEndpoint]:
+    """Every ready endpoint in `slices` (raw EndpointSlice dicts): its base URL, the slice's
+    KV-events ports when it names them, and the pod behind it.
 
     An endpoint counts when `conditions.ready` is true or unset (the API's own reading of unset).
     """
-    urls: set[str] = set()
+    out: set[WorkerEndpoint] = set()
     for sl in slices:
-        port = next(
-            (p.get("port") for p in sl.get("ports") or () if (p.get("name") or "") == port_name),
-            None,
-        )
+        ports = {p.get("name") or "": p.get("port") for p in sl.get("ports") or ()}
+        port = ports.get(port_name)
         if port is None or sl.get("addressType") not in ("IPv4", "IPv6"):
             continue
+        events, replay = ports.get(events_port_name), ports.get(replay_port_name)
         for ep in sl.get("endpoints") or ():
             if (ep.get("conditions") or {}).get("ready") is False:
                 continue
+            ref = ep.get("targetRef") or {}
+            pod = ref.get("name") if ref.get("kind") == "Pod" else None
             for addr in ep.get("addresses") or ():
                 host = f"[{addr}]" if ":" in addr else addr
-                urls.add(f"http://{host}:{port}")
-    return frozenset(urls)
+                out.add(
+                    WorkerEndpoint(
+                        f"http://{host}:{port}",
+                        events,
+                        replay,
+                        pod=pod,
+                    )
+                )
+    return frozenset(out)
 
 
 def default_namespace() -> str:
@@ -237,20 +258,21 @@ class ListWatch:
 
 async def run_watches(
     watches: list[ListWatch],
-    urls: Callable[[], frozenset[str]],
-    on_change: Callable[[frozenset[str]], Awaitable[None]],
+    workers: Callable[[], frozenset[WorkerEndpoint]],
+    on_change: Callable[[frozenset[WorkerEndpoint]], Awaitable[None]],
     what: str,
 ) -> None:
-    """Run each watch in its own thread; call `on_change` with `urls()` whenever it changes
-    (at least once), until cancelled. `urls()` runs under the watches' lock."""
+    """Run each watch in its own thread; call `on_change` with `workers()` whenever it changes
+    (at least once), until cancelled. `workers()` runs under the watches' lock."""
     loop = asyncio.get_running_loop()
-    updates: asyncio.Queue[frozenset[str]] = asyncio.Queue()
+    updates: asyncio.Queue[frozenset[WorkerEndpoint]] = asyncio.Queue()
     stop = threading.Event()
-    emitted: list[frozenset[str] | None] = [None]  # a new subscriber gets the current set first
+    # A new subscriber gets the current set first.
+    emitted: list[frozenset[WorkerEndpoint] | None] = [None]
 
     def changed() -> None:
         with watches[0].lock:
-            current = urls()
+            current = workers()
             if current == emitted[0]:
                 return
             emitted[0] = current
@@ -288,6 +310,8 @@ class KubernetesDiscovery:
         kubeconfig: str | None = None,
         *,
         service: str | None = None,
+        events_port_name: str = "kv-events",
+        replay_port_name: str = "kv-replay",
         watch_timeout_s: int = 300,
         backoff_initial_s: float = 0.5,
         backoff_max_s: float = 30.0,
@@ -295,6 +319,8 @@ class KubernetesDiscovery:
         self.namespace = namespace or default_namespace()
         self.selector = build_selector(label_selector, service)
         self.port_name = port_name
+        self.events_port_name = events_port_name
+        self.replay_port_name = replay_port_name
         self.slices = ListWatch(
             "EndpointSlice",
             lambda api: client.DiscoveryV1Api(api).list_namespaced_endpoint_slice,
@@ -306,11 +332,16 @@ class KubernetesDiscovery:
             label_selector=self.selector,
         )
 
-    async def run(self, on_change: Callable[[frozenset[str]], Awaitable[None]]) -> None:
-        def urls() -> frozenset[str]:
-            return endpoint_urls(self.slices.objects.values(), self.port_name)
+    async def run(self, on_change: Callable[[frozenset[WorkerEndpoint]], Awaitable[None]]) -> None:
+        def workers() -> frozenset[WorkerEndpoint]:
+            return worker_endpoints(
+                self.slices.objects.values(),
+                self.port_name,
+                self.events_port_name,
+                self.replay_port_name,
+            )
 
-        await run_watches([self.slices], urls, on_change, "Kubernetes discovery")
+        await run_watches([self.slices], workers, on_change, "Kubernetes discovery")
 
 
 def _object_id(obj: dict[str, Any]) -> str:

@@ -123,10 +123,14 @@ class ExtProcStream:
             yield await self._refuse(e)
             return
         payload = px.payload(usage_chunk=False)
-        endpoints = [wire.endpoint_of(r.url) for r in px.ranked[: st.config.retries + 1]]
+        # One X-data-parallel-rank header goes to whichever endpoint the proxy picks, so the
+        # fallbacks are the replicas that take the same header (vLLM: the rank's index).
+        rank = px.ranked[0].rank_header
+        same = [r for r in px.ranked if r.rank_header == rank][: st.config.retries + 1]
+        endpoints = list(dict.fromkeys(wire.endpoint_of(r.url) for r in same))
         extra = {"content-length": str(len(payload)), **_to_worker(st)}
-        if px.ranked[0].dp_rank is not None:
-            extra["x-data-parallel-rank"] = str(px.ranked[0].dp_rank)
+        if rank is not None:
+            extra["x-data-parallel-rank"] = str(rank)
         yield wire.route_response(endpoints, extra)
         for out in wire.body_responses(payload, end=not source.trailers, response=False):
             yield out
@@ -193,8 +197,10 @@ class ExtProcStream:
             return {}
         served = wire.served_endpoint(msg.metadata_context)
         if served is not None:
+            rank = px.ranked[0].rank_header
             rid = next(
-                (r.id for r in px.ranked if wire.endpoint_of(r.url) == served), None
+                (r.id for r in px.ranked
+                 if wire.endpoint_of(r.url) == served and r.rank_header == rank), None
             )  # fmt: skip
             if rid is not None:
                 px.served_by(rid)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 
 from fastapi import FastAPI
 
@@ -26,20 +26,24 @@ _WATCHDOG_S = 0.5
 
 
 def create_app(
-    engine: LLMEngine,
+    engines: LLMEngine | Sequence[LLMEngine],
     config: ServerConfig,
     *,
     on_ready: Callable[[WorkerInfo], None] | None = None,
 ) -> FastAPI:
+    """The app around one engine, or one per data-parallel rank (`--data-parallel-size`)."""
+
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        async with _running(state):
+        async with contextlib.AsyncExitStack() as stack:
+            for rank in app.state.ranks:
+                await stack.enter_async_context(_running(rank))
             if on_ready is not None:
                 on_ready(state.info)
             yield
 
     app = FastAPI(title="kvgate worker", lifespan=lifespan)
-    state = init_app_state(app.state, engine, config)
+    state = init_app_state(app.state, engines, config)
     install_error_handlers(app)
     for module in (openai, embeddings, ops, kvgate, peers):
         app.include_router(module.router)

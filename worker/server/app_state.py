@@ -1,7 +1,10 @@
 """WorkerState: everything the worker's routes use, built once by `init_app_state`.
 
-Routes reach it through `request.app.state` (`worker_state(request)`); nothing here imports a
-router or the app module.
+A worker serves one engine, or several (`--data-parallel-size`, as vLLM's data parallel: each
+engine has its own KV cache, publisher and ports, and a request names one with
+`X-data-parallel-rank`). One `WorkerState` per engine; routes reach them through
+`request.app.state` (`worker_state` for what all engines share, `rank_state` for the engine a
+request goes to, `all_ranks`); nothing here imports a router or the app module.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -20,6 +24,7 @@ from cachekey.documents import (
     FingerprintParts,
     KVEventsEndpoint,
     LoRAAdapters,
+    RankInfo,
     WorkerInfo,
 )
 from cachekey.events import topic
@@ -35,7 +40,7 @@ from worker.server.kv_publisher import (
     PublisherConfig,
 )
 from worker.server.metrics import WorkerMetrics
-from worker.server.serving import ServingContext
+from worker.server.serving import ServingContext, rank_index
 from worker.server.serving_chat import ServingChat
 from worker.server.serving_completion import ServingCompletion
 from worker.server.serving_embedding import ServingEmbedding
@@ -43,6 +48,8 @@ from worker.server.serving_embedding import ServingEmbedding
 
 @dataclass(frozen=True, slots=True)
 class WorkerState:
+    """One engine of the worker; `info`, `metrics` and `assets` are the whole worker's."""
+
     config: ServerConfig
     info: WorkerInfo
     engine: AsyncEngine
@@ -55,62 +62,99 @@ class WorkerState:
     max_num_seqs: int
     created: int  # the model card's `created`
     faults: FaultInjector | None  # only with --enable-fault-injection
+    rank: int | None = None  # its data-parallel rank (None: not data parallel)
 
 
 def worker_state(request: Request) -> WorkerState:
+    """The first engine's state: what every engine of the worker shares."""
     return request.app.state.worker
 
 
-def init_app_state(state: State, engine: LLMEngine, config: ServerConfig) -> WorkerState:
-    """Build the worker's state around a loaded engine and store it on `state` (once)."""
-    instance_id = uuid.uuid4().hex
-    model_name = engine.config.served_model_name
-    assert model_name is not None  # EngineConfig fills it in
-    kv_topic = topic(instance_id, model_name)
-    publisher = _publisher(config, kv_topic)
-    async_engine = AsyncEngine(engine, publisher, stall_timeout_s=config.engine_stall_timeout_s)
-    info = worker_info(engine, config, instance_id, kv_topic)
-    metrics = WorkerMetrics(
-        async_engine.stats,
-        model_name,
-        block_size=info.block_size,
-        num_gpu_blocks=engine.stats().num_blocks,
-        enable_prefix_caching=engine.config.enable_prefix_caching,
-    )
-    ctx = ServingContext(
-        async_engine,
-        engine.renderer,
-        model_name,
-        engine.max_model_len,
-        metrics,
-        config.data_parallel_rank,
-        hidden_layers=engine.runner.hidden.row_layers,
-    )
-    faults = FaultInjector(async_engine, publisher) if config.enable_fault_injection else None
-    worker = WorkerState(
-        config=config,
-        info=info,
-        engine=async_engine,
-        publisher=publisher,
-        metrics=metrics,
-        chat=ServingChat(ctx),
-        completion=ServingCompletion(ctx),
-        embedding=ServingEmbedding(ctx, json.loads(engine.assets.files.get("config.json", b"{}"))),
-        assets=AssetFiles(dict(engine.assets.files)),
-        max_num_seqs=engine.config.max_num_seqs,
-        created=int(time.time()),
-        faults=faults,
-    )
+def all_ranks(request: Request) -> list[WorkerState]:
+    return request.app.state.ranks
+
+
+def rank_state(request: Request) -> WorkerState:
+    """The engine a request names with X-data-parallel-rank, else the least loaded one."""
+    ranks = all_ranks(request)
+    i = rank_index(request, len(ranks))
+    if i is not None:
+        return ranks[i]
+    if len(ranks) == 1:
+        return ranks[0]
+    return min(ranks, key=lambda r: (s := r.engine.stats()).num_running + s.num_waiting)
+
+
+def init_app_state(
+    state: State, engines: LLMEngine | Sequence[LLMEngine], config: ServerConfig
+) -> WorkerState:
+    """Build the worker's state around loaded engines (one per data-parallel rank) and store it
+    on `state` (once)."""
     if getattr(state, "worker", None) is not None:
         raise RuntimeError("the worker's app state is already initialized")
-    state.worker = worker
-    return worker
+    engines = [engines] if isinstance(engines, LLMEngine) else list(engines)
+    ranks = config.engine_ranks()
+    if len(engines) != len(ranks):
+        raise ValueError(f"--data-parallel-size {len(ranks)} needs as many engines")
+    first = engines[0]
+    instance_id = uuid.uuid4().hex
+    model_name = first.config.served_model_name
+    assert model_name is not None  # EngineConfig fills it in
+    kv_topic = topic(instance_id, model_name)  # one topic for every rank, as vLLM's
+    publishers = [_publisher(config, kv_topic, i, r) for i, r in enumerate(ranks)]
+    async_engines = [
+        AsyncEngine(e, p, stall_timeout_s=config.engine_stall_timeout_s)
+        for e, p in zip(engines, publishers, strict=True)
+    ]
+    info = worker_info(engines, config, instance_id, kv_topic)
+    metrics = WorkerMetrics(
+        [(str(r or 0), ae.stats) for r, ae in zip(ranks, async_engines, strict=True)],
+        model_name,
+        block_size=info.block_size,
+        num_gpu_blocks=first.stats().num_blocks,
+        enable_prefix_caching=first.config.enable_prefix_caching,
+    )
+    states = []
+    for i, (engine, ae, pub) in enumerate(zip(engines, async_engines, publishers, strict=True)):
+        ctx = ServingContext(
+            ae,
+            engine.renderer,
+            model_name,
+            engine.max_model_len,
+            metrics.engines[i],
+            hidden_layers=engine.runner.hidden.row_layers,
+        )
+        model_config = json.loads(engine.assets.files.get("config.json", b"{}"))
+        states.append(
+            WorkerState(
+                config=config,
+                info=info,
+                engine=ae,
+                publisher=pub,
+                metrics=metrics,
+                chat=ServingChat(ctx),
+                completion=ServingCompletion(ctx),
+                embedding=ServingEmbedding(ctx, model_config),
+                assets=AssetFiles(dict(engine.assets.files)),
+                max_num_seqs=engine.config.max_num_seqs,
+                created=int(time.time()),
+                faults=FaultInjector(ae, pub) if config.enable_fault_injection else None,
+                rank=ranks[i],
+            )
+        )
+    state.worker, state.ranks = states[0], states
+    return states[0]
 
 
 def worker_info(
-    engine: LLMEngine, config: ServerConfig, instance_id: str, kv_topic: str
+    engines: LLMEngine | Sequence[LLMEngine],
+    config: ServerConfig,
+    instance_id: str,
+    kv_topic: str,
 ) -> WorkerInfo:
     """What `/kvgate/info` says: how this worker keys blocks and where its events are."""
+    engines = [engines] if isinstance(engines, LLMEngine) else list(engines)
+    engine = engines[0]
     ns = engine.namespace
     parts = FingerprintParts(
         **engine.assets.fingerprint_parts(),
@@ -119,7 +163,8 @@ def worker_info(
         hash_seed=ns.seed,
         namespace_model=ns.model,
     )
-    events = config.events_enabled
+    ranks = config.engine_ranks()
+    endpoints = [_endpoint(config, kv_topic, i) for i in range(len(ranks))]
     return WorkerInfo(
         model=ns.model,
         model_path=str(engine.config.model),
@@ -128,26 +173,35 @@ def worker_info(
         fingerprint=parts.digest(),
         fingerprint_parts=parts,
         instance_id=instance_id,
-        data_parallel_rank=config.data_parallel_rank,
+        data_parallel_rank=ranks[0],
         engine=engine.config.engine,
         max_model_len=engine.max_model_len,
         num_blocks=engine.stats().num_blocks,
-        kv_events=KVEventsEndpoint(
-            enabled=events,
-            port=config.kv_events_port or None,
-            replay_port=(config.kv_events_replay_port or None) if events else None,
-            topic=kv_topic,
-            curve=events and config.worker_token is not None,
+        kv_events=endpoints[0],
+        data_parallel_ranks=(
+            [
+                RankInfo(rank=r or 0, kv_events=ep, num_blocks=e.stats().num_blocks)
+                for r, ep, e in zip(ranks, endpoints, engines, strict=True)
+            ]
+            if len(ranks) > 1
+            else []
         ),
     )
 
 
-def current_info(state: WorkerState) -> WorkerInfo:
-    """The worker's info with its LoRA adapters as the engine thread last recorded them."""
-    lora = state.engine.stats().lora
-    if lora is None:
-        return state.info
-    return msgspec.structs.replace(state.info, lora=lora_adapters(lora))
+def current_info(ranks: Sequence[WorkerState]) -> WorkerInfo:
+    """The worker's info with its LoRA adapters as each engine thread last recorded them:
+    the first engine's at the top, and each rank's own (its resident slots) in its RankInfo."""
+    info = ranks[0].info
+    loras = [r.engine.stats().lora for r in ranks]
+    if loras[0] is None:
+        return info
+    replace = msgspec.structs.replace
+    per_rank = [
+        replace(ri, lora=lora_adapters(lora) if lora is not None else None)
+        for ri, lora in zip(info.data_parallel_ranks, loras, strict=False)
+    ]
+    return replace(info, lora=lora_adapters(loras[0]), data_parallel_ranks=per_rank)
 
 
 def lora_adapters(lora: LoRAStats) -> LoRAAdapters:
@@ -159,16 +213,30 @@ def lora_adapters(lora: LoRAStats) -> LoRAAdapters:
     )
 
 
-def _publisher(config: ServerConfig, kv_topic: str) -> EventPublisher:
+def _endpoint(config: ServerConfig, kv_topic: str, i: int) -> KVEventsEndpoint:
+    """Engine i's events endpoint: the configured ports + i (vLLM offsets by the rank)."""
+    events = config.events_enabled
+    replay = config.kv_events_replay_port
+    return KVEventsEndpoint(
+        enabled=events,
+        port=config.kv_events_port + i if events else None,
+        replay_port=replay + i if events and replay else None,
+        topic=kv_topic,
+        curve=events and config.worker_token is not None,
+    )
+
+
+def _publisher(config: ServerConfig, kv_topic: str, i: int, rank: int | None) -> EventPublisher:
     if not config.events_enabled:
         return NullEventPublisher()
+    replay = config.kv_events_replay_port
     publisher_config = PublisherConfig(
         host=config.zmq_host,
-        port=config.kv_events_port,
-        replay_port=config.kv_events_replay_port or None,
+        port=config.kv_events_port + i,
+        replay_port=replay + i if replay else None,
         topic=kv_topic,
         buffer_size=config.kv_events_buffer,
-        data_parallel_rank=config.data_parallel_rank,
+        data_parallel_rank=rank,
         curve=config.curve_keys,
     )
     if config.enable_fault_injection:

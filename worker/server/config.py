@@ -18,7 +18,13 @@ class ServerConfig:
     )
     kv_events_buffer: int = option(10_000, "event batches kept for replay")
     data_parallel_rank: int | None = option(
-        None, "DP rank stamped into event batches and checked against X-data-parallel-rank"
+        None, "DP rank stamped into event batches (the first engine's, with several)"
+    )
+    data_parallel_size: int = option(
+        1,
+        "engines behind this server, each with its own KV cache (as vLLM's): engine i takes "
+        "rank --data-parallel-rank + i and the KV-event ports + i; a request names one with "
+        "X-data-parallel-rank: i, else goes to the least loaded",
     )
     allow_runtime_lora_updating: bool = option(
         False,
@@ -72,6 +78,18 @@ class ServerConfig:
             raise ValueError(f"--kv-events-buffer must be positive, got {self.kv_events_buffer}")
         if self.data_parallel_rank is not None and self.data_parallel_rank < 0:
             raise ValueError(f"--data-parallel-rank must be >= 0, got {self.data_parallel_rank}")
+        n = self.data_parallel_size
+        if n < 1:
+            raise ValueError(f"--data-parallel-size must be >= 1, got {n}")
+        for name in ("kv_events_port", "kv_events_replay_port"):
+            if getattr(self, name) and getattr(self, name) + n - 1 > 65535:
+                raise ValueError(f"{name} + --data-parallel-size - 1 is past 65535")
+        e, r = self.kv_events_port, self.kv_events_replay_port
+        if e and r and e < r + n and r < e + n:
+            raise ValueError(
+                f"the KV-event ports of {n} engines ({e}-{e + n - 1}) and their replay ports "
+                f"({r}-{r + n - 1}) overlap"
+            )
         if self.engine_stall_timeout_s <= 0:
             raise ValueError("--engine-stall-timeout must be positive")
         if self.log_level not in LOG_LEVELS:
@@ -84,6 +102,13 @@ class ServerConfig:
     @property
     def events_enabled(self) -> bool:
         return self.kv_events_port != 0
+
+    def engine_ranks(self) -> list[int | None]:
+        """The data-parallel rank of each engine (None: one engine, not data parallel)."""
+        n, first = self.data_parallel_size, self.data_parallel_rank
+        if n == 1:
+            return [first]
+        return [(first or 0) + i for i in range(n)]
 
     @property
     def open_paths(self) -> frozenset[str]:

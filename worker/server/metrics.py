@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -61,124 +63,158 @@ _E2E_BUCKETS = (
 
 
 class _EngineCollector(Collector):
-    def __init__(self, stats: Callable[[], EngineStats], model_name: str, info: dict[str, str]):
-        self._stats = stats
+    """Each engine's numbers, labelled `engine` with its data-parallel rank, as vLLM labels them
+    (a gateway reads each rank's load from that label)."""
+
+    def __init__(
+        self,
+        engines: list[tuple[str, Callable[[], EngineStats]]],
+        model_name: str,
+        info: dict[str, str],
+    ):
+        self._engines = engines
         self._model = model_name
         self._info = info
 
     def collect(self) -> Iterator:
-        s = self._stats()
-        labels = ["model_name"]
-        values = [self._model]
+        labels = ["model_name", "engine"]
+        stats = [([self._model, engine], read()) for engine, read in self._engines]
 
-        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+        def gauge(name: str, doc: str, field: str) -> GaugeMetricFamily:
             g = GaugeMetricFamily(name, doc, labels=labels)
-            g.add_metric(values, value)
+            for values, s in stats:
+                g.add_metric(values, getattr(s, field))
             return g
 
-        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+        def counter(name: str, doc: str, field: str) -> CounterMetricFamily:
             c = CounterMetricFamily(name, doc, labels=labels)
-            c.add_metric(values, value)
+            for values, s in stats:
+                c.add_metric(values, getattr(s, field))
             return c
 
-        yield gauge("vllm:num_requests_running", "Requests in the running batch.", s.num_running)
-        yield gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.", s.num_waiting)
-        yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage (1 = full).", s.kv_cache_usage)
+        yield gauge("vllm:num_requests_running", "Requests in the running batch.", "num_running")
+        yield gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.", "num_waiting")
+        yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage (1 = full).", "kv_cache_usage")
         yield counter(
             "vllm:prefix_cache_queries",
             "Prompt tokens looked up in the prefix cache.",
-            s.prefix_queries_tokens,
+            "prefix_queries_tokens",
         )
         yield counter(
             "vllm:prefix_cache_hits",
             "Prompt tokens found in the prefix cache.",
-            s.prefix_hits_tokens,
+            "prefix_hits_tokens",
         )
-        yield counter("vllm:prompt_tokens", "Prompt tokens processed.", s.prompt_tokens_total)
-        yield counter("vllm:generation_tokens", "Tokens generated.", s.generation_tokens_total)
+        yield counter("vllm:prompt_tokens", "Prompt tokens processed.", "prompt_tokens_total")
+        yield counter("vllm:generation_tokens", "Tokens generated.", "generation_tokens_total")
         yield counter(
             "kvgate_worker_encoder_cache_hits",
             "Images whose embeddings came from the encoder cache.",
-            s.encoder_cache_hits,
+            "encoder_cache_hits",
         )
         yield counter(
-            "kvgate_worker_images_processed", "Images in admitted requests.", s.images_processed
+            "kvgate_worker_images_processed", "Images in admitted requests.", "images_processed"
         )
         yield counter(
-            "kvgate_worker_vision_tower_runs", "Vision-tower forward passes.", s.vision_tower_runs
+            "kvgate_worker_vision_tower_runs", "Vision-tower forward passes.", "vision_tower_runs"
         )
         yield gauge(
             "kvgate_worker_hidden_state_cache_bytes",
             "Memory of the hidden-state cache (0 without --hidden-state-cache).",
-            s.hidden_cache_bytes,
+            "hidden_cache_bytes",
         )
         yield counter(
             "kvgate_worker_hidden_state_queries",
             "Prompt tokens of requests that wanted hidden states (embeddings, "
             "return_hidden_states).",
-            s.hidden_queries_tokens,
+            "hidden_queries_tokens",
         )
         yield counter(
             "kvgate_worker_hidden_state_hits",
             "Of those, prompt tokens served from the prefix cache (not recomputed).",
-            s.hidden_hits_tokens,
+            "hidden_hits_tokens",
         )
         info = GaugeMetricFamily(
-            "vllm:cache_config_info", "KV-cache configuration.", labels=list(self._info)
+            "vllm:cache_config_info", "KV-cache configuration.", labels=[*self._info, "engine"]
         )
-        info.add_metric(list(self._info.values()), 1.0)
+        for engine, _ in self._engines:
+            info.add_metric([*self._info.values(), engine], 1.0)
         yield info
-        if s.lora is not None:
-            yield from _lora_metrics(s.lora, counter)
+        loras = [(values, s.lora) for values, s in stats if s.lora is not None]
+        if loras:
+            yield from _lora_metrics(loras)
 
 
-def _lora_metrics(lora: LoRAStats, counter) -> Iterator:
+def _lora_metrics(loras: list[tuple[list[str], LoRAStats]]) -> Iterator:
     """vLLM's vllm:lora_requests_info: the adapters with running and with waiting requests,
-    comma-separated, and max_lora, on a sample whose value is the time it was taken."""
+    comma-separated, and max_lora, on a sample whose value is the time it was taken. Several
+    engines (each with its own slots) give one sample each, told apart by an `engine` label;
+    one engine gives vLLM's label set exactly."""
     labels = ["max_lora", "running_lora_adapters", "waiting_lora_adapters"]
+    many = len(loras) > 1
     info = GaugeMetricFamily(
-        "vllm:lora_requests_info", "Running stats on lora requests.", labels=labels
+        "vllm:lora_requests_info",
+        "Running stats on lora requests.",
+        labels=[*labels, "engine"] if many else labels,
     )
-    info.add_metric(
-        [str(lora.max_loras), ",".join(lora.running), ",".join(lora.waiting)], time.time()
+    loads = CounterMetricFamily(
+        "kvgate_worker_lora_loads",
+        "LoRA adapters copied into a device slot.",
+        labels=["model_name", "engine"],
     )
+    now = time.time()
+    for (model, engine), lora in loras:
+        running, waiting = ",".join(lora.running), ",".join(lora.waiting)
+        values = [str(lora.max_loras), running, waiting]
+        info.add_metric([*values, engine] if many else values, now)
+        loads.add_metric([model, engine], lora.loads)
     yield info
-    yield counter(
-        "kvgate_worker_lora_loads", "LoRA adapters copied into a device slot.", lora.loads
-    )
+    yield loads
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLatency:
+    """The latency histograms of one engine (its `engine` label)."""
+
+    ttft: Any
+    e2e: Any
 
 
 class WorkerMetrics:
     def __init__(
         self,
-        stats: Callable[[], EngineStats],
+        engines: list[tuple[str, Callable[[], EngineStats]]],
         model_name: str,
         *,
         block_size: int,
         num_gpu_blocks: int,
         enable_prefix_caching: bool,
     ) -> None:
+        """`engines`: each engine's `engine` label (its data-parallel rank) and stats."""
         self.registry = CollectorRegistry(auto_describe=False)
         info = {
             "block_size": str(block_size),
             "num_gpu_blocks": str(num_gpu_blocks),
             "enable_prefix_caching": str(enable_prefix_caching),
         }
-        self.registry.register(_EngineCollector(stats, model_name, info))
-        self.ttft = Histogram(
+        self.registry.register(_EngineCollector(engines, model_name, info))
+        ttft = Histogram(
             "vllm:time_to_first_token_seconds",
             "Time to first token.",
-            ["model_name"],
+            ["model_name", "engine"],
             buckets=_TTFT_BUCKETS,
             registry=self.registry,
-        ).labels(model_name)
-        self.e2e = Histogram(
+        )
+        e2e = Histogram(
             "vllm:e2e_request_latency_seconds",
             "End-to-end request latency.",
-            ["model_name"],
+            ["model_name", "engine"],
             buckets=_E2E_BUCKETS,
             registry=self.registry,
-        ).labels(model_name)
+        )
+        self.engines = [
+            EngineLatency(ttft.labels(model_name, e), e2e.labels(model_name, e)) for e, _ in engines
+        ]
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

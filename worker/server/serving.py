@@ -21,7 +21,7 @@ from worker.engine.sampling_params import SamplingParams
 from worker.server.engine_client import AsyncEngine
 from worker.server.errors import APIError, as_api_error, error_body
 from worker.server.hidden_encoding import encode_hidden_states, require_hidden_cache
-from worker.server.metrics import WorkerMetrics
+from worker.server.metrics import EngineLatency
 from worker.server.protocol import SamplingFields
 from worker.server.request_stream import RequestStream
 
@@ -35,8 +35,7 @@ class ServingContext:
     renderer: Renderer
     model_name: str
     max_model_len: int
-    metrics: WorkerMetrics
-    data_parallel_rank: int | None
+    metrics: EngineLatency  # this engine's latency histograms
     # Hugging Face hidden_states index of each kept row; empty without --hidden-state-cache.
     hidden_layers: tuple[int, ...] = ()
 
@@ -62,9 +61,9 @@ class OpenAIServing:
     # -- checks --------------------------------------------------------------------------------
 
     def check_request(self, raw: Request, body: SamplingFields) -> str | None:
-        """The LoRA adapter the request's `model` names (None: the base model); 404 for none."""
+        """The LoRA adapter the request's `model` names (None: the base model); 404 for none.
+        X-data-parallel-rank was checked when the request's engine was chosen (rank_state)."""
         lora = self.lora_name(body.model)
-        check_rank_header(raw, self.ctx.data_parallel_rank)
         self.ctx.engine.check_alive()
         return lora
 
@@ -285,15 +284,20 @@ async def _wait_disconnect(raw: Request) -> None:
             return
 
 
-def check_rank_header(raw: Request, rank: int | None) -> None:
+def rank_index(raw: Request, count: int) -> int | None:
+    """The engine a request names with X-data-parallel-rank: its index among this server's
+    `count` engines, as vLLM reads the header (None: it names none)."""
     value = raw.headers.get("x-data-parallel-rank")
     if value is None:
-        return
+        return None
     try:
         asked = int(value)
     except ValueError:
         raise APIError(f"X-data-parallel-rank must be an integer, got {value!r}", 400) from None
-    if asked != (rank or 0):
+    if not 0 <= asked < count:
         raise APIError(
-            f"X-data-parallel-rank {asked} does not match this worker's rank {rank or 0}", 400
+            f"X-data-parallel-rank {asked} is out of range [0, {count}): this worker serves "
+            f"{count} engine(s)",
+            400,
         )
+    return asked

@@ -4,8 +4,18 @@ The gateway's own flags, environment and volumes, shared by the HTTP gateway
 `python -m gateway` with the same limits, overload and tenant settings.
 */}}
 
-{{/* Input limits, image fetching, overload, API keys and extra flags (after discovery). */}}
+{{/* vLLM workers' facts, input limits, image fetching, overload, API keys and extra flags
+(after discovery). */}}
 {{- define "kvgate.gatewayRequestArgs" -}}
+{{- if eq .Values.worker.kind "vllm" }}
+# vLLM has no /kvgate/assets: the tokenizer comes from the model volume. Its events ports come
+# from the Service's named ports (kv-events, kv-replay) where discovery sees them, else from
+# these flags (an InferencePool names no ports but the HTTP one); + rank each.
+- --model-dir={{ .Values.model.path }}
+- --vllm-kv-events-port={{ .Values.worker.ports.kvEvents }}
+- --vllm-kv-events-replay-port={{ .Values.worker.ports.kvReplay }}
+- "--vllm-kv-events-topic=kv@{pod}@{model}"
+{{- end }}
 {{- with .Values.gateway.limits }}
 - --max-body-bytes={{ .maxBodyBytes | int64 }}
 - --max-messages={{ .maxMessages | int64 }}
@@ -76,6 +86,11 @@ The gateway's own flags, environment and volumes, shared by the HTTP gateway
   mountPath: /tmp
 - name: cache
   mountPath: /var/cache/kvgate
+{{- if eq .Values.worker.kind "vllm" }}
+- name: models
+  mountPath: {{ .Values.model.mountPath }}
+  readOnly: true
+{{- end }}
 {{- if .Values.auth.existingSecret }}
 # A whole-directory mount (no subPath), so Secret updates reach the pod.
 - name: api-keys
@@ -90,6 +105,12 @@ The gateway's own flags, environment and volumes, shared by the HTTP gateway
 - name: cache
   emptyDir:
     sizeLimit: 1Gi
+{{- if eq .Values.worker.kind "vllm" }}
+- name: models
+  persistentVolumeClaim:
+    claimName: {{ .Values.model.existingClaim }}
+    readOnly: true
+{{- end }}
 {{- if .Values.auth.existingSecret }}
 - name: api-keys
   secret:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Query, Request
 
-from worker.server.app_state import worker_state
+from worker.server.app_state import rank_state
 from worker.server.errors import APIError
 
 router = APIRouter()
@@ -12,7 +12,7 @@ router = APIRouter()
 
 @router.post("/debug/fault")
 async def fault(raw: Request, kind: str = Query(...), count: int = Query(1)) -> dict:
-    faults = worker_state(raw).faults
+    faults = rank_state(raw).faults  # the engine X-data-parallel-rank names
     if faults is None:
         raise APIError("fault injection is disabled (--enable-fault-injection)", 404)
     try:

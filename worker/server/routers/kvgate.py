@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
 from cachekey.documents import Snapshot, SnapshotBlock, encode_document
 from worker.engine.llm_engine import CachedBlock
-from worker.server.app_state import current_info, worker_state
+from worker.server.app_state import all_ranks, current_info, worker_state
+from worker.server.errors import APIError
 
 router = APIRouter()
 
@@ -16,7 +17,7 @@ _JSON = "application/json"
 
 @router.get("/kvgate/info")
 async def info(raw: Request) -> Response:
-    return Response(encode_document(current_info(worker_state(raw))), media_type=_JSON)
+    return Response(encode_document(current_info(all_ranks(raw))), media_type=_JSON)
 
 
 @router.get("/kvgate/assets")
@@ -25,8 +26,13 @@ async def assets(raw: Request) -> Response:
 
 
 @router.get("/kv/snapshot")
-async def snapshot(raw: Request) -> Response:
+async def snapshot(raw: Request, rank: int | None = Query(None)) -> Response:
+    """Every cached block of one engine: the first, or the data-parallel `rank` given."""
     state = worker_state(raw)
+    if rank is not None:
+        state = next((r for r in all_ranks(raw) if (r.rank or 0) == rank), None)
+        if state is None:
+            raise APIError(f"this worker serves no data-parallel rank {rank}", 404, param="rank")
     snap = await state.engine.snapshot()
     doc = Snapshot(
         instance_id=state.info.instance_id,

@@ -2,6 +2,8 @@
 
 Mounted only with --allow-runtime-lora-updating (vLLM: VLLM_ALLOW_RUNTIME_LORA_UPDATING=True):
 the body names a path on the worker's filesystem. Same bodies, answers and errors as vLLM.
+A data-parallel worker loads and unloads on every rank, in order (each has its own slots), so
+every rank serves the same adapters; a bad path fails on the first, before any rank changed.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, ConfigDict
 
-from worker.server.app_state import worker_state
+from worker.server.app_state import all_ranks
 from worker.server.errors import APIError
 
 router = APIRouter()
@@ -34,7 +36,8 @@ class UnloadLoRAAdapterRequest(_Body):
 @router.post("/v1/load_lora_adapter")
 async def load_lora_adapter(body: LoadLoRAAdapterRequest, raw: Request) -> PlainTextResponse:
     name = body.lora_name
-    await worker_state(raw).engine.add_lora(name, body.lora_path, body.load_inplace)
+    for rank in all_ranks(raw):
+        await rank.engine.add_lora(name, body.lora_path, body.load_inplace)
     return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
 
 
@@ -43,5 +46,6 @@ async def unload_lora_adapter(body: UnloadLoRAAdapterRequest, raw: Request) -> P
     if not body.lora_name:
         # vLLM's words; adapters are unloaded by name here (lora_int_id is not exposed).
         raise APIError("either 'lora_name' and 'lora_int_id' needs to be provided.", 400)
-    await worker_state(raw).engine.remove_lora(body.lora_name)
+    for rank in all_ranks(raw):
+        await rank.engine.remove_lora(body.lora_name)
     return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from worker.server.app_state import worker_state
+from worker.server.app_state import rank_state, worker_state
 from worker.server.protocol import ChatCompletionRequest, CompletionRequest
 
 router = APIRouter()
@@ -13,12 +13,12 @@ router = APIRouter()
 
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, raw: Request) -> Response:
-    return await worker_state(raw).chat.create(raw, body)
+    return await rank_state(raw).chat.create(raw, body)
 
 
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, raw: Request) -> Response:
-    return await worker_state(raw).completion.create(raw, body)
+    return await rank_state(raw).completion.create(raw, body)
 
 
 @router.get("/v1/models")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from worker.server.app_state import worker_state
+from worker.server.app_state import all_ranks, worker_state
 from worker.server.errors import error_body
 from worker.server.metrics import CONTENT_TYPE
 
@@ -14,11 +14,15 @@ router = APIRouter()
 
 @router.get("/health")
 async def health(raw: Request) -> Response:
-    h = worker_state(raw).engine.health()
-    if h.ok:
-        return Response(status_code=200)
-    body = error_body(f"engine unhealthy: {h.reason}", 503, code="engine_dead")
-    return JSONResponse(body, status_code=503)
+    """200 while every engine is healthy (vLLM's server fails as a whole, too)."""
+    ranks = all_ranks(raw)
+    for rank in ranks:
+        h = rank.engine.health()
+        if not h.ok:
+            which = f" (data-parallel rank {rank.rank})" if len(ranks) > 1 else ""
+            body = error_body(f"engine unhealthy{which}: {h.reason}", 503, code="engine_dead")
+            return JSONResponse(body, status_code=503)
+    return Response(status_code=200)
 
 
 @router.get("/metrics")
@@ -28,4 +32,5 @@ async def metrics(raw: Request) -> Response:
 
 @router.post("/reset_prefix_cache")
 async def reset_prefix_cache(raw: Request) -> dict:
-    return {"reset": await worker_state(raw).engine.reset_prefix_cache()}
+    done = [await rank.engine.reset_prefix_cache() for rank in all_ranks(raw)]
+    return {"reset": all(done)}

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from worker.server.app_state import WorkerState, worker_state
+from worker.server.app_state import WorkerState, all_ranks, rank_state, worker_state
 from worker.server.errors import APIError
 from worker.server.protocol import ChatCompletionRequest, CompletionRequest, TokenizeRequest
-from worker.server.serving import check_rank_header
 
 router = APIRouter()
 
@@ -29,7 +28,7 @@ def server_info(raw: Request) -> dict:
         "max_total_num_tokens": s.num_blocks * s.block_size,
         "page_size": s.block_size,
         "max_running_requests": state.max_num_seqs,
-        "dp_size": 1,
+        "dp_size": len(all_ranks(raw)),
         "dp_rank": info.data_parallel_rank or 0,
         "disaggregation_mode": "null",
         "version": "kvgate-worker",
@@ -54,23 +53,24 @@ for _path in ("/get_model_info", "/model_info"):
 
 @router.get("/get_load")
 async def get_load(raw: Request) -> list[dict]:
-    state = worker_state(raw)
-    s = state.engine.stats()
-    used_tokens = round(s.kv_cache_usage * s.num_blocks * s.block_size)
-    return [
-        {
-            "dp_rank": state.info.data_parallel_rank or 0,
-            "num_reqs": s.num_running + s.num_waiting,
-            "num_waiting_reqs": s.num_waiting,
-            "num_tokens": used_tokens,
-        }
-    ]
+    """One entry per data-parallel rank, as SGLang's data-parallel servers answer."""
+    out = []
+    for state in all_ranks(raw):
+        s = state.engine.stats()
+        out.append(
+            {
+                "dp_rank": state.rank or 0,
+                "num_reqs": s.num_running + s.num_waiting,
+                "num_waiting_reqs": s.num_waiting,
+                "num_tokens": round(s.kv_cache_usage * s.num_blocks * s.block_size),
+            }
+        )
+    return out
 
 
 def _checked(raw: Request, model: str | None) -> WorkerState:
-    state = worker_state(raw)
+    state = rank_state(raw)  # a bad X-data-parallel-rank is a 400 here
     state.chat.lora_name(model)  # 404 unless the served model or one of its LoRA adapters
-    check_rank_header(raw, state.info.data_parallel_rank)
     return state
 
 
