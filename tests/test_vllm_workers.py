@@ -20,7 +20,6 @@ from conftest import free_port
 from test_gateway_subscriber import _count
 from vllm_like import VllmLike, free_port_run, load
 
-from bench.cluster import Proc
 from cachekey.assets import ModelAssets
 from cachekey.events import decode_batch
 from cachekey.keys import block_keys, clamp_match
@@ -32,6 +31,7 @@ from gateway.index import BlockIndex, ReplicaId
 from gateway.metrics import GatewayMetrics
 from gateway.replica_names import replica_name
 from gateway.replicas import Replica, ReplicaSet
+from harness.cluster import Proc
 
 DP = {r: load(f"data_parallel/rank{r}") for r in (0, 1)}
 
