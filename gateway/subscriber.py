@@ -17,9 +17,9 @@ a batch naming another rank is skipped and counted (`wrong_data_parallel_rank`).
 central SUB (gateway/event_hub.py) fills with this rank's batches; replay and the tail check are
 the same, through the worker's replay endpoint.
 
-Batches are decoded, hashed and applied on one ingestion thread (`_INGEST`), never on the event
-loop; each subscriber awaits its batch before the next, so a replica's order is kept. A
-malformed batch, event or field is skipped and counted by reason
+Batches are decoded, hashed and applied on one ingestion thread (gateway/ingest.py), never on
+the event loop; each subscriber awaits its batch before the next, so a replica's order is kept.
+A malformed batch, event or field is skipped and counted by reason
 (`kvgate_event_errors_total{reason}`), logged once per reason; it never ends the subscriber.
 """
 
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import httpx
@@ -35,18 +34,15 @@ import zmq
 import zmq.asyncio
 
 from cachekey.documents import Snapshot, decode_document
-from cachekey.events import DecodeError, decode_batch
 from cachekey.events import seq_from_bytes as seq_of
 from cachekey.keys import HashNamespace
 from cachekey.worker_auth import CurveKeys
 from gateway.index import BlockIndex, ReplicaId
+from gateway.ingest import INGEST, ingest_batch
 from gateway.metrics import GatewayMetrics
 from gateway.replay import ReplayClient
 
 log = logging.getLogger(__name__)
-
-# One thread for every subscriber: ingestion is GIL-bound, so more threads would only contend.
-_INGEST = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-ingest")
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,36 +217,16 @@ class KVEventSubscriber:
 
     async def _apply(self, seq: int, payload: bytes) -> None:
         loop = asyncio.get_running_loop()
-        errors, applied = await loop.run_in_executor(_INGEST, self._ingest, seq, payload)
+        done = await loop.run_in_executor(
+            INGEST, ingest_batch, self.index, self.replica, self.ns, self.source.rank, seq, payload
+        )
         # Only now: whoever reads last_seq (/kvgate/index, tests) finds the batch in the index.
         self.next_seq = seq + 1
-        self._metrics.events_applied.labels(self.replica).inc(applied)
-        for reason in errors:
+        self._metrics.events_applied.labels(self.replica).inc(done.applied)
+        if done.unknown_parents:
+            self._metrics.skipped_unknown_parent.inc(done.unknown_parents)
+        for reason in done.errors:
             self._count_error(reason, seq)
-
-    def _ingest(self, seq: int, payload: bytes) -> tuple[list[str], int]:
-        """Decode, hash and apply one batch (on the ingestion thread); never raises."""
-        index = self.index
-        try:
-            batch = decode_batch(payload)
-        except DecodeError as e:
-            return [e.reason], 0
-        rank = self.source.rank
-        if rank is not None and batch.data_parallel_rank not in (None, rank):
-            return ["wrong_data_parallel_rank"], 0  # another rank's stream: never merge it
-        before_parent, before_errors = index.skipped_unknown_parent, index.errors.copy()
-        try:
-            applied = index.apply(self.replica, self.ns, batch.events)
-        except Exception:  # a bug, not bad input: keep the replica's index and say so
-            log.exception("%s: applying batch %d failed", self.replica, seq)
-            return [*batch.errors, "internal"], 0
-        skipped = index.skipped_unknown_parent - before_parent
-        if skipped:
-            self._metrics.skipped_unknown_parent.inc(skipped)
-        errors = list(batch.errors)
-        for reason, n in (index.errors - before_errors).items():
-            errors += [reason] * n
-        return errors, applied
 
     def _count_error(self, reason: str, seq: int) -> None:
         self._metrics.event_errors.labels(reason).inc()
@@ -299,7 +275,7 @@ class KVEventSubscriber:
         self.index.drop_replica(self.replica)
         snap = await self._fetch_snapshot()
         if snap is not None:
-            await asyncio.get_running_loop().run_in_executor(_INGEST, self.load_snapshot, snap)
+            await asyncio.get_running_loop().run_in_executor(INGEST, self.load_snapshot, snap)
         else:
             self.next_seq = 0
         batches = await self._replayed()

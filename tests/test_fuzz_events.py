@@ -2,7 +2,7 @@
 
 Mutated vLLM 0.33 batches (fields replaced by junk of every type, tokens past 32 bits, maps inside
 extra_keys, lists as hashes, bad `ts`, unknown events, truncated or random bytes) go through the
-subscriber's own ingestion (`KVEventSubscriber._ingest`: decode, hash, apply) between well-formed
+subscriber's own ingestion (`gateway.ingest.ingest_batch`: decode, hash, apply) between well-formed
 batches. Nothing may raise, a well-formed event in a mutated batch must still be applied, and the
 replica's prefix stored first must stay matched. The last test sends a few hundred mutated
 batches over a real ZMQ PUB to a running subscriber, which must keep its index and its task.
@@ -28,6 +28,7 @@ from test_gateway_subscriber import _count, _until
 from cachekey.events import seq_bytes
 from cachekey.keys import HashNamespace, block_keys
 from gateway.index import BlockIndex, ReplicaId
+from gateway.ingest import ingest_batch
 from gateway.metrics import GatewayMetrics
 from gateway.subscriber import EventSource, KVEventSubscriber
 
@@ -130,13 +131,6 @@ def mutated_batch(draw) -> bytes:
     return payload
 
 
-def _subscriber() -> tuple[KVEventSubscriber, BlockIndex, GatewayMetrics]:
-    index, metrics = BlockIndex(), GatewayMetrics()
-    source = EventSource("fuzz", "127.0.0.1", 1, None, "", None)
-    sub = KVEventSubscriber(R, source, NS, index, None, None, metrics)  # type: ignore[arg-type]
-    return sub, index, metrics
-
-
 def _held(index: BlockIndex, tokens: list[int]) -> int:
     return index.match(block_keys(tokens, NS), [R])[R]
 
@@ -148,10 +142,10 @@ def _held(index: BlockIndex, tokens: list[int]) -> int:
 )
 @given(payload=mutated_batch())
 def test_mutated_batches_never_cost_the_replica_its_index(payload):
-    sub, index, _ = _subscriber()
+    index = BlockIndex()
     base = msgspec.msgpack.encode([1.0, [stored(BASE_HASHES, BASE)], 0])
-    assert sub._ingest(0, base) == ([], 1)
-    errors, _ = sub._ingest(1, payload)  # must not raise, whatever the payload
+    assert ingest_batch(index, R, NS, None, 0, base) == ([], 1, 0)
+    errors = ingest_batch(index, R, NS, None, 1, payload).errors  # must not raise, whatever it is
     assert _held(index, BASE) == 3
     full = msgspec.msgpack.decode(payload) if _decodes(payload) else None
     if full is not None and isinstance(full[1], list):
@@ -161,7 +155,7 @@ def test_mutated_batches_never_cost_the_replica_its_index(payload):
     child = msgspec.msgpack.encode(
         [2.0, [stored([b"base-block-0004!!"], [13, 14, 15, 16], parent=BASE_HASHES[-1])], 0]
     )
-    assert sub._ingest(2, child) == ([], 1)
+    assert ingest_batch(index, R, NS, None, 2, child) == ([], 1, 0)
     assert _held(index, [*BASE, 13, 14, 15, 16]) == 4
 
 

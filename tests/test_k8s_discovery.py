@@ -13,13 +13,13 @@ import pytest
 from k8s_fake_api import FakeApi, FakeApiServer, make_slice
 
 from gateway.discovery.k8s import (
-    Backoff,
     KubernetesDiscovery,
     build_selector,
     default_namespace,
     endpoint_urls,
     worker_endpoints,
 )
+from gateway.discovery.list_watch import Backoff
 from gateway.endpoints import WorkerEndpoint
 
 WAIT_S = 10.0

@@ -16,7 +16,7 @@ from typing import Any
 
 from kubernetes import client
 
-from gateway.discovery.k8s import Backoff, ListWatch, run_watches
+from gateway.discovery.list_watch import Backoff, ListWatch, run_watches
 from gateway.endpoints import WorkerEndpoint
 
 GROUP = "inference.networking.k8s.io"
