@@ -1,14 +1,19 @@
-"""RequestStream: the outputs of one API request's engine requests, read by its handler."""
+"""RequestStream: the outputs of one API request's engine requests, read by its handler (which
+stops early with `unless_gone` when the client disconnects)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import TypeVar
+
+from fastapi import Request
 
 from worker.engine.llm_engine import RequestOutput
 
 # (request ids to forget, those of them to abort): AsyncEngine.release.
 Release = Callable[[Sequence[str], Sequence[str]], None]
+T = TypeVar("T")
 
 
 class RequestStream:
@@ -37,3 +42,28 @@ class RequestStream:
         """Forget the requests; abort those not finished (client gone, error, cancellation)."""
         self._release(self.request_ids, sorted(self._unfinished))
         self._unfinished.clear()
+
+
+async def _wait_disconnect(raw: Request) -> None:
+    # After the body is read, the only message left on the ASGI channel is the disconnect.
+    while True:
+        message = await raw.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def unless_gone(raw: Request, stream: RequestStream, work: Awaitable[T]) -> T | None:
+    """`work`'s result, or None when the client disconnects first (the work is cancelled);
+    the request's stream is closed either way."""
+    done = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_wait_disconnect(raw))
+    try:
+        await asyncio.wait((done, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not done.done():
+            done.cancel()
+        stream.close()
+    if not done.done() or done.cancelled():
+        return None
+    return done.result()

@@ -3,7 +3,6 @@ engine requests, usage, SSE streaming, and aborting when the client goes away.""
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -23,7 +22,7 @@ from worker.server.errors import APIError, as_api_error, error_body
 from worker.server.hidden_encoding import encode_hidden_states, require_hidden_cache
 from worker.server.metrics import EngineLatency
 from worker.server.protocol import SamplingFields
-from worker.server.request_stream import RequestStream
+from worker.server.request_stream import RequestStream, unless_gone
 
 _json = msgspec.json.Encoder()
 _DONE = b"data: [DONE]\n\n"
@@ -153,18 +152,10 @@ class OpenAIServing:
     async def _complete(
         self, raw: Request, stream: RequestStream, body: SamplingFields, rid: str, arrived: float
     ) -> Response:
-        collect = asyncio.ensure_future(self._collect(stream, arrived))
-        gone = asyncio.ensure_future(_wait_disconnect(raw))
-        try:
-            await asyncio.wait((collect, gone), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            gone.cancel()
-            if not collect.done():
-                collect.cancel()
-            stream.close()
-        if not collect.done() or collect.cancelled():
+        collected = await unless_gone(raw, stream, self._collect(stream, arrived))
+        if collected is None:
             return Response(status_code=499)  # nobody is listening any more
-        choices, prompt_tokens, cached = collect.result()
+        choices, prompt_tokens, cached = collected
         payload = {
             "id": rid,
             "object": self.object_name,
@@ -274,14 +265,6 @@ def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> di
         "total_tokens": prompt_tokens + completion_tokens,
         "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
-
-
-async def _wait_disconnect(raw: Request) -> None:
-    # After the body is read, the only message left on the ASGI channel is the disconnect.
-    while True:
-        message = await raw.receive()
-        if message["type"] == "http.disconnect":
-            return
 
 
 def rank_index(raw: Request, count: int) -> int | None:

@@ -24,8 +24,8 @@ from worker.engine.sampling_params import SamplingParams
 from worker.server.embedding_protocol import EmbeddingRequest
 from worker.server.errors import APIError
 from worker.server.hidden_encoding import b64_floats, require_hidden_cache
-from worker.server.request_stream import RequestStream
-from worker.server.serving import OpenAIServing, ServingContext, _wait_disconnect
+from worker.server.request_stream import RequestStream, unless_gone
+from worker.server.serving import OpenAIServing, ServingContext
 
 _json = msgspec.json.Encoder()
 _PREFILL_ONLY = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
@@ -112,18 +112,7 @@ class ServingEmbedding(OpenAIServing):
 
     async def _collect(self, raw: Request, stream: RequestStream):
         """(vector, prompt tokens, cached tokens) per input; None if the client went away."""
-        collect = asyncio.ensure_future(_results(stream))
-        gone = asyncio.ensure_future(_wait_disconnect(raw))
-        try:
-            await asyncio.wait((collect, gone), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            gone.cancel()
-            if not collect.done():
-                collect.cancel()
-            stream.close()
-        if not collect.done() or collect.cancelled():
-            return None
-        return collect.result()
+        return await unless_gone(raw, stream, _results(stream))
 
     def _response(self, body: EmbeddingRequest, results: list) -> dict:
         data = []
