@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import KW_ONLY, dataclass, field
 
 import zmq
 import zmq.asyncio
@@ -19,25 +20,17 @@ from cachekey.worker_auth import CurveKeys
 log = logging.getLogger(__name__)
 
 
+@dataclass(slots=True)
 class ReplayClient:
-    def __init__(
-        self,
-        ctx: zmq.asyncio.Context,
-        endpoint: str,
-        *,
-        ipv6: bool,
-        timeout: float,
-        name: str,
-        curve: CurveKeys | None = None,
-    ) -> None:
-        self.endpoint = endpoint
-        self._ctx = ctx
-        self._ipv6 = ipv6
-        self._timeout = timeout
-        self._name = name
-        self._curve = curve
-        self._dealer: zmq.asyncio.Socket | None = None
-        self._failing = False
+    ctx: zmq.asyncio.Context
+    endpoint: str
+    _: KW_ONLY
+    ipv6: bool
+    timeout: float
+    name: str  # the replica, for logs
+    curve: CurveKeys | None = None
+    _dealer: zmq.asyncio.Socket | None = field(default=None, init=False)
+    _failing: bool = field(default=False, init=False)
 
     async def fetch(self, start: int) -> list[tuple[int, bytes]] | None:
         """Every buffered batch with seq >= start, oldest first; None when no whole answer came."""
@@ -50,7 +43,7 @@ class ReplayClient:
             log.log(
                 level,
                 "%s: replay from seq %d at %s failed: %s",
-                self._name,
+                self.name,
                 start,
                 self.endpoint,
                 reason,
@@ -59,7 +52,7 @@ class ReplayClient:
             self.close()
             return None
         if self._failing:
-            log.info("%s: replay at %s answers again", self._name, self.endpoint)
+            log.info("%s: replay at %s answers again", self.name, self.endpoint)
             self._failing = False
         return batches
 
@@ -68,7 +61,7 @@ class ReplayClient:
         await dealer.send_multipart([b"", seq_bytes(start)])
         batches: list[tuple[int, bytes]] = []
         while True:
-            reply = await asyncio.wait_for(dealer.recv_multipart(), self._timeout)
+            reply = await asyncio.wait_for(dealer.recv_multipart(), self.timeout)
             item = parse_replay_reply(reply)
             if item is None:
                 return batches
@@ -81,11 +74,11 @@ class ReplayClient:
 
     def _socket(self) -> zmq.asyncio.Socket:
         if self._dealer is None:
-            dealer = self._ctx.socket(zmq.DEALER)
+            dealer = self.ctx.socket(zmq.DEALER)
             dealer.setsockopt(zmq.LINGER, 0)
-            dealer.setsockopt(zmq.IPV6, self._ipv6)
-            if self._curve is not None:
-                self._curve.connect(dealer)
+            dealer.setsockopt(zmq.IPV6, self.ipv6)
+            if self.curve is not None:
+                self.curve.connect(dealer)
             dealer.connect(self.endpoint)
             self._dealer = dealer
         return self._dealer
