@@ -74,6 +74,9 @@ class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
     max_model_len: PositiveInt | None = None
     num_blocks: PositiveInt | None = None
     has_snapshot: bool = True  # False: no /kv/snapshot (plain vLLM), resync from empty
+    # True: a request whose next prefix block another running request is computing waits for
+    # it and hits it (kvgate's scheduler); False: it may compute it too (plain vLLM).
+    defers_shared_prefill: bool = False
 
     def namespace(self) -> HashNamespace:
         return HashNamespace(self.model, self.block_size, self.hash_seed)

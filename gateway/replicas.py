@@ -27,6 +27,7 @@ from gateway.config import GatewayConfig
 from gateway.index import BlockIndex, ReplicaId
 from gateway.metrics import GatewayMetrics
 from gateway.parity import check_parity
+from gateway.prefill_rate import PrefillRate, parse_prefill_sums
 from gateway.subscriber import EventSource, KVEventSubscriber
 from gateway.upstream import UpstreamPool
 from gateway.vllm_compat import vllm_info
@@ -62,7 +63,9 @@ class Replica:
     running: float = 0.0
     kv_usage: float = 0.0
     in_flight: int = 0
+    # Uncached prompt tokens of this gateway's requests here that have no first token yet.
     in_flight_prefill_tokens: int = 0
+    prefill_rate: PrefillRate = field(default_factory=PrefillRate)  # from the worker's metrics
     # Uncached prefill tokens routed here, exponentially decayed: spreads new prefix groups
     # over replicas even when nothing is in flight (a sequential trace).
     recent_prefill: float = 0.0
@@ -233,6 +236,7 @@ class ReplicaSet:
         if metrics_r.status_code == 200:
             for attr, value in parse_load(metrics_r.text).items():
                 setattr(rep, attr, value)
+            rep.prefill_rate.observe(parse_prefill_sums(metrics_r.text))
         self._set_health(rep, health_r)
 
     def _set_health(self, rep: Replica, health_r: httpx.Response) -> None:
@@ -298,9 +302,11 @@ class ReplicaSet:
         rep.dp_rank = info.data_parallel_rank
         rep.fingerprint = info.fingerprint
         rep.namespace = info.namespace()
+        rep.prefill_rate.reset()
+        self.index.set_traits(rep.id, info.defers_shared_prefill, info.num_blocks)
         check_parity(self.replicas.values(), self.metrics)
         kv = info.kv_events
-        if kv.enabled and kv.port is not None:
+        if kv.enabled and kv.port is not None and self.config.kv_events:
             source = EventSource(
                 instance_id=info.instance_id,
                 host=urlparse(rep.url).hostname or "127.0.0.1",

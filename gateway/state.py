@@ -48,7 +48,10 @@ class GatewayState:
         # Control traffic (polls, snapshots, assets); requests use each replica's own pool.
         http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=config.connect_timeout))
         replicas = ReplicaSet(config, index, metrics, http)
-        metrics.in_flight.source = lambda: ((r.id, r.in_flight) for r in replicas.replicas.values())
+        metrics.in_flight.source = lambda: (
+            (r.id, r.in_flight, r.prefill_rate.seconds_per_token)
+            for r in replicas.replicas.values()
+        )
         return cls(
             config=config,
             metrics=metrics,

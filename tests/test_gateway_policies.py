@@ -31,17 +31,41 @@ def _rank(name: str, ctx: RouteContext, config: GatewayConfig | None = None) -> 
     return asyncio.run(POLICIES[name](config or GatewayConfig()).rank(ctx))
 
 
-def test_cache_aware_prefers_the_longest_prefix_until_load_outweighs_it():
+def test_cache_aware_prefers_the_longest_prefix_until_its_queue_outweighs_it():
     reps = _reps()
     tokens = list(range(320))  # 20 blocks
     ctx = _ctx(reps, tokens, {reps[2].id: 18, reps[1].id: 5})
     assert _rank("cache_aware", ctx)[0] is reps[2]
-    # The same replica with a deep queue loses to a cold, idle one.
-    reps[2].waiting = 10
+    # Queued prefill there: recomputing 15 blocks on reps[1] is cheaper than waiting for 300.
+    reps[2].in_flight, reps[2].in_flight_prefill_tokens = 1, 16 * 300
     assert _rank("cache_aware", ctx)[0] is reps[1]
-    reps[2].waiting = 0
-    reps[2].in_flight, reps[2].in_flight_prefill_tokens = 4, 16 * 40
-    assert _rank("cache_aware", ctx)[0] is not reps[2]
+    # A short queue is not worth a recompute.
+    reps[2].in_flight_prefill_tokens = 16 * 10
+    assert _rank("cache_aware", ctx)[0] is reps[2]
+
+
+def test_cache_aware_cost_is_seconds_at_each_replicas_measured_rate():
+    reps = _reps(2)
+    reps[0].prefill_rate.seconds_per_token = 4e-4  # a slower worker
+    reps[1].prefill_rate.seconds_per_token = 1e-4
+    policy = POLICIES["cache_aware"](GatewayConfig())
+    ctx = _ctx(reps, list(range(320)), {reps[0].id: 10})
+    # 160 uncached tokens at 4e-4 s (0.064 s) lose to 320 at 1e-4 s (0.032 s).
+    assert asyncio.run(policy.rank(ctx))[0] is reps[1]
+    cost = policy.cost(ctx, reps[0], 0.0, 4e-4)
+    assert cost.prefill == pytest.approx(0.064) and cost.queue == 0.0
+    assert cost.total == pytest.approx(cost.queue + cost.prefill + cost.interference + cost.spread)
+
+
+def test_cache_aware_keeps_cold_prefills_off_busy_replicas():
+    """A cold prompt delays every request on its replica: it goes where fewer are decoding,
+    counted by the gateway or (for other gateways' traffic) by the worker."""
+    reps = _reps(2)
+    ctx = _ctx(reps, list(range(320)))
+    reps[0].running = 6
+    assert _rank("cache_aware", ctx)[0] is reps[1]
+    reps[0].running, reps[1].in_flight = 0, 6
+    assert _rank("cache_aware", ctx)[0] is reps[0]
 
 
 def test_ties_are_reproducible_per_request_and_spread_across_requests():
@@ -108,7 +132,7 @@ def test_config_rejects_bad_values(kwargs):
 
 def test_cost_weights_reject_negative():
     with pytest.raises(ValueError):
-        CostWeights(prefill=-1)
+        CostWeights(recent=-1)
 
 
 def test_sse_relay_strips_unrequested_usage_across_chunk_boundaries():

@@ -1,23 +1,46 @@
-"""cache_aware: lowest cost wins, where cost trades uncached prefill against load.
+"""cache_aware: the replica with the lowest estimated cost of serving the request now wins.
 
-cost(r) = w_prefill * uncached_prompt_tokens(r) / block_size
-        + w_load * (in_flight_uncached_prefill_tokens(r) / block_size + w_decode * in_flight(r))
-        + w_queue * waiting(r) + w_kv * kv_usage(r)
-        + w_recent * recent_uncached_prefill_tokens(r) / block_size     (decayed)
+The cost is a sum of named terms, in seconds at the replica's measured prefill rate
+(`Replica.prefill_rate`, from the worker's own metrics):
 
-The recent term spreads new prefix groups (which miss everywhere) over the replicas even when
-nothing is in flight; it is small next to a real prefix hit.
+  queue        prefill tokens ahead of it there: this gateway's requests routed there that have
+               no first token yet
+  prefill      its own uncached prompt tokens there (the index match)
+  interference its uncached tokens again for each request on the replica: its prefill steps
+               are their steps too, so it delays each of their next tokens (decode load)
+  spread       recent uncached prefill routed there (decayed), times a small weight: spreads
+               new prefixes over the caches even when nothing is in flight
+
+queue + prefill is its time to first token; interference is what it costs the others. A longer
+prefix wins until the queue behind it costs more than recomputing it elsewhere: that is a spill
+(`kvgate_route_spills_total`, counted by the request path). docs/gateway.md has the model.
 """
 
 from __future__ import annotations
 
 import math
 import random
+import statistics
 import time
+from dataclasses import dataclass
 
 from gateway.config import GatewayConfig
 from gateway.policies.base import RouteContext, tie_order
 from gateway.replicas import Replica
+
+
+@dataclass(slots=True)
+class Cost:
+    """Estimated seconds; the total is the sum of the terms (a new term joins as a field)."""
+
+    queue: float
+    prefill: float
+    interference: float
+    spread: float
+
+    @property
+    def total(self) -> float:
+        return self.queue + self.prefill + self.interference + self.spread
 
 
 class CacheAwarePolicy:
@@ -29,23 +52,29 @@ class CacheAwarePolicy:
         self.half_life = config.recent_half_life
         self._rng = random.Random()
 
-    def cost(self, ctx: RouteContext, r: Replica, now: float) -> float:
-        w, bs = self.w, ctx.block_size
-        uncached = max(ctx.num_prompt_tokens - ctx.matched.get(r.id, 0) * bs, 0)
-        load = r.in_flight_prefill_tokens / bs + w.decode * r.in_flight
-        recent = r.recent_prefill_at(now, self.half_life) / bs
-        return (
-            w.prefill * uncached / bs
-            + w.load * load
-            + w.queue * r.waiting
-            + w.kv * r.kv_usage
-            + w.recent * recent
+    def cost(self, ctx: RouteContext, r: Replica, now: float, rate: float) -> Cost:
+        uncached = max(ctx.num_prompt_tokens - ctx.matched.get(r.id, 0) * ctx.block_size, 0)
+        # The worker's own counts see other gateways' requests too.
+        on_replica = max(r.in_flight, r.running + r.waiting)
+        return Cost(
+            queue=rate * r.in_flight_prefill_tokens,
+            prefill=rate * uncached,
+            interference=rate * uncached * on_replica,
+            spread=rate * self.w.recent * r.recent_prefill_at(now, self.half_life),
         )
 
     async def rank(self, ctx: RouteContext) -> list[Replica]:
         now = time.monotonic()
+        fallback = fallback_rate(ctx.candidates)
         scored = sorted(
-            ((self.cost(ctx, r, now), tie_order(ctx.tie_seed, r), r) for r in ctx.candidates),
+            (
+                (
+                    self.cost(ctx, r, now, r.prefill_rate.seconds_per_token or fallback).total,
+                    tie_order(ctx.tie_seed, r),
+                    r,
+                )
+                for r in ctx.candidates
+            ),
             key=lambda t: (t[0], t[1]),
         )
         ranked = [r for _, _, r in scored]
@@ -55,3 +84,12 @@ class CacheAwarePolicy:
             first = self._rng.choices(range(len(ranked)), weights=weights)[0]
             ranked.insert(0, ranked.pop(first))
         return ranked
+
+
+def fallback_rate(replicas: list[Replica]) -> float:
+    """The rate of a replica not measured yet: the median of those measured; with none
+    measured, 1 (costs are then in tokens, which ranks alike while all replicas are alike)."""
+    measured = [
+        r.prefill_rate.seconds_per_token for r in replicas if r.prefill_rate.seconds_per_token
+    ]
+    return statistics.median(measured) if measured else 1.0

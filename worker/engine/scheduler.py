@@ -2,13 +2,17 @@
 
 Every step gives each running sequence what it still needs (one token for a decode, the rest
 of a prompt chunk for a prefill) under a token budget, then admits waiting sequences, oldest
-first. When blocks run out, the most recently admitted running sequence is preempted: its
-blocks are freed, its generated tokens kept, and it is recomputed later (mostly from the
-prefix cache), so its output is unchanged.
+first. A waiting sequence whose next prefix block a running sequence is still computing waits
+until that block is cached, then hits it: two requests sharing a prefix never compute it twice,
+and the hit a gateway predicts for the second one is the whole shared prefix (docs/worker.md).
+When blocks run out, the most recently admitted running sequence is preempted: its blocks are
+freed, its generated tokens kept, and it is recomputed later (mostly from the prefix cache), so
+its output is unchanged.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -82,9 +86,13 @@ class Scheduler:
 
     def _admit(self, scheduled: list[ScheduledSeq], budget: int) -> int:
         bm = self.block_manager
+        deferred: list[Sequence] = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             hits = bm.find_cached_prefix(seq)
+            if self._computing(seq, len(hits)):
+                deferred.append(self.waiting.popleft())  # keeps its place in the queue
+                continue
             num_hit_tokens = len(hits) * bm.block_size
             n = min(seq.num_tokens - num_hit_tokens, budget)
             if not bm.can_allocate(seq, hits, n):
@@ -96,10 +104,28 @@ class Scheduler:
                 self.counters.prefix_queries_tokens += seq.num_tokens
                 self.counters.prefix_hits_tokens += num_hit_tokens
             seq.status = SequenceStatus.RUNNING
+            seq.scheduled_at = time.monotonic()
             self.running.append(seq)
             scheduled.append(ScheduledSeq(seq, n))
             budget -= n
+        self.waiting.extendleft(reversed(deferred))
         return budget
+
+    def _computing(self, seq: Sequence, num_hits: int) -> bool:
+        """Is a running sequence computing block `num_hits` of seq's prefix (not cached yet)?
+
+        Keys chain their parents, so equal keys at one index mean equal prefixes up to it.
+        """
+        if not self.block_manager.enable_prefix_caching or num_hits >= len(seq.block_keys):
+            return False
+        key = seq.block_keys[num_hits]
+        for other in self.running:
+            if (
+                other.num_cached_blocks <= num_hits < len(other.block_keys)
+                and other.block_keys[num_hits] == key
+            ):
+                return True
+        return False
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)

@@ -119,6 +119,7 @@ def worker_info(
         engine=engine.config.engine,
         max_model_len=engine.max_model_len,
         num_blocks=engine.stats().num_blocks,
+        defers_shared_prefill=engine.config.enable_prefix_caching,
         kv_events=KVEventsEndpoint(
             enabled=events,
             port=config.kv_events_port or None,

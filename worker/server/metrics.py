@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from worker.engine.llm_engine import EngineStats
+from worker.engine.llm_engine import EngineStats, RequestOutput
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -56,6 +56,8 @@ _E2E_BUCKETS = (
     120.0,
     240.0,
 )
+# vLLM's 1-2-5 token buckets.
+_TOKEN_BUCKETS = tuple(m * 10**e for e in range(7) for m in (1, 2, 5))
 
 
 class _EngineCollector(Collector):
@@ -129,20 +131,47 @@ class WorkerMetrics:
             "enable_prefix_caching": str(enable_prefix_caching),
         }
         self.registry.register(_EngineCollector(stats, model_name, info))
-        self.ttft = Histogram(
-            "vllm:time_to_first_token_seconds",
-            "Time to first token.",
-            ["model_name"],
-            buckets=_TTFT_BUCKETS,
-            registry=self.registry,
-        ).labels(model_name)
-        self.e2e = Histogram(
+        self.ttft = self._histogram(
+            "vllm:time_to_first_token_seconds", "Time to first token.", _TTFT_BUCKETS, model_name
+        )
+        self.e2e = self._histogram(
             "vllm:e2e_request_latency_seconds",
             "End-to-end request latency.",
-            ["model_name"],
-            buckets=_E2E_BUCKETS,
-            registry=self.registry,
-        ).labels(model_name)
+            _E2E_BUCKETS,
+            model_name,
+        )
+        # Per request, at its first token (vLLM's intervals): the gateway divides the prefill
+        # seconds by the computed tokens for each worker's prefill rate (docs/gateway.md).
+        self.queue_time = self._histogram(
+            "vllm:request_queue_time_seconds",
+            "Time from arrival to the latest admission to the running batch.",
+            _TTFT_BUCKETS,
+            model_name,
+        )
+        self.prefill_time = self._histogram(
+            "vllm:request_prefill_time_seconds",
+            "Time from the latest admission to the first token.",
+            _TTFT_BUCKETS,
+            model_name,
+        )
+        self.prefill_kv_computed = self._histogram(
+            "vllm:request_prefill_kv_computed_tokens",
+            "Prompt tokens computed in prefill (prefix-cache hits excluded).",
+            _TOKEN_BUCKETS,
+            model_name,
+        )
+
+    def _histogram(self, name: str, doc: str, buckets: tuple, model_name: str):
+        h = Histogram(name, doc, ["model_name"], buckets=buckets, registry=self.registry)
+        return h.labels(model_name)
+
+    def first_token(self, out: RequestOutput) -> None:
+        """Record a request's queue and prefill intervals (a no-op after its first token)."""
+        if out.prefill_s is None or out.queue_s is None:
+            return
+        self.queue_time.observe(out.queue_s)
+        self.prefill_time.observe(out.prefill_s)
+        self.prefill_kv_computed.observe(out.num_prompt_tokens - out.num_cached_tokens)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
