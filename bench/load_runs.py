@@ -79,7 +79,8 @@ class LoadRow:
     spills: int
     seconds: float
     load_avg: float  # the host's 1-minute load average at the end of the run
-    # Each request: (conversation, turn, replica, prompt, cached, predicted, latency s, TTFT s).
+    # Each request: (conversation, turn, replica, prompt, cached, predicted, latency s, TTFT s,
+    # sent s after the run's first request).
     detail: list[tuple] = field(default_factory=list, repr=False)
 
 
@@ -106,6 +107,7 @@ def summarize(label: str, concurrency: int, policy: str, m: Measured, spills: in
     predicted = [r for r in ok if r.predicted_cached_tokens is not None]
     lat = [r.latency_s * 1000 for r in ok]
     ttft = [r.ttft_s * 1000 for r in ok if r.ttft_s is not None]
+    start = min((r.sent_at for r in m.results), default=0.0)
     return LoadRow(
         label=label,
         concurrency=concurrency,
@@ -131,6 +133,7 @@ def summarize(label: str, concurrency: int, policy: str, m: Measured, spills: in
                 r.predicted_cached_tokens,
                 round(r.latency_s, 4),
                 None if r.ttft_s is None else round(r.ttft_s, 4),
+                round(r.sent_at - start, 4),
             )
             for r in m.results
         ],

@@ -81,3 +81,19 @@ def test_only_a_shared_cached_prefix_is_waited_for(demo_model_dir: Path, caching
     assert out["a"][-1].num_cached_tokens == 0
     expected = ((len(prompt.token_ids) - 1) // BS) * BS if caching else 0
     assert out["b"][-1].num_cached_tokens == expected
+
+
+def test_a_queued_requests_cached_prefix_is_evicted_last(demo_model_dir: Path) -> None:
+    """A request behind a cold one that needs most of the cache still hits its prefix: the
+    prefix became the newest in the LRU when the request arrived."""
+    engine = sim_engine(demo_model_dir, num_blocks=26, max_num_batched_tokens=512)
+    render = engine.renderer.render_completion
+    mine = render("alpha beta gamma delta " * 12)  # 10 blocks
+    engine.add_request("mine", mine, PARAMS)
+    run_all(engine)
+    engine.add_request("later", render("one two three four five " * 10), PARAMS)
+    run_all(engine)  # its blocks are newer in the LRU than mine
+    engine.add_request("cold", render("red green blue yellow black white " * 14), PARAMS)
+    engine.add_request("again", mine, PARAMS)  # queued behind the cold one's 15 blocks
+    out = run_all(engine)
+    assert out["again"][-1].num_cached_tokens == ((len(mine.token_ids) - 1) // BS) * BS

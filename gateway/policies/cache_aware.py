@@ -59,7 +59,7 @@ class CacheAwarePolicy:
         return Cost(
             queue=rate * r.in_flight_prefill_tokens,
             prefill=rate * uncached,
-            interference=rate * uncached * on_replica,
+            interference=rate * uncached * (on_replica + 1),
             spread=rate * self.w.recent * r.recent_prefill_at(now, self.half_life),
         )
 

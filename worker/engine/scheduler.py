@@ -5,6 +5,8 @@ of a prompt chunk for a prefill) under a token budget, then admits waiting seque
 first. A waiting sequence whose next prefix block a running sequence is still computing waits
 until that block is cached, then hits it: two requests sharing a prefix never compute it twice,
 and the hit a gateway predicts for the second one is the whole shared prefix (docs/worker.md).
+A request's cached prefix becomes the newest in the LRU when it arrives, so the work admitted
+ahead of it does not evict it first.
 When blocks run out, the most recently admitted running sequence is preempted: its blocks are
 freed, its generated tokens kept, and it is recomputed later (mostly from the prefix cache), so
 its output is unchanged.
@@ -50,6 +52,7 @@ class Scheduler:
         self.counters = SchedulerCounters()
 
     def add(self, seq: Sequence) -> None:
+        self.block_manager.refresh_cached_prefix(seq)
         self.waiting.append(seq)
 
     def has_unfinished(self) -> bool:
