@@ -82,7 +82,9 @@ def test_ties_are_reproducible_per_request_and_spread_across_requests():
 
 def test_softmax_temperature_samples_near_ties():
     reps = _reps(2)
-    cfg = GatewayConfig(softmax_temperature=5.0)
+    for r in reps:
+        r.prefill_rate.seconds_per_token = 1e-4
+    cfg = GatewayConfig(softmax_temperature=0.005)  # seconds: about the costs' difference
     policy = POLICIES["cache_aware"](cfg)
     ctx = _ctx(reps, list(range(64)), {reps[0].id: 1})
     picks = {asyncio.run(policy.rank(ctx))[0].id for _ in range(200)}
@@ -197,3 +199,29 @@ def test_circuit_breaker_ejects_after_repeated_failures():
         assert {r.id for r in replicas.available()} == {a.id, b.id}
     finally:
         asyncio.run(replicas.close())
+
+
+def test_prefill_rate_from_the_workers_vllm_histogram_sums():
+    from gateway.prefill_rate import MIN_TOKENS, PrefillRate, parse_prefill_sums
+
+    def page(seconds: float, tokens: float) -> str:
+        return (
+            "# TYPE vllm:request_prefill_time_seconds histogram\n"
+            f'vllm:request_prefill_time_seconds_sum{{model_name="demo"}} {seconds}\n'
+            'vllm:request_prefill_time_seconds_count{model_name="demo"} 3.0\n'
+            f'vllm:request_prefill_kv_computed_tokens_sum{{model_name="demo"}} {tokens}\n'
+        )
+
+    assert parse_prefill_sums("vllm:num_requests_waiting 1.0\n") is None  # not exported
+    rate = PrefillRate()
+    rate.observe(parse_prefill_sums(page(1.0, 5000.0)))  # the baseline: no rate yet
+    assert rate.seconds_per_token is None
+    rate.observe(parse_prefill_sums(page(1.1, 5000.0 + MIN_TOKENS / 2)))  # too little: pooled
+    assert rate.seconds_per_token is None
+    rate.observe(parse_prefill_sums(page(1.4, 5000.0 + 2 * MIN_TOKENS)))
+    assert rate.seconds_per_token == pytest.approx(0.4 / (2 * MIN_TOKENS))
+    first = rate.seconds_per_token
+    rate.observe(parse_prefill_sums(page(1.4 + 0.8, 5000.0 + 4 * MIN_TOKENS)))  # twice as slow
+    assert first < rate.seconds_per_token < 2 * first  # smoothed towards it
+    rate.observe(parse_prefill_sums(page(0.1, 100.0)))  # a restarted worker: a new baseline
+    assert rate.seconds_per_token is not None

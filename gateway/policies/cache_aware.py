@@ -6,8 +6,8 @@ The cost is a sum of named terms, in seconds at the replica's measured prefill r
   queue        prefill tokens ahead of it there: this gateway's requests routed there that have
                no first token yet
   prefill      its own uncached prompt tokens there (the index match)
-  interference its uncached tokens again for each request on the replica: its prefill steps
-               are their steps too, so it delays each of their next tokens (decode load)
+  interference its uncached tokens again for each request on the replica and for the next
+               one to arrive there: its prefill steps are their steps too (decode load)
   spread       recent uncached prefill routed there (decayed), times a small weight: spreads
                new prefixes over the caches even when nothing is in flight
 
