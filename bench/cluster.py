@@ -21,6 +21,8 @@ from pathlib import Path
 import httpx
 
 from cachekey.documents import Snapshot, decode_document
+from cachekey.worker_auth import WORKER_TOKEN_ENV
+from gateway.replica_names import replica_name
 
 HOST = "127.0.0.1"
 
@@ -76,6 +78,7 @@ class Proc:
     log_path: Path
     popen: subprocess.Popen | None = None
     extra: dict[str, int] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)  # on top of this process's environment
 
     @property
     def url(self) -> str:
@@ -87,7 +90,7 @@ class Proc:
 
     def start(self) -> None:
         log = self.log_path.open("ab")
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
         # A new session, so stopping the cluster also stops anything the process started.
         self.popen = subprocess.Popen(
             [sys.executable, *self.args],
@@ -152,6 +155,9 @@ class ClusterSpec:
     gateway_port: int | None = None
     log_dir: Path = Path("bench/results/logs")
     startup_timeout: float = 120.0
+    # The shared worker token (docs/security.md), given to workers and gateways in
+    # KVGATE_WORKER_TOKEN; None: workers are open, as `make demo` runs them.
+    worker_token: str | None = None
 
 
 class Cluster:
@@ -170,6 +176,20 @@ class Cluster:
     @property
     def worker_urls(self) -> list[str]:
         return [w.url for w in self.workers]
+
+    @property
+    def _env(self) -> dict[str, str]:
+        token = self.spec.worker_token
+        return {WORKER_TOKEN_ENV: token} if token else {}
+
+    def replica_name(self, worker_url: str) -> str:
+        """The name the gateways give the worker at `worker_url` (their `x-kvgate-replica`)."""
+        return replica_name(worker_url, self.spec.worker_token)
+
+    def served_by(self, response: httpx.Response) -> str:
+        """The URL of the worker that served a gateway's response (from `x-kvgate-replica`)."""
+        names = {self.replica_name(url): url for url in self.worker_urls}
+        return names[response.headers["x-kvgate-replica"]]
 
     def make_worker(self, i: int) -> Proc:
         s = self.spec
@@ -199,7 +219,8 @@ class Cluster:
             args += list(s.per_worker_args[i])
         log = s.log_dir / f"worker-{i}.log"
         log.write_bytes(b"")
-        return Proc(f"worker-{i}", args, port, log, extra={"events": ev, "replay": rp})
+        extra = {"events": ev, "replay": rp}
+        return Proc(f"worker-{i}", args, port, log, extra=extra, env=self._env)
 
     def make_gateway(self, i: int) -> Proc:
         s = self.spec
@@ -219,7 +240,7 @@ class Cluster:
         ]
         log = s.log_dir / f"gateway-{i}.log"
         log.write_bytes(b"")
-        return Proc(f"gateway-{i}", args, port, log)
+        return Proc(f"gateway-{i}", args, port, log, env=self._env)
 
     def start(self) -> Cluster:
         try:

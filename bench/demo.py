@@ -1,9 +1,10 @@
 """`make demo`: a whole kvgate cluster on this CPU, a realistic workload, and the win side by side.
 
-Starts torch workers serving the generated demo model and a gateway on 127.0.0.1, drives a
-multi-tenant chat workload (long system prompts, multi-turn users, images, some shared across
-tenants) through the gateway with the official `openai` client under `cache_aware`, then the same
-workload under `round_robin`, and prints per-replica tables.
+Starts torch workers serving the generated demo model (and its two LoRA adapters, alpha and beta)
+and a gateway on 127.0.0.1, drives a multi-tenant chat workload (long system prompts, multi-turn
+users, images, some shared across tenants) through the gateway with the official `openai` client
+under `cache_aware`, then the same workload under `round_robin`, and prints per-replica tables;
+then one question under the base model and each adapter.
 
     make demo                 # run and stop
     make demo ARGS=--keep     # leave the cluster running to try it yourself (Ctrl-C stops it)
@@ -25,6 +26,7 @@ from bench.cluster import Cluster, ClusterSpec
 from bench.driver import Result, hit_rate, run_workload, summarize
 from bench.workload import Workload, WorkloadSpec
 from cachekey.demo import default_cache_dir, ensure_demo_model
+from cachekey.demo_lora import DEMO_ADAPTERS, ensure_demo_adapters, lora_modules_arg
 
 POLICY_HEADER = "x-kvgate-routing-policy"
 README_PORT = 8080  # the port README.md's commands use
@@ -135,6 +137,7 @@ def main() -> int:
     else:
         print("kvgate demo: generating the demo model (tiny LLaVA-style, fixed seed)...")
     model_dir = ensure_demo_model()
+    adapters = ensure_demo_adapters()
     workload = Workload(
         WorkloadSpec(tenants=args.tenants, users_per_tenant=args.users, turns=args.turns)
     )
@@ -143,6 +146,7 @@ def main() -> int:
         engine="torch",
         model=str(model_dir),
         num_blocks=args.num_blocks,
+        worker_args=("--max-loras", "2", "--lora-modules", lora_modules_arg(adapters)),
         gateway_port=README_PORT,
         log_dir=Path("bench/results/demo-logs"),
     )
@@ -168,6 +172,7 @@ def main() -> int:
         for policy, results in runs.items():
             print_table(policy, results)
         print_legend()
+        show_adapters(cluster)
         ca, rr = hit_rate(runs["cache_aware"]), hit_rate(runs["round_robin"])
         ratio = f"{ca / rr:.2f}x" if rr else "n/a"
         print(
@@ -184,13 +189,35 @@ def main() -> int:
         print(f"stopped the demo cluster (logs in {spec.log_dir})")
 
 
+def show_adapters(cluster: Cluster) -> None:
+    """One question under the base model and each demo adapter, asked twice through the gateway:
+    the adapters change the answer, and each one's second ask hits its own cached blocks."""
+    print("\nLoRA: the same question with `model` set to the base model and to each adapter")
+    print(f"  {'model':<7}{'replica':<24}{'cached':>7}  answer (random weights: not words)")
+    messages = [{"role": "user", "content": "Which replica holds the cache of my adapter?"}]
+    for model in ("demo", *DEMO_ADAPTERS):
+        for _ in range(2):
+            resp = httpx.post(
+                f"{cluster.gateway_url}/v1/chat/completions",
+                json={"model": model, "messages": messages, "max_tokens": 8, "temperature": 0},
+                timeout=60,
+            )
+            resp.raise_for_status()
+        body = resp.json()
+        cached = body["usage"]["prompt_tokens_details"]["cached_tokens"]
+        text = body["choices"][0]["message"]["content"]
+        replica = resp.headers.get("x-kvgate-replica", "-")
+        print(f"  {model:<7}{replica:<24}{cached:>7}  {text[:40]!r}")
+
+
 def keep_running(cluster: Cluster) -> None:
     """Serve until Ctrl-C (or a process dies), saying how to use the cluster meanwhile."""
     print(
         f"\nThe cluster keeps running: gateway {cluster.gateway_url}/v1 "
         f"(metrics {cluster.gateway_url}/metrics), workers {', '.join(cluster.worker_urls)}"
         f"\nIn a second terminal: curl {cluster.gateway_url}/v1/models"
-        "\n(README.md has a chat with an image). Press Ctrl-C here to stop the cluster."
+        "\n(README.md has a chat with an image; docs/worker.md, LoRA adapters, has `model` set to"
+        " alpha or beta). Press Ctrl-C here to stop the cluster."
     )
     announce_port(cluster.gateway_url)
     try:

@@ -95,8 +95,10 @@ async def run_workload(
     timeout: float = 120.0,
     headers_for: Callable[[Turn], dict[str, str]] | None = None,
     stream: bool = False,
+    model_for: Callable[[Turn], str] | None = None,
 ) -> list[Result]:
-    """`headers_for` adds per-turn headers (e.g. a session id); `stream` measures TTFT."""
+    """`headers_for` adds per-turn headers (e.g. a session id); `stream` measures TTFT;
+    `model_for` names each turn's model (e.g. its tenant's LoRA adapter)."""
     client = AsyncOpenAI(
         base_url=f"{base_url}/v1", api_key="kvgate-demo", timeout=timeout, max_retries=0
     )
@@ -115,8 +117,9 @@ async def run_workload(
             sent_at = time.perf_counter()
             try:
                 hdrs = {**(headers or {}), **(headers_for(turn) if headers_for else {})}
+                turn_model = model_for(turn) if model_for else model
                 text, replica, pt, ct, pred, lat, ttft = await _send(
-                    client, model, msgs, workload.spec.max_tokens, hdrs, stream
+                    client, turn_model, msgs, workload.spec.max_tokens, hdrs, stream
                 )
                 res = Result(turn.conversation, turn.turn, replica, pt, ct, pred, lat, ttft, True)
                 res.sent_at = sent_at

@@ -3,7 +3,7 @@
 For each body, side by side in one process: the peak memory allocated while parsing (tracemalloc:
 Python objects, numpy buffers, msgspec) and the wall time, of
   before: json.loads(body), what the gateway did until issue 14;
-  after:  gateway.json_guard.decode_json(body, 64, 1_000_000): depth and element bounds measured
+  after:  cachekey.json_shape.decode_json(body, 64, 1_000_000): depth and element bounds measured
           on the raw bytes, then msgspec's decoder; a body past a bound is refused unparsed.
 The body's own bytes are allocated before measuring and not counted. Memory is taken from one
 traced run, time from untraced runs (tracing slows allocation-heavy parses many times over).
@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench.report import Col, args_dict, print_table, write_json
-from gateway.json_guard import JSONShapeError, decode_json
+from cachekey.json_shape import JSONShapeError, decode_json
 
 MiB = 2**20
 HELLO = '{"role": "user", "content": "hi"}'

@@ -3,6 +3,7 @@
 Everything is derived from constants in this module (a fixed corpus for the byte-level BPE, a
 fixed seed for the weights), so every run writes byte-identical files and every machine gets the
 same tokenizer, template and keys. Writing it needs numpy and safetensors, never torch.
+Its two LoRA adapters are generated the same way (cachekey/demo_lora.py).
 
     python -m cachekey.demo OUTDIR
 """
@@ -275,7 +276,7 @@ def build_weights(vocab_size: int) -> dict[str, np.ndarray]:
     return weights
 
 
-def _dump_json(obj: dict) -> bytes:
+def dump_json(obj: dict) -> bytes:
     return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8")
 
 
@@ -287,7 +288,7 @@ def write_demo_model(path: str | os.PathLike[str]) -> Path:
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
     (out / "tokenizer.json").write_bytes(tokenizer.to_str(pretty=True).encode("utf-8") + b"\n")
     for name, obj in _configs(vocab_size).items():
-        (out / name).write_bytes(_dump_json(obj))
+        (out / name).write_bytes(dump_json(obj))
     save_file(build_weights(vocab_size), str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
 
@@ -305,21 +306,25 @@ def ensure_demo_model(cache_dir: Path | None = None) -> Path:
     the others discard their copy, so a reader never sees a half-written directory.
     """
     target = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    if (target / "model.safetensors").is_file():
-        return target
+    if not (target / "model.safetensors").is_file():
+        write_atomically(target, write_demo_model)
+    return target
+
+
+def write_atomically(target: Path, write) -> None:
+    """`write(tmp)` into a private temp dir, renamed into place; the first rename wins."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        write_demo_model(tmp)
+        write(tmp)
         try:
             os.rename(tmp, target)
         except OSError:
-            if not (target / "model.safetensors").is_file():
+            if not target.is_dir() or not any(target.iterdir()):
                 raise
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    return target
 
 
 def main(argv: list[str]) -> int:

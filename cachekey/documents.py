@@ -56,6 +56,22 @@ class KVEventsEndpoint(msgspec.Struct, frozen=True, kw_only=True):
     port: Port | None = None
     replay_port: Port | None = None
     topic: str = ""
+    # True: both sockets are CURVE servers keyed by the worker token (cachekey.worker_auth).
+    curve: bool = False
+
+
+class LoRAAdapters(msgspec.Struct, frozen=True, kw_only=True):
+    """The LoRA adapters a worker serves: a request whose `model` names one of `adapters` is
+    served there, at once when the adapter is `resident` (in one of its `max_loras` slots)."""
+
+    max_loras: PositiveInt
+    adapters: list[str]
+    resident: list[str] = []
+    max_lora_rank: PositiveInt | None = None
+
+    def has_room(self) -> bool:
+        """A slot is free: loading one more adapter evicts none."""
+        return len(self.resident) < self.max_loras
 
 
 class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -77,6 +93,7 @@ class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
     # True: a request whose next prefix block another running request is computing waits for
     # it and hits it (kvgate's scheduler); False: it may compute it too (plain vLLM).
     defers_shared_prefill: bool = False
+    lora: LoRAAdapters | None = None  # None: serves no LoRA adapter
 
     def namespace(self) -> HashNamespace:
         return HashNamespace(self.model, self.block_size, self.hash_seed)

@@ -26,6 +26,11 @@ from msgspec import Meta
 # int (vLLM's low 64 bits, unsigned; SGLang's signed first 8 bytes; msgpack bounds both).
 EngineHash = bytes | int
 TokenId = Annotated[int, Meta(ge=0, lt=2**32)]
+# KV-cache groups of one engine (full attention, sliding window, ...): real models have a few.
+# A larger index is malformed, never a reason to open one more group per replica (each group
+# must hold a block for the replica to be matched on it).
+MAX_KV_CACHE_GROUPS = 16
+GroupIdx = Annotated[int, Meta(ge=0, lt=MAX_KV_CACHE_GROUPS)]
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 MEDIUM_GPU = "GPU"
@@ -43,7 +48,7 @@ class BlockStored(msgspec.Struct, tag=True, omit_defaults=True, gc=False):
     # publishes them: a LoRA name or cache salt (str), (mm identifier, offset) pairs, prompt
     # embedding digests (bytes). Checked by `_consistent` (msgspec cannot mix str and bytes).
     extra_keys: list[tuple[Any, ...] | None] | None = None
-    group_idx: Annotated[int, Meta(ge=0)] | None = None
+    group_idx: GroupIdx | None = None
     kv_cache_spec_kind: str | None = None
     kv_cache_spec_sliding_window: Annotated[int, Meta(gt=0)] | None = None
     locality: str | None = None
@@ -56,7 +61,7 @@ class BlockStored(msgspec.Struct, tag=True, omit_defaults=True, gc=False):
 class BlockRemoved(msgspec.Struct, tag=True, omit_defaults=True, gc=False):
     block_hashes: list[EngineHash]
     medium: str | None = MEDIUM_GPU
-    group_idx: Annotated[int, Meta(ge=0)] | None = None
+    group_idx: GroupIdx | None = None
     locality: str | None = None
     ownership: str | None = None
 

@@ -35,9 +35,12 @@ class Flag:
     metavar: str | None = None
 
 
-def option(default: Any = MISSING, help: str = "", **flag: Any) -> Any:
-    """A dataclass field that is also a flag; no default makes the flag required."""
-    return field(default=default, metadata={_FLAG: Flag(help, **flag)})
+def option(default: Any = MISSING, help: str = "", *, secret: bool = False, **flag: Any) -> Any:
+    """A dataclass field that is also a flag; no default makes the flag required.
+
+    A `secret` field is left out of the config's repr, so logging a config never shows it.
+    """
+    return field(default=default, repr=not secret, metadata={_FLAG: Flag(help, **flag)})
 
 
 def flag_group(title: str) -> dict[str, str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 
 
-def listen_socket(host: str, port: int) -> socket.socket:
+def listen_socket(host: str, port: int, flag: str = "--port") -> socket.socket:
     """A TCP socket listening on host:port; a clash raises OSError naming the address."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # proto must say TCP: asyncio sets TCP_NODELAY on accepted sockets only then, and without it
@@ -19,5 +19,5 @@ def listen_socket(host: str, port: int) -> socket.socket:
     except OSError as e:
         sock.close()
         reason = (e.strerror or str(e)).lower()
-        raise OSError(f"cannot listen on {host}:{port} (--port {port}): {reason}") from None
+        raise OSError(f"cannot listen on {host}:{port} ({flag} {port}): {reason}") from None
     return sock

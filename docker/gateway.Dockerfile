@@ -15,7 +15,7 @@ COPY pyproject.toml README.md ./
 COPY cachekey ./cachekey
 COPY gateway ./gateway
 RUN pip install ".[gateway]" \
-    && python -c "import sys, gateway; assert 'torch' not in sys.modules" \
+    && python -c "import sys, gateway, gateway.epp; assert 'torch' not in sys.modules" \
     && ! pip show torch >/dev/null 2>&1
 
 # The chart runs this uid with a read-only root filesystem; /tmp and the cache are emptyDirs there.
@@ -24,6 +24,6 @@ RUN groupadd --gid 10001 kvgate \
     && mkdir -p /var/cache/kvgate && chown 10001:10001 /var/cache/kvgate
 USER 10001:10001
 
-EXPOSE 8080
+EXPOSE 8080 9002
 ENTRYPOINT ["python", "-m", "gateway"]
 CMD ["--host", "0.0.0.0", "--port", "8080"]

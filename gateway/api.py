@@ -31,6 +31,10 @@ def attach_routes(app: FastAPI) -> None:
     async def completions(request: Request) -> Response:
         return await OpenAIServing(_state(request)).completions(request)
 
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request) -> Response:
+        return await OpenAIServing(_state(request)).embeddings(request)
+
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
         st = _state(request)
@@ -78,6 +82,7 @@ def attach_routes(app: FastAPI) -> None:
         for r in st.replicas.replicas.values():
             sub = r.subscriber
             replicas[r.id] = {
+                "name": r.name,  # the x-kvgate-replica clients see
                 "instance_id": r.instance_id,
                 "healthy": r.healthy,
                 "parity_ok": r.parity_ok,

@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
+from gateway.admin import misrouted, not_found
 from gateway.api import attach_routes
 from gateway.config import GatewayConfig
 from gateway.discovery import Discovery
@@ -20,18 +21,27 @@ from gateway.state import GatewayState
 
 log = logging.getLogger(__name__)
 
-_PROXIED = {"/v1/chat/completions": "chat_completions", "/v1/completions": "completions"}
+_PROXIED = {
+    "/v1/chat/completions": "chat_completions",
+    "/v1/completions": "completions",
+    "/v1/embeddings": "embeddings",
+}
 
 
 class GatewayApp(FastAPI):
-    """FastAPI, with the two proxied POST routes served before its middleware and routing.
+    """FastAPI, with the proxied POST routes served before its middleware and routing.
 
     They are the hot path: `OpenAIServing` answers every failure itself, so the exception
     middleware, dependency solving and routing would only add per-request time (profiled in
     docs/benchmarks.md). The same routes stay registered for the OpenAPI schema.
     """
 
+    admin_port: int | None = None  # set: /metrics and /kvgate/index only there (admin.py)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and self.admin_port and misrouted(scope, self.admin_port):
+            await not_found(scope)(scope, receive, send)
+            return
         if scope["type"] == "http" and scope["method"] == "POST":
             name = _PROXIED.get(scope["path"])
             if name is not None:
@@ -43,6 +53,11 @@ class GatewayApp(FastAPI):
 
 
 def build_discovery(config: GatewayConfig) -> Discovery:
+    if config.discovery == "inferencepool":
+        from gateway.discovery.inferencepool import InferencePoolDiscovery
+
+        assert config.k8s_namespace and config.inference_pool  # GatewayConfig checks
+        return InferencePoolDiscovery(config.k8s_namespace, config.inference_pool)
     if config.discovery == "k8s":
         from gateway.discovery.k8s import KubernetesDiscovery  # kubernetes is a heavy import
 
@@ -67,15 +82,30 @@ def create_app(config: GatewayConfig, discovery: Discovery | None = None) -> Fas
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state = GatewayState.build(config)
         app.state.gateway = state
-        task = asyncio.create_task(discovery.run(state.replicas.set_urls))
+        epp = None
+        if config.epp:
+            from gateway.epp import EppServer  # grpc: loaded only in EPP mode
+
+            epp = EppServer(state, config.host, config.epp_port)
+            await epp.start()
+
+        async def on_change(urls: frozenset[str]) -> None:
+            await state.replicas.set_urls(urls)
+            if epp is not None:
+                await epp.mark_synced()
+
+        task = asyncio.create_task(discovery.run(on_change))
         try:
             yield
         finally:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+            if epp is not None:
+                await epp.stop()
             await state.close()
 
     app = GatewayApp(title="kvgate gateway", lifespan=lifespan)
+    app.admin_port = config.admin_port
     attach_routes(app)
     return app

@@ -45,7 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     # httpx logs every health, info and metrics poll at INFO; keep those out of the gateway's log.
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
     try:
-        sock = listen_socket(config.host, config.port)
+        sockets = [listen_socket(config.host, config.port)]
+        if config.admin_port is not None:  # same server, same app: gateway/admin.py
+            sockets.append(listen_socket(config.host, config.admin_port, "--admin-port"))
     except OSError as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2
@@ -56,5 +58,5 @@ def main(argv: list[str] | None = None) -> int:
     uvicorn_config = uvicorn.Config(
         create_app(config), log_level=config.log_level, access_log=False
     )
-    uvicorn.Server(uvicorn_config).run(sockets=[sock])
+    uvicorn.Server(uvicorn_config).run(sockets=sockets)
     return 0

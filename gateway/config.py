@@ -5,10 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cachekey.flags import LOG_LEVELS, flag_group, format_size, option, parse_size
+from cachekey.worker_auth import resolve_token
 from gateway.image_fetch import AllowList
 from gateway.limits import RequestLimits
 
 POLICY_NAMES = ("cache_aware", "round_robin", "least_loaded", "session", "random")
+DISCOVERY_NAMES = ("static", "k8s", "inferencepool")
 
 
 def _unbounded_if_zero(text: str) -> int | None:
@@ -25,10 +27,18 @@ class CostWeights:
         "prefixes over the replicas' caches",
         name="--recent-weight",
     )
+    lora: float = option(
+        32.0,
+        "prompt blocks of prefill time charged to a request for a LoRA adapter on a replica "
+        "that must load it by evicting another; half of it when a slot is free, 0 when the "
+        "adapter is resident",
+        name="--lora-weight",
+    )
 
     def __post_init__(self) -> None:
-        if self.recent < 0:
-            raise ValueError("weight recent must be >= 0")
+        for name in ("recent", "lora"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"weight {name} must be >= 0")
 
 
 @dataclass(slots=True)
@@ -38,11 +48,16 @@ class GatewayConfig:
     )
     discovery: str = option(
         "static",
-        "static: the --workers list; k8s: watch the EndpointSlices of the worker Service "
-        "(docs/kubernetes.md)",
-        choices=("static", "k8s"),
+        "static: the --workers list; k8s: watch the EndpointSlices of the worker Service; "
+        "inferencepool: watch an InferencePool and its pods (docs/kubernetes.md)",
+        choices=DISCOVERY_NAMES,
     )
-    k8s_namespace: str | None = option(None, "namespace of the worker Service (k8s discovery)")
+    k8s_namespace: str | None = option(
+        None, "namespace of the worker Service or InferencePool (k8s, inferencepool discovery)"
+    )
+    inference_pool: str | None = option(
+        None, "InferencePool whose ready pods are the workers (inferencepool discovery)"
+    )
     k8s_selector: str | None = option(
         None, "label selector of the worker EndpointSlices (k8s discovery)"
     )
@@ -50,6 +65,31 @@ class GatewayConfig:
     k8s_port_name: str = option("http", "name of the workers' HTTP port (k8s discovery)")
     host: str = option("127.0.0.1", "listen address")
     port: int = option(8080, "listen port")
+    admin_port: int | None = option(
+        None,
+        "serve /metrics and /kvgate/index on this port (same address) and not on --port",
+        default_text="none: on --port",
+    )
+    worker_token: str | None = option(
+        None,
+        "shared secret sent to every worker (`Authorization: Bearer`, also a vLLM worker's "
+        "--api-key); it also keys the KV events' CURVE encryption",
+        secret=True,
+        default_text="env KVGATE_WORKER_TOKEN, else none",
+        metavar="TOKEN",
+    )
+    epp: bool = option(
+        False,
+        "also serve the endpoint picker protocol (Envoy ext_proc over gRPC) on --epp-port: "
+        "kvgate as the EPP of an InferencePool (docs/kubernetes.md)",
+    )
+    epp_port: int = option(9002, "gRPC port of the endpoint picker (--epp)")
+    epp_tls_cert_file: str | None = option(
+        None, "PEM certificate (chain): the endpoint picker serves TLS", metavar="PATH"
+    )
+    epp_tls_key_file: str | None = option(
+        None, "PEM private key of --epp-tls-cert-file", metavar="PATH"
+    )
     policy: str = option(
         "cache_aware",
         "routing policy; a request may choose another with x-kvgate-routing-policy",
@@ -157,16 +197,30 @@ class GatewayConfig:
         self.workers = tuple(w.rstrip("/") for w in self.workers if w.strip())
         if self.policy not in POLICY_NAMES:
             raise ValueError(f"unknown policy {self.policy!r}; choose from {POLICY_NAMES}")
-        if self.discovery not in ("static", "k8s"):
-            raise ValueError("discovery must be 'static' or 'k8s'")
+        if self.discovery not in DISCOVERY_NAMES:
+            raise ValueError(f"discovery must be one of {', '.join(DISCOVERY_NAMES)}")
         if self.discovery == "k8s" and not self.k8s_namespace:
             raise ValueError("Kubernetes discovery needs --k8s-namespace")
+        if self.discovery == "inferencepool" and not self.k8s_namespace:
+            raise ValueError("InferencePool discovery needs --k8s-namespace")
+        if self.discovery == "inferencepool" and not self.inference_pool:
+            raise ValueError("inferencepool discovery needs --inference-pool")
         if self.discovery == "static":
             for w in self.workers:
                 if not w.startswith(("http://", "https://")):
                     raise ValueError(f"worker URL must start with http:// or https://: {w!r}")
         if not 0 < self.port < 65536:
             raise ValueError(f"port out of range: {self.port}")
+        if self.admin_port is not None:
+            if not 0 < self.admin_port < 65536:
+                raise ValueError(f"admin port out of range: {self.admin_port}")
+            if self.admin_port == self.port or (self.epp and self.admin_port == self.epp_port):
+                raise ValueError("--admin-port must differ from --port and --epp-port")
+        self.worker_token = resolve_token(self.worker_token)
+        if not 0 < self.epp_port < 65536 or (self.epp and self.epp_port == self.port):
+            raise ValueError(f"epp_port out of range or equal to port: {self.epp_port}")
+        if (self.epp_tls_cert_file is None) != (self.epp_tls_key_file is None):
+            raise ValueError("--epp-tls-cert-file and --epp-tls-key-file go together")
         if self.index_max_blocks <= 0:
             raise ValueError("index_max_blocks must be positive")
         if self.speculative_ttl is None:

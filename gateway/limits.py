@@ -4,7 +4,7 @@ Every violation is a `LimitError` whose message names the limit and the flag tha
 "images per request: 9 > limit 8 (--max-images-per-request)". Image bytes, pixels and prompt
 tokens are enforced by cachekey's Renderer (`render_limits`), which the gateway builds from the
 same config. The raw body's JSON shape (depth, element count, lone surrogates) is checked on
-the bytes before anything parses them: gateway/json_guard.py.
+the bytes before anything parses them: cachekey/json_shape.py.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 from fastapi import Request
 
 from cachekey.flags import format_pixels, format_size, option, parse_pixels, parse_size
+from cachekey.json_shape import JSONShapeError, decode_json
 from cachekey.render import IMAGE_PART_TYPES, RenderLimits
-from gateway.json_guard import JSONShapeError, decode_json
 
 _PARSE_INLINE_BYTES = 256 * 1024
 
@@ -115,7 +115,7 @@ async def read_body(request: Request, limits: RequestLimits) -> bytearray:
 
 
 async def read_json(request: Request, limits: RequestLimits) -> Any:
-    """The parsed body: bounded in bytes, depth and elements (gateway/json_guard.py), or 400.
+    """The parsed body: bounded in bytes, depth and elements (cachekey/json_shape.py), or 400.
 
     A large body is measured and parsed in a thread, so the event loop keeps serving.
     """

@@ -14,19 +14,28 @@ import zmq
 import zmq.asyncio
 
 from cachekey.events import DecodeError, parse_replay_reply, seq_bytes
+from cachekey.worker_auth import CurveKeys
 
 log = logging.getLogger(__name__)
 
 
 class ReplayClient:
     def __init__(
-        self, ctx: zmq.asyncio.Context, endpoint: str, *, ipv6: bool, timeout: float, name: str
+        self,
+        ctx: zmq.asyncio.Context,
+        endpoint: str,
+        *,
+        ipv6: bool,
+        timeout: float,
+        name: str,
+        curve: CurveKeys | None = None,
     ) -> None:
         self.endpoint = endpoint
         self._ctx = ctx
         self._ipv6 = ipv6
         self._timeout = timeout
         self._name = name
+        self._curve = curve
         self._dealer: zmq.asyncio.Socket | None = None
         self._failing = False
 
@@ -75,6 +84,8 @@ class ReplayClient:
             dealer = self._ctx.socket(zmq.DEALER)
             dealer.setsockopt(zmq.LINGER, 0)
             dealer.setsockopt(zmq.IPV6, self._ipv6)
+            if self._curve is not None:
+                self._curve.connect(dealer)
             dealer.connect(self.endpoint)
             self._dealer = dealer
         return self._dealer

@@ -21,13 +21,15 @@ from urllib.parse import urlparse
 import httpx
 import zmq.asyncio
 
-from cachekey.documents import DocumentError, WorkerInfo, decode_document
+from cachekey.documents import DocumentError, LoRAAdapters, WorkerInfo, decode_document
 from cachekey.keys import HashNamespace
+from cachekey.worker_auth import CurveKeys, bearer
 from gateway.config import GatewayConfig
 from gateway.index import BlockIndex, ReplicaId
 from gateway.metrics import GatewayMetrics
 from gateway.parity import check_parity
 from gateway.prefill_rate import PrefillRate, parse_prefill_sums
+from gateway.replica_names import replica_name
 from gateway.subscriber import EventSource, KVEventSubscriber
 from gateway.upstream import UpstreamPool
 from gateway.vllm_compat import vllm_info
@@ -47,6 +49,7 @@ _LOAD_GAUGES = {
 class Replica:
     id: ReplicaId
     url: str
+    name: str = ""  # what clients see (x-kvgate-replica): never the URL (replica_names.py)
     dp_rank: int | None = None
     instance_id: str | None = None
     model: str | None = None
@@ -66,6 +69,9 @@ class Replica:
     # Uncached prompt tokens of this gateway's requests here that have no first token yet.
     in_flight_prefill_tokens: int = 0
     prefill_rate: PrefillRate = field(default_factory=PrefillRate)  # from the worker's metrics
+    # LoRA adapters it serves (polled), and when the gateway last sent it each one (adapters.py).
+    lora: LoRAAdapters | None = None
+    lora_routed: dict[str, float] = field(default_factory=dict)
     # Uncached prefill tokens routed here, exponentially decayed: spreads new prefix groups
     # over replicas even when nothing is in flight (a sequential trace).
     recent_prefill: float = 0.0
@@ -79,6 +85,10 @@ class Replica:
     poll_task: asyncio.Task | None = field(default=None, repr=False)
     sub_task: asyncio.Task | None = field(default=None, repr=False)
 
+    def __post_init__(self) -> None:
+        if not self.name:  # ReplicaSet names its replicas with the worker token as key
+            self.name = replica_name(self.id, None)
+
     def available(self, now: float) -> bool:
         return self.healthy and now >= self.ejected_until
 
@@ -90,14 +100,14 @@ class Replica:
         self.recent_at = now
 
     def describe(self, now: float) -> str:
-        """`url (why it takes no traffic)`, or `url (healthy...)`."""
+        """`name (why it takes no traffic)`, or `name (healthy...)`: for clients, so no URL."""
         if self.available(now):
             state = "healthy" if self.parity_ok else "healthy, parity mismatch: routed by load only"
         elif now < self.ejected_until:
             state = self.down_reason or "ejected"
         else:
             state = self.down_reason or "unhealthy"
-        return f"{self.url} ({state})"
+        return f"{self.name} ({state})"
 
 
 def parse_load(text: str) -> dict[str, float]:
@@ -120,6 +130,12 @@ def _reason(resp: httpx.Response) -> str:
         return str(resp.json()["error"]["message"])
     except (ValueError, KeyError, TypeError):
         return resp.text[:200] or resp.reason_phrase
+
+
+def _refusal(info_r: httpx.Response) -> str:
+    if info_r.status_code == 401:
+        return "/kvgate/info answered 401: the worker does not take this gateway's worker token"
+    return f"/kvgate/info answered {info_r.status_code}"
 
 
 async def _cancel(task: asyncio.Task | None) -> None:
@@ -146,6 +162,8 @@ class ReplicaSet:
         self._http = http
         self._zmq = zmq.asyncio.Context()
         self._ssl = httpx.create_ssl_context()  # built once: loading CA files costs ~0.1 s
+        token = config.worker_token
+        self._curve = CurveKeys.from_token(token) if token else None
         self.replicas: dict[ReplicaId, Replica] = {}
         self.changed = asyncio.Event()
 
@@ -158,7 +176,8 @@ class ReplicaSet:
             await self._remove(rid)
         for rid, url in wanted.items():
             if rid not in self.replicas:
-                rep = self.replicas[rid] = Replica(id=rid, url=url, pool=self._new_pool(url))
+                name = replica_name(rid, self.config.worker_token)
+                rep = self.replicas[rid] = Replica(rid, url, name, pool=self._new_pool(url))
                 rep.poll_task = asyncio.create_task(self._poll_loop(rep))
                 self.metrics.replica_healthy.labels(rid).set(0)
 
@@ -185,6 +204,7 @@ class ReplicaSet:
             connect_timeout=c.connect_timeout,
             read_timeout=c.request_timeout,
             ssl_context=self._ssl,
+            authorization=bearer(c.worker_token) if c.worker_token else None,
         )
 
     # ---- views -----------------------------------------------------------------------------
@@ -196,7 +216,13 @@ class ReplicaSet:
     def describe(self, model: str | None = None) -> str:
         """Every replica (of `model`, when given) and its state, for error messages."""
         now = time.monotonic()
-        reps = [r for r in self.replicas.values() if model is None or r.model in (model, None)]
+        reps = [
+            r
+            for r in self.replicas.values()
+            if model is None
+            or r.model in (model, None)
+            or (r.lora is not None and model in r.lora.adapters)
+        ]
         if not reps:
             return "no worker is configured (--workers or --discovery k8s)"
         return "; ".join(r.describe(now) for r in reps)
@@ -228,11 +254,12 @@ class ReplicaSet:
         if info is None and info_r.status_code == 404 and health_r.status_code == 200:
             info = await vllm_info(self._http, rep.url, metrics_r.text, self.config)
         if info is None:
-            reason = rep.info_error or f"/kvgate/info answered {info_r.status_code}"
+            reason = rep.info_error or _refusal(info_r)
             await self._mark_down(rep, reason)
             return
         if info.instance_id != rep.instance_id:
             await self._new_instance(rep, info)
+        rep.lora = info.lora  # adapters come and go without a restart
         if metrics_r.status_code == 200:
             for attr, value in parse_load(metrics_r.text).items():
                 setattr(rep, attr, value)
@@ -314,6 +341,7 @@ class ReplicaSet:
                 replay_port=kv.replay_port,
                 topic=kv.topic,
                 snapshot_url=f"{rep.url}/kv/snapshot" if info.has_snapshot else None,
+                curve=self._curve if kv.curve else None,
             )
             sub = KVEventSubscriber(
                 rep.id,

@@ -8,7 +8,7 @@ slot with the load charged there. `release` is the one place the slot is given b
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 import xxhash
@@ -17,6 +17,7 @@ from cachekey.keys import HashNamespace, block_keys, clamp_match
 from cachekey.render import ImageOptions
 from cachekey.types import BlockKey, Prompt
 from gateway import accounting
+from gateway.adapters import note_routed, serves_adapter
 from gateway.errors import GatewayError
 from gateway.fetch import image_options
 from gateway.images import pin_images
@@ -37,9 +38,14 @@ OpenAIRequest = ChatCompletionRequest | CompletionRequest
 
 
 def render_request(
-    renderer, req: OpenAIRequest, ns: HashNamespace, images: ImageOptions
+    renderer,
+    req: OpenAIRequest,
+    ns: HashNamespace,
+    images: ImageOptions,
+    lora_name: str | None = None,
 ) -> tuple[Prompt, list]:
-    """Prompt and block keys of a request (runs in the render thread pool)."""
+    """Prompt and block keys of a request (runs in the render thread pool); a LoRA adapter's
+    name is in every block key, as the worker keys it."""
     if isinstance(req, ChatCompletionRequest):
         prompt = renderer.render_chat(
             req.messages,
@@ -53,7 +59,7 @@ def render_request(
         if isinstance(p, list) and p and not isinstance(p[0], int):
             p = p[0]  # a batch is routed by its first prompt
         prompt = renderer.render_completion(p)
-    return prompt, block_keys(prompt.token_ids, ns, prompt.mm_items, None, req.cache_salt)
+    return prompt, block_keys(prompt.token_ids, ns, prompt.mm_items, lora_name, req.cache_salt)
 
 
 @dataclass(slots=True, eq=False)
@@ -68,6 +74,7 @@ class ProxyRequest:
     ns: HashNamespace
     tenant: str | None = None  # None: the gateway has no API keys
     wants_usage: bool = False  # the client asked for the usage chunk of a stream
+    lora_name: str | None = None  # the LoRA adapter `model` names (None: a base model)
     admitted: bool = False
     prompt: Prompt = field(default_factory=lambda: Prompt([]))
     keys: list[BlockKey] = field(default_factory=list)
@@ -87,27 +94,59 @@ class ProxyRequest:
         body: OpenAIRequest,
         headers: Mapping[str, str],
         tenant: str | None = None,
+        subset: Collection[ReplicaId] | None = None,
     ) -> ProxyRequest:
-        """The policy and the candidate replicas of a parsed request (404/503 when none)."""
+        """The policy and the candidate replicas of a parsed request (404/503 when none).
+
+        `subset`, when given, is the only replicas the request may go to (an EPP's proxy can
+        name them); none of them available is a 503.
+        """
         name = headers.get(POLICY_HEADER) or state.config.policy
         policy = state.policies.get(name)
         if policy is None:
             raise GatewayError(400, f"unknown routing policy {name!r}", param=POLICY_HEADER)
-        candidates = _candidates(state, body.model)
+        candidates, lora_name = _candidates(state, body.model)
+        if subset is not None:
+            candidates = [r for r in candidates if r.id in subset]
         ns = state.namespace_for(candidates)
         if not candidates or ns is None:
+            within = " in the proxy's endpoint subset" if subset is not None else ""
             raise GatewayError(
                 503,
-                f"no healthy worker{f' for model `{body.model}`' if body.model else ''}: "
+                f"no healthy worker{f' for model `{body.model}`' if body.model else ''}{within}: "
                 + state.replicas.describe(body.model),
                 code="no_healthy_worker",
             )
         wants_usage = bool((body.stream_options or {}).get("include_usage"))
         return cls(
-            state, endpoint, body, headers, name, policy, candidates, ns, tenant, wants_usage
+            state,
+            endpoint,
+            body,
+            headers,
+            name,
+            policy,
+            candidates,
+            ns,
+            tenant,
+            wants_usage,
+            lora_name,
         )
 
+    @property
+    def num_prompt_tokens(self) -> int:
+        """Prompt tokens the replica will prefill or find cached (every input's, for embeddings)."""
+        return len(self.prompt)
+
     # -- the stages, in order ----------------------------------------------------------------
+
+    async def decide(self) -> Replica:
+        """admit -> render + keys -> rank: the routing decision, shared by the HTTP proxy and
+        the EPP. The chosen replica holds the slot; `ranked` and `predicted` are set."""
+        await self.admit()
+        await self.render()
+        await self.rank()
+        assert self.replica is not None
+        return self.replica
 
     async def admit(self) -> None:
         await self.state.admission.admit(self.candidates)
@@ -123,10 +162,12 @@ class ProxyRequest:
         # One time and byte budget for all the request's remote images (docs/security.md).
         images = image_options(st.fetcher, st.config.allow_image_uuids, self.tenant)
         if _is_small_text(self.body):
-            self.prompt, self.keys = render_request(renderer, self.body, self.ns, images)
+            self.prompt, self.keys = render_request(
+                renderer, self.body, self.ns, images, self.lora_name
+            )
         else:
             self.prompt, self.keys = await st.render_queue.run(
-                render_request, renderer, self.body, self.ns, images
+                render_request, renderer, self.body, self.ns, images, self.lora_name
             )
         st.metrics.render_seconds.observe(time.perf_counter() - t0)
         self._default_max_tokens(renderer.assets.max_model_len)
@@ -155,7 +196,14 @@ class ProxyRequest:
             keys[0] if keys else xxhash.xxh3_128_digest(repr(self.prompt.token_ids[:bs]).encode())
         )
         ctx = RouteContext(
-            self.candidates, keys, len(self.prompt), bs, self.matched, self.headers, seed
+            self.candidates,
+            keys,
+            self.num_prompt_tokens,
+            bs,
+            self.matched,
+            self.headers,
+            seed,
+            self.lora_name,
         )
         ranked = await self.policy.rank(ctx)
         st.metrics.routing_seconds.observe(time.perf_counter() - t0)
@@ -177,12 +225,17 @@ class ProxyRequest:
             m.child(m.spills, self.policy_name).inc()
             m.child(m.spill_tokens, self.policy_name).inc(lost)
 
-    def payload(self) -> bytes:
-        """The body to forward, derived once from the parsed request."""
+    def payload(self, *, usage_chunk: bool = True) -> bytes:
+        """The body to forward, derived once from the parsed request.
+
+        `usage_chunk` asks a stream for its usage chunk, which the HTTP relay hides again
+        unless the client asked for it; the EPP, which does not relay, forwards the client's
+        own stream options.
+        """
         b = self.body
         if isinstance(b, ChatCompletionRequest):
             pin_images(b.messages, self.prompt)
-        if b.stream:  # always read the usage chunk; the relay hides it unless asked for
+        if b.stream and usage_chunk:
             b.stream_options = {**(b.stream_options or {}), "include_usage": True}
         return b.model_dump_json(exclude_unset=True).encode()
 
@@ -201,6 +254,24 @@ class ProxyRequest:
             self._charge(nxt)
         return nxt
 
+    def served_by(self, rid: ReplicaId) -> None:
+        """The proxy served the request on `rid`, one of the fallbacks after the chosen replica
+        failed (EPP mode): the failure counts as a retry does, and the slot and the prefill
+        charge follow the request, if `rid` has room."""
+        rep = self.replica
+        if rep is None or rep.id == rid:
+            return
+        target = next((r for r in self.ranked if r.id == rid), None)
+        if target is None:
+            return
+        accounting.attempt_failed(
+            self.state, rep, self.policy_name, f"the proxy fell back to {rid}"
+        )
+        self._uncharge(rep)
+        nxt = self.replica = self.state.admission.move(rep, [target])
+        if nxt is not None:
+            self._charge(nxt)
+
     def release(self, status: str, usage: dict | None = None) -> None:
         """The one place the slot is given back and the request's outcome recorded."""
         if self.released:
@@ -217,7 +288,7 @@ class ProxyRequest:
             st.index.spec.release(self.guess)
         st.admission.release(rep)
         accounting.finished(
-            st, rep, self.policy_name, status, len(self.prompt), self.predicted, usage
+            st, rep, self.policy_name, status, self.num_prompt_tokens, self.predicted, usage
         )
 
     # -- load charged to the replica holding the slot ---------------------------------------
@@ -234,12 +305,19 @@ class ProxyRequest:
         st = self.state
         self.replica = rep
         self.predicted = self._predicted_for(rep)
-        uncached = len(self.prompt) - self.predicted
+        uncached = self.num_prompt_tokens - self.predicted
         rep.in_flight_prefill_tokens += uncached
         self.prefilling = True
-        rep.add_recent_prefill(uncached, time.monotonic(), st.config.recent_half_life)
+        now = time.monotonic()
+        rep.add_recent_prefill(uncached, now, st.config.recent_half_life)
         if rep.parity_ok:
-            self.guess = st.index.add_speculative(rep.id, self.keys)
+            self.guess = st.index.add_speculative(rep.id, self.speculative_keys())
+        if self.lora_name is not None:
+            note_routed(rep, self.lora_name, now, st.config.speculative_ttl)
+
+    def speculative_keys(self) -> list[BlockKey]:
+        """The keys the replica will hold once it has prefilled the request."""
+        return self.keys
 
     def first_token(self) -> None:
         """Its prefill finished (the first bytes of its stream arrived): it queues no prefill
@@ -252,7 +330,7 @@ class ProxyRequest:
     def _uncharge(self, rep: Replica) -> None:
         if self.prefilling:
             self.prefilling = False
-            rep.in_flight_prefill_tokens -= len(self.prompt) - self.predicted
+            rep.in_flight_prefill_tokens -= self.num_prompt_tokens - self.predicted
 
 
 def _is_small_text(req: OpenAIRequest) -> bool:
@@ -280,23 +358,29 @@ def _is_small_text(req: OpenAIRequest) -> bool:
     return True
 
 
-def _candidates(state: GatewayState, model: str | None) -> list[Replica]:
-    """The available replicas serving `model` (404 for a model no known worker serves)."""
+def _candidates(state: GatewayState, model: str | None) -> tuple[list[Replica], str | None]:
+    """The available replicas serving `model`, and the LoRA adapter it names if it names one
+    (404 for a model no known worker serves)."""
     candidates = state.replicas.available()
     if model:
         serving = [r for r in candidates if r.model == model]
         if serving or not candidates:
-            return serving
-        known = sorted({r.model for r in state.replicas.replicas.values() if r.model})
-        if model not in known:
+            return serving, None
+        adapter = [r for r in candidates if serves_adapter(r, model)]
+        if adapter:
+            return adapter, model
+        everyone = state.replicas.replicas.values()
+        known = sorted({r.model for r in everyone if r.model})
+        adapters = sorted({a for r in everyone if r.lora is not None for a in r.lora.adapters})
+        if model not in known and model not in adapters:
             raise GatewayError(
                 404,
                 f"The model `{model}` does not exist. Served models: "
-                + ", ".join(f"`{m}`" for m in known),
+                + ", ".join(f"`{m}`" for m in known + adapters),
                 param="model",
                 code="model_not_found",
             )
-        return serving
+        return serving, None
     served = {r.model for r in candidates}
     if len(served) > 1:
         raise GatewayError(
@@ -305,4 +389,4 @@ def _candidates(state: GatewayState, model: str | None) -> list[Replica]:
             + ", ".join(f"`{m}`" for m in sorted(m for m in served if m)),
             param="model",
         )
-    return candidates
+    return candidates, None

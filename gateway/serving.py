@@ -1,6 +1,8 @@
 """The request path: authenticate -> parse -> admit -> render + keys -> rank -> forward -> relay.
 
-`OpenAIServing.handle` runs the stages of one `ProxyRequest` in order. Any failure, whichever
+`OpenAIServing.handle` runs the stages of one `ProxyRequest` in order; everything up to the
+routing decision (`read_request`, `ProxyRequest.route`, `ProxyRequest.decide`) is shared with
+the EPP (gateway/epp/). Any failure, whichever
 stage raised it, becomes an OpenAI error body in one place (`gateway.errors.error_response`),
 and the request's slot is released once (`ProxyRequest.release`): here for an answer read whole,
 or when a relayed stream ends.
@@ -8,10 +10,14 @@ or when a relayed stream ends.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Mapping
+from typing import Protocol
+
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gateway.embeddings import EmbeddingProxyRequest, EmbeddingRequest
 from gateway.errors import Overloaded, UpstreamFailed, error_response
 from gateway.limits import check_body, read_json
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
@@ -21,20 +27,47 @@ from gateway.retry import send_with_retries
 from gateway.state import GatewayState
 from gateway.upstream import UpstreamResponse
 
+REPLICA_HEADER = "x-kvgate-replica"
+PREDICTED_HEADER = "x-kvgate-predicted-cached-tokens"
 
-def authenticate(state: GatewayState, request: Request) -> str | None:
+
+class RequestSource(Protocol):
+    """Where a request comes from: its headers and its body as it arrives. A Starlette
+    `Request` is one; the EPP (gateway/epp/) wraps an ext_proc stream as another."""
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    def stream(self) -> AsyncIterator[bytes]: ...
+
+
+def authenticate(state: GatewayState, request: RequestSource) -> str | None:
     """The request's tenant (None when the gateway has no API keys); AuthError otherwise."""
     if state.tenants is None:
         return None
     return state.tenants.authenticate(request.headers.get("authorization"))
 
 
-async def parse(request: Request, model_cls: type[OpenAIRequest], state: GatewayState):
+async def parse(request: RequestSource, model_cls: type[OpenAIRequest], state: GatewayState):
     """The parsed request: body size, JSON, shape limits, then the request model."""
     limits = state.config.limits
     data = await read_json(request, limits)  # bounded in bytes, depth and elements
     check_body(data, limits)
     return model_cls.model_validate(data)
+
+
+async def read_request(
+    state: GatewayState, request: RequestSource, model_cls: type[OpenAIRequest]
+) -> tuple[OpenAIRequest, str | None]:
+    """authenticate -> parse -> the tenant's cache salt: the request as it is routed, and its
+    tenant (None when the gateway has no API keys)."""
+    tenant = authenticate(state, request)
+    body = await parse(request, model_cls, state)
+    if tenant is not None and state.tenants is not None:
+        # Replaces any client salt by one derived from (tenant, client salt): the routing keys
+        # and the worker's cache both use it.
+        body.cache_salt = state.tenants.salt_for(tenant, body.cache_salt)
+    return body, tenant
 
 
 class OpenAIServing:
@@ -47,32 +80,34 @@ class OpenAIServing:
     async def completions(self, request: Request) -> Response:
         return await self.handle(request, "/v1/completions", CompletionRequest)
 
-    async def handle(self, request: Request, endpoint: str, model_cls: type) -> Response:
+    async def embeddings(self, request: Request) -> Response:
+        return await self.handle(request, "/v1/embeddings", EmbeddingRequest, EmbeddingProxyRequest)
+
+    async def handle(
+        self,
+        request: Request,
+        endpoint: str,
+        model_cls: type,
+        proxy_cls: type[ProxyRequest] = ProxyRequest,
+    ) -> Response:
         st = self.state
         px: ProxyRequest | None = None
         streaming = False
         status, usage = "error", None
         try:
-            tenant = authenticate(st, request)
-            body = await parse(request, model_cls, st)
-            if tenant is not None and st.tenants is not None:
-                # Replaces any client salt by one derived from (tenant, client salt): the
-                # routing keys and the worker's cache both use it.
-                body.cache_salt = st.tenants.salt_for(tenant, body.cache_salt)
-            px = ProxyRequest.route(st, endpoint, body, request.headers, tenant)
-            await px.admit()
-            await px.render()
-            await px.rank()
+            body, tenant = await read_request(st, request, model_cls)
+            px = proxy_cls.route(st, endpoint, body, request.headers, tenant=tenant)
+            await px.decide()
             resp = await send_with_retries(px, px.payload())
             if body.stream and resp.status == 200:
                 streaming = True
                 return _relay(px, resp)
             content = await resp.read()
-            status, usage = str(resp.status), _usage(resp.status, content)
-            return Response(content, resp.status, _headers(px), resp.content_type)
+            status, usage = str(resp.status), read_usage(resp.status, content)
+            return Response(content, resp.status, replica_headers(px), resp.content_type)
         except Exception as e:  # every failure, from any stage, is answered here
             out = error_response(e)
-            status = _status_label(e, out.status_code)
+            status = status_label(e, out.status_code)
             return out
         finally:
             if px is not None and not streaming:
@@ -93,15 +128,13 @@ def _relay(px: ProxyRequest, resp: UpstreamResponse) -> Response:
             px.release("client_gone")
 
     gen = relay_stream(resp, relay, on_end, px.first_token)
-    return RelayResponse(gen, on_close, media_type="text/event-stream", headers=_headers(px))
+    return RelayResponse(gen, on_close, media_type="text/event-stream", headers=replica_headers(px))
 
 
-def _headers(px: ProxyRequest) -> dict[str, str]:
+def replica_headers(px: ProxyRequest) -> dict[str, str]:
+    """The response headers naming the replica and its predicted cached tokens (both modes)."""
     assert px.replica is not None
-    return {
-        "x-kvgate-replica": px.replica.id,
-        "x-kvgate-predicted-cached-tokens": str(px.predicted),
-    }
+    return {REPLICA_HEADER: px.replica.name, PREDICTED_HEADER: str(px.predicted)}
 
 
 class _Answer(msgspec.Struct):
@@ -113,7 +146,7 @@ class _Answer(msgspec.Struct):
 _ANSWER = msgspec.json.Decoder(_Answer)
 
 
-def _usage(status: int, content: bytes) -> dict | None:
+def read_usage(status: int, content: bytes) -> dict | None:
     if status != 200:
         return None
     try:
@@ -122,7 +155,7 @@ def _usage(status: int, content: bytes) -> dict | None:
         return None
 
 
-def _status_label(exc: Exception, status: int) -> str:
+def status_label(exc: Exception, status: int) -> str:
     if isinstance(exc, Overloaded):
         return "overloaded"
     return "error" if isinstance(exc, UpstreamFailed) else str(status)

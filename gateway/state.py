@@ -10,6 +10,7 @@ import httpx
 
 from cachekey.keys import HashNamespace
 from cachekey.render import Renderer
+from cachekey.worker_auth import bearer
 from gateway.admission import Admission, RenderQueue
 from gateway.assets import load_assets
 from gateway.breaker import CircuitBreaker
@@ -46,7 +47,12 @@ class GatewayState:
         metrics = GatewayMetrics()
         index = BlockIndex(config.index_max_blocks, config.speculative_ttl)
         # Control traffic (polls, snapshots, assets); requests use each replica's own pool.
-        http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=config.connect_timeout))
+        # Only workers are ever called through it, so it carries the worker token on every call.
+        token = config.worker_token
+        http = httpx.AsyncClient(
+            timeout=httpx.Timeout(30.0, connect=config.connect_timeout),
+            headers={"authorization": bearer(token)} if token else None,
+        )
         replicas = ReplicaSet(config, index, metrics, http)
         metrics.in_flight.source = lambda: (
             (r.id, r.in_flight, r.prefill_rate.seconds_per_token)

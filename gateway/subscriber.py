@@ -32,6 +32,7 @@ from cachekey.documents import Snapshot, decode_document
 from cachekey.events import DecodeError, decode_batch
 from cachekey.events import seq_from_bytes as seq_of
 from cachekey.keys import HashNamespace
+from cachekey.worker_auth import CurveKeys
 from gateway.index import BlockIndex, ReplicaId
 from gateway.metrics import GatewayMetrics
 from gateway.replay import ReplayClient
@@ -52,6 +53,7 @@ class EventSource:
     replay_port: int | None
     topic: str
     snapshot_url: str | None
+    curve: CurveKeys | None = None  # the worker's sockets are CURVE servers (worker token)
 
     def endpoint(self, port: int) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
@@ -92,6 +94,7 @@ class KVEventSubscriber:
                 ipv6=source.ipv6,
                 timeout=replay_timeout,
                 name=replica,
+                curve=source.curve,
             )
             if source.replay_port is not None
             else None
@@ -113,6 +116,8 @@ class KVEventSubscriber:
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.RCVHWM, 100_000)
         sub.setsockopt(zmq.IPV6, self.source.ipv6)
+        if self.source.curve is not None:
+            self.source.curve.connect(sub)
         try:
             sub.connect(self.source.endpoint(self.source.port))
             sub.subscribe(self.source.topic.encode())

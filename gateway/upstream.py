@@ -205,6 +205,7 @@ class UpstreamPool:
         read_timeout: float,
         ssl_context: ssl.SSLContext | None = None,
         max_idle: int = 64,
+        authorization: str | None = None,
     ) -> None:
         self.url = url
         u = urlsplit(url)
@@ -213,6 +214,8 @@ class UpstreamPool:
         self.port = u.port or (443 if self.https else 80)
         self.base_path = u.path.rstrip("/").encode()
         self._host_header = u.netloc.encode()
+        # The worker token (docs/security.md), on every request to this worker.
+        self._auth = b"Authorization: %s\r\n" % authorization.encode() if authorization else b""
         self._ssl = (ssl_context or ssl.create_default_context()) if self.https else None
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
@@ -224,8 +227,15 @@ class UpstreamPool:
         """POST a JSON body; returns once the status line and headers are in."""
         head = (
             b"POST %s%s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\n%s\r\n"
-            % (self.base_path, path.encode(), self._host_header, len(body), extra_headers)
+            b"Content-Length: %d\r\n%s%s\r\n"
+            % (
+                self.base_path,
+                path.encode(),
+                self._host_header,
+                len(body),
+                self._auth,
+                extra_headers,
+            )
         )
         while self._idle:
             conn = self._idle.pop()

@@ -1,24 +1,28 @@
 """Plain vLLM workers: no /kvgate/info, so the gateway builds the same facts from what vLLM has.
 
-The model comes from /v1/models, the block size from `vllm:cache_config_info`, the KV-event
-endpoints from the gateway's `--vllm-kv-events-*` flags (the worker's `--kv-events-config`). The
-index still uses the gateway's own keys (recomputed from the events' token ids and extra keys),
-so vLLM's hash algorithm and seed do not matter; the render assets must come from --model-dir.
-There is no snapshot and no instance id: a restart shows as the seq going back, which resyncs
-from empty.
+The model comes from /v1/models (the entry without a `parent`; entries whose `parent` is it are
+its LoRA adapters), the block size from `vllm:cache_config_info`, the adapters in use from
+`vllm:lora_requests_info`, the KV-event endpoints from the gateway's `--vllm-kv-events-*` flags
+(the worker's `--kv-events-config`). The index still uses the gateway's own keys (recomputed
+from the events' token ids and extra keys, the LoRA name among them), so vLLM's hash algorithm
+and seed do not matter; the render assets must come from --model-dir. There is no snapshot and
+no instance id: a restart shows as the seq going back, which resyncs from empty.
 """
 
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import httpx
 
-from cachekey.documents import KVEventsEndpoint, WorkerInfo
+from cachekey.documents import KVEventsEndpoint, LoRAAdapters, WorkerInfo
 from cachekey.keys import DEFAULT_HASH_SEED
 from gateway.config import GatewayConfig
 
 _BLOCK_SIZE = re.compile(r'^vllm:cache_config_info\{[^}]*block_size="(\d+)"', re.MULTILINE)
+_LORA_INFO = re.compile(r"^vllm:lora_requests_info\{([^}]*)\}\s+(\S+)", re.MULTILINE)
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 INSTANCE = "vllm"
 
 
@@ -27,17 +31,71 @@ def parse_block_size(metrics_text: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def parse_lora_info(metrics_text: str) -> tuple[int, list[str]] | None:
+    """(max_lora, adapters with running or waiting requests) from the latest
+    `vllm:lora_requests_info` sample: vLLM keeps every label set it ever wrote, and the value of
+    each is the time it was last set."""
+    latest: tuple[float, dict[str, str]] | None = None
+    for m in _LORA_INFO.finditer(metrics_text):
+        try:
+            at = float(m.group(2))
+        except ValueError:
+            continue
+        if latest is None or at > latest[0]:
+            latest = (at, dict(_LABEL.findall(m.group(1))))
+    if latest is None:
+        return None
+    labels = latest[1]
+    try:
+        max_lora = int(labels.get("max_lora", ""))
+    except ValueError:
+        return None
+    names = [
+        n.strip()
+        for key in ("running_lora_adapters", "waiting_lora_adapters")
+        for n in labels.get(key, "").split(",")
+        if n.strip()
+    ]
+    return max_lora, list(dict.fromkeys(names))
+
+
+def parse_models(data: Any) -> tuple[str, list[str]] | None:
+    """(base model, its adapters) from a /v1/models body, or None if it is not one."""
+    try:
+        entries = [(m["id"], m.get("parent")) for m in data["data"]]
+    except (KeyError, TypeError, AttributeError):
+        return None
+    bases = [i for i, parent in entries if parent is None and isinstance(i, str)]
+    if not bases:
+        return None
+    base = bases[0]
+    return base, [i for i, parent in entries if parent == base and isinstance(i, str)]
+
+
+def lora_adapters(adapters: list[str], metrics_text: str) -> LoRAAdapters | None:
+    if not adapters:
+        return None
+    info = parse_lora_info(metrics_text)
+    if info is None or info[0] < 1:  # no metric yet: assume each adapter may need a load
+        return LoRAAdapters(max_loras=1, adapters=adapters)
+    max_lora, active = info
+    return LoRAAdapters(
+        max_loras=max_lora, adapters=adapters, resident=[a for a in active if a in adapters]
+    )
+
+
 async def vllm_info(
     http: httpx.AsyncClient, url: str, metrics_text: str, config: GatewayConfig
 ) -> WorkerInfo | None:
     """The WorkerInfo of a plain vLLM worker, or None if it is not one."""
     try:
         resp = await http.get(f"{url}/v1/models", timeout=config.connect_timeout)
-        model = resp.json()["data"][0]["id"]
-    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+        models = parse_models(resp.json())
+    except (httpx.HTTPError, ValueError):
         return None
-    if not isinstance(model, str):
+    if models is None:
         return None
+    model, adapters = models
     return WorkerInfo(
         model=model,
         block_size=parse_block_size(metrics_text) or 16,
@@ -50,4 +108,5 @@ async def vllm_info(
             replay_port=config.vllm_kv_events_replay_port,
             topic=config.vllm_kv_events_topic,
         ),
+        lora=lora_adapters(adapters, metrics_text),
     )

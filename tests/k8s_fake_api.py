@@ -1,8 +1,10 @@
-"""A tiny Kubernetes API server for EndpointSlices: list and watch, as the real one speaks them.
+"""A tiny Kubernetes API server: list and watch, as the real one speaks them.
 
-Enough of the protocol for a client: a list carries the collection's resourceVersion; a watch
-from a version streams ADDED/MODIFIED/DELETED JSON lines (chunked) after it; a version older than
-the compaction point gets an ERROR event with a 410 Status; `drop()` cuts open watches mid-stream.
+It serves EndpointSlices, Pods and InferencePools (`inference.networking.k8s.io/v1`, a CRD:
+served like any custom resource), with label and field (`metadata.name=`) selectors. Enough of
+the protocol for a client: a list carries the collection's resourceVersion; a watch from a
+version streams ADDED/MODIFIED/DELETED JSON lines (chunked) after it; a version older than the
+compaction point gets an ERROR event with a 410 Status; `drop()` cuts open watches mid-stream.
 """
 
 from __future__ import annotations
@@ -14,7 +16,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-PREFIX = "/apis/discovery.k8s.io/v1/namespaces/"
+# kind -> (URL prefix, collection name); resourceVersions are shared by all, as in etcd.
+RESOURCES = {
+    "EndpointSlice": ("/apis/discovery.k8s.io/v1/namespaces/", "endpointslices"),
+    "Pod": ("/api/v1/namespaces/", "pods"),
+    "InferencePool": ("/apis/inference.networking.k8s.io/v1/namespaces/", "inferencepools"),
+}
 
 
 def make_slice(
@@ -47,17 +54,49 @@ def make_slice(
     }
 
 
+def make_pod(
+    name: str, ip: str | None, ready: bool, labels: dict[str, str], *, terminating: bool = False
+) -> dict[str, Any]:
+    """A Pod as the API shows it: labels, its IP once it has one, the Ready condition."""
+    meta: dict[str, Any] = {"name": name, "namespace": "ns", "labels": labels}
+    if terminating:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    status: dict[str, Any] = {
+        "phase": "Running",
+        "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+    }
+    if ip is not None:
+        status["podIP"] = ip
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "status": status}
+
+
+def make_pool(name: str, labels: dict[str, str], ports: list[int]) -> dict[str, Any]:
+    """An InferencePool v1 (the fields the CRD requires, and an endpoint picker reference)."""
+    return {
+        "apiVersion": "inference.networking.k8s.io/v1",
+        "kind": "InferencePool",
+        "metadata": {"name": name, "namespace": "ns"},
+        "spec": {
+            "selector": {"matchLabels": labels},
+            "targetPorts": [{"number": p} for p in ports],
+            "endpointPickerRef": {"name": f"{name}-epp", "port": {"number": 9002}},
+        },
+    }
+
+
 @dataclass
 class Request:
     watch: bool
     resource_version: str | None
     label_selector: str | None
+    kind: str = "EndpointSlice"
+    field_selector: str | None = None
 
 
 @dataclass
 class FakeApi:
     rv: int = 100
-    slices: dict[str, dict[str, Any]] = field(default_factory=dict)
+    objects: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     history: list[tuple[int, str, dict[str, Any]]] = field(default_factory=list)
     compacted: int = 0  # watches from a version below this get 410
     generation: int = 0  # bumped to make open watches end (drop or expire)
@@ -68,21 +107,22 @@ class FakeApi:
     # ---- what the test does -------------------------------------------------------------------
 
     def put(self, sl: dict[str, Any], *, quietly: bool = False) -> None:
-        """Create or update a slice; `quietly` leaves no watch event (only a relist sees it)."""
+        """Create or update an object; `quietly` leaves no watch event (only a relist sees it)."""
         with self.cond:
             self.rv += 1
             obj = json.loads(json.dumps(sl))
             obj["metadata"]["resourceVersion"] = str(self.rv)
-            kind = "MODIFIED" if sl["metadata"]["name"] in self.slices else "ADDED"
-            self.slices[sl["metadata"]["name"]] = obj
+            key = (obj["kind"], obj["metadata"]["name"])
+            kind = "MODIFIED" if key in self.objects else "ADDED"
+            self.objects[key] = obj
             if not quietly:
                 self.history.append((self.rv, kind, obj))
             self.cond.notify_all()
 
-    def delete(self, name: str, *, quietly: bool = False) -> None:
+    def delete(self, name: str, *, kind: str = "EndpointSlice", quietly: bool = False) -> None:
         with self.cond:
             self.rv += 1
-            obj = self.slices.pop(name)
+            obj = self.objects.pop((kind, name))
             obj = {**obj, "metadata": {**obj["metadata"], "resourceVersion": str(self.rv)}}
             if not quietly:
                 self.history.append((self.rv, "DELETED", obj))
@@ -104,21 +144,29 @@ class FakeApi:
             self.generation += 1
             self.cond.notify_all()
 
-    def watches(self) -> list[Request]:
+    def watches(self, kind: str = "EndpointSlice") -> list[Request]:
         with self.cond:
-            return [r for r in self.requests if r.watch]
+            return [r for r in self.requests if r.watch and r.kind == kind]
 
-    def lists(self) -> list[Request]:
+    def lists(self, kind: str = "EndpointSlice") -> list[Request]:
         with self.cond:
-            return [r for r in self.requests if not r.watch]
+            return [r for r in self.requests if not r.watch and r.kind == kind]
 
     # ---- the server side ----------------------------------------------------------------------
 
-    def matching(self, sl: dict[str, Any], selector: str | None) -> bool:
-        labels = sl["metadata"].get("labels") or {}
-        for term in filter(None, (selector or "").split(",")):
+    def matching(self, obj: dict[str, Any], req: Request) -> bool:
+        if obj["kind"] != req.kind:
+            return False
+        labels = obj["metadata"].get("labels") or {}
+        for term in filter(None, (req.label_selector or "").split(",")):
             key, _, value = term.partition("=")
             if labels.get(key) != value:
+                return False
+        for term in filter(None, (req.field_selector or "").split(",")):
+            key, _, value = term.partition("=")
+            if key != "metadata.name":
+                raise ValueError(f"field selector {key!r} is not served here")
+            if obj["metadata"]["name"] != value:
                 return False
         return True
 
@@ -143,12 +191,26 @@ def make_handler(api: FakeApi) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:
             url = urlparse(self.path)
-            if not (url.path.startswith(PREFIX) and url.path.endswith("/endpointslices")):
+            kind = next(
+                (
+                    k
+                    for k, (prefix, plural) in RESOURCES.items()
+                    if url.path.startswith(prefix) and url.path.endswith(f"/{plural}")
+                ),
+                None,
+            )
+            if kind is None:
                 self._send_json(404, {"kind": "Status", "code": 404, "message": "not found"})
                 return
             q = {k: v[0] for k, v in parse_qs(url.query).items()}
             is_watch = q.get("watch") in ("true", "1", "True")
-            req = Request(is_watch, q.get("resourceVersion"), q.get("labelSelector"))
+            req = Request(
+                is_watch,
+                q.get("resourceVersion"),
+                q.get("labelSelector"),
+                kind,
+                q.get("fieldSelector"),
+            )
             with api.cond:
                 api.requests.append(req)
             if is_watch:
@@ -166,10 +228,10 @@ def make_handler(api: FakeApi) -> type[BaseHTTPRequestHandler]:
 
         def _list(self, req: Request) -> None:
             with api.cond:
-                items = [s for s in api.slices.values() if api.matching(s, req.label_selector)]
+                items = [o for o in api.objects.values() if api.matching(o, req)]
                 body = {
-                    "kind": "EndpointSliceList",
-                    "apiVersion": "discovery.k8s.io/v1",
+                    "kind": f"{req.kind}List",
+                    "apiVersion": "v1",
                     "metadata": {"resourceVersion": str(api.rv)},
                     "items": items,
                 }
@@ -194,7 +256,7 @@ def make_handler(api: FakeApi) -> type[BaseHTTPRequestHandler]:
                 generation = api.generation
                 while True:
                     for rv, kind, obj in api.history:
-                        if rv > sent and api.matching(obj, req.label_selector):
+                        if rv > sent and api.matching(obj, req):
                             self._chunk({"type": kind, "object": obj})
                         sent = max(sent, rv)
                     if api.generation != generation:

@@ -12,6 +12,7 @@ import pytest
 from bench.cluster import Cluster, ClusterSpec
 from bench.routing import compare
 from bench.workload import WorkloadSpec
+from gateway.replica_names import replica_name
 
 pytestmark = pytest.mark.slow
 
@@ -127,7 +128,7 @@ def _chat_to(gateway: str, worker: str) -> None:
             timeout=30,
         )
         assert r.status_code == 200
-        if r.headers["x-kvgate-replica"] == worker:
+        if r.headers["x-kvgate-replica"] == replica_name(worker, None):
             return
     raise AssertionError("no session hashed to the restarted worker")
 
@@ -154,7 +155,7 @@ def test_stream_broken_after_first_byte_ends_with_error_and_done(tmp_path):
             "POST", f"{c.gateway_url}/v1/chat/completions", json=body, timeout=30
         ) as r:
             assert r.status_code == 200
-            serving = next(w for w in c.workers if w.url == r.headers["x-kvgate-replica"])
+            serving = next(w for w in c.workers if w.url == c.served_by(r))
             lines = r.iter_lines()
             first = next(ln for ln in lines if ln.startswith("data: "))
             assert '"choices"' in first

@@ -14,6 +14,7 @@ from bench.cluster import HOST, Cluster, ClusterSpec, Proc, free_port
 from gateway.config import GatewayConfig
 from gateway.index import BlockIndex
 from gateway.metrics import GatewayMetrics
+from gateway.replica_names import replica_name
 from gateway.replicas import Replica, ReplicaSet
 
 
@@ -63,7 +64,10 @@ def test_unreachable_worker_named_until_it_comes_up(tmp_path) -> None:
             assert r.status_code == 503, r.text
             err = r.json()["error"]
             assert (err["type"], err["code"]) == ("server_error", "no_healthy_worker")
-            assert f"{worker.url} (unreachable: ConnectError" in err["message"], err["message"]
+            # Clients see the replica's name, never its address; the log has the address.
+            name = replica_name(worker.url, None)
+            assert f"{name} (unreachable: ConnectError" in err["message"], err["message"]
+            assert worker.url not in err["message"]
         log = gw.log_path.read_text()
         line = f"worker {worker.url} takes no traffic: unreachable: ConnectError"
         assert log.count(line) == 1, log  # logged at once, then only every 30 s
@@ -127,6 +131,6 @@ def test_describe_names_health_reasons(ejected: bool) -> None:
         rep.ejected_until = time.monotonic() + 60
         rep.down_reason = "ejected after 3 failures in a row (last: HTTP 500)"
     text = rep.describe(time.monotonic())
-    assert text == f"http://w0 ({rep.down_reason})"
+    assert text == f"{replica_name('http://w0', None)} ({rep.down_reason})"
     rep.healthy, rep.parity_ok, rep.ejected_until = True, False, 0.0
     assert "parity mismatch" in rep.describe(time.monotonic())

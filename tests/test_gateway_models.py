@@ -61,4 +61,4 @@ def test_served_model_and_omitted_model_are_routed(cluster: Cluster) -> None:
         body = {**extra, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
         r = httpx.post(f"{cluster.gateway_url}/v1/chat/completions", json=body, timeout=30)
         assert r.status_code == 200, r.text
-        assert r.headers["x-kvgate-replica"] == cluster.worker_urls[0]
+        assert cluster.served_by(r) == cluster.worker_urls[0]

@@ -7,6 +7,7 @@ import time
 import httpx
 
 from bench.cluster import Cluster, ClusterSpec, Proc, free_port
+from gateway.replica_names import replica_name
 
 
 def test_mismatching_worker_is_flagged_and_routed_by_load_only(tmp_path):
@@ -46,7 +47,7 @@ def test_mismatching_worker_is_flagged_and_routed_by_load_only(tmp_path):
                 assert r.status_code == 200, r.text
                 seen[r.headers["x-kvgate-replica"]] = r.headers["x-kvgate-predicted-cached-tokens"]
                 time.sleep(0.1)
-            assert seen[b.worker_urls[0]] == "0"
+            assert seen[replica_name(b.worker_urls[0], None)] == "0"
         finally:
             gw.kill()
 

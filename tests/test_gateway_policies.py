@@ -191,8 +191,8 @@ def test_circuit_breaker_ejects_after_repeated_failures():
         assert [r.id for r in replicas.available()] == [b.id]
         # A 503 names the ejected replica, why, and the healthy one.
         described = replicas.describe()
-        assert f"{a.url} (ejected after 3 failures in a row (last: connect failed))" in described
-        assert f"{b.url} (healthy)" in described
+        assert f"{a.name} (ejected after 3 failures in a row (last: connect failed))" in described
+        assert f"{b.name} (healthy)" in described
         a.healthy = True  # even a good probe does not end the ejection early
         assert [r.id for r in replicas.available()] == [b.id]
         a.ejected_until = 0.0

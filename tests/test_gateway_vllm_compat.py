@@ -25,14 +25,18 @@ BS = 16
 
 
 class FakeVllm:
-    def __init__(self) -> None:
+    def __init__(self, adapters: tuple[str, ...] | list[str] = (), lora_metric: bool = False):
+        self.adapters = list(adapters)
+        self.lora_metric = lora_metric
+        self.lora_seen: list[str] = []  # the adapter of each request that named one
         self.events_port = free_port()
         self._ctx = zmq.Context()
         self._pub = self._ctx.socket(zmq.PUB)
         self._pub.bind(f"tcp://127.0.0.1:{self.events_port}")
         self._lock = threading.Lock()
         self._seq = 0
-        self._stored: dict[tuple[int, ...], int] = {}  # token prefix -> vLLM-style int hash
+        # (LoRA name, token prefix) -> vLLM-style int hash
+        self._stored: dict[tuple[str | None, tuple[int, ...]], int] = {}
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -47,19 +51,29 @@ class FakeVllm:
                 if self.path == "/health":
                     self._send(200, b"")
                 elif self.path == "/v1/models":
-                    self._send(200, json.dumps({"data": [{"id": "demo"}]}).encode())
+                    data = [{"id": "demo", "parent": None}]
+                    data += [{"id": a, "parent": "demo"} for a in outer.adapters]
+                    self._send(200, json.dumps({"data": data}).encode())
                 elif self.path == "/metrics":
                     text = (
                         'vllm:cache_config_info{block_size="16",num_gpu_blocks="64"} 1.0\n'
                         'vllm:num_requests_waiting{model_name="demo"} 0.0\n'
                     )
+                    if outer.lora_metric:
+                        text += (
+                            'vllm:lora_requests_info{max_lora="1",running_lora_adapters="",'
+                            f'waiting_lora_adapters=""}} {time.time()}\n'
+                        )
                     self._send(200, text.encode(), "text/plain")
                 else:
                     self._send(404, b'{"detail": "Not Found"}')
 
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["content-length"])))
-                cached = outer.serve(body["prompt"])
+                lora = body["model"] if body["model"] in outer.adapters else None
+                if lora is not None:
+                    outer.lora_seen.append(lora)
+                cached = outer.serve(body["prompt"], lora)
                 usage = {
                     "prompt_tokens": len(body["prompt"]),
                     "completion_tokens": 1,
@@ -75,20 +89,22 @@ class FakeVllm:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
-    def serve(self, tokens: list[int]) -> int:
-        """Cache the prompt's full blocks and publish what was new, as vLLM would."""
+    def serve(self, tokens: list[int], lora: str | None = None) -> int:
+        """Cache the prompt's full blocks and publish what was new, as vLLM would (a LoRA
+        adapter's name in every block's extra keys)."""
         with self._lock:
             n_full = len(tokens) // BS
             hit = 0
-            while hit < n_full and tuple(tokens[: (hit + 1) * BS]) in self._stored:
+            while hit < n_full and (lora, tuple(tokens[: (hit + 1) * BS])) in self._stored:
                 hit += 1
             new_hashes = []
             for i in range(hit, n_full):
-                prefix = tuple(tokens[: (i + 1) * BS])
+                prefix = (lora, tuple(tokens[: (i + 1) * BS]))
                 self._stored[prefix] = hash(prefix) & (2**63 - 1)
                 new_hashes.append(self._stored[prefix])
             if new_hashes:
-                parent = self._stored[tuple(tokens[: hit * BS])] if hit else None
+                parent = self._stored[(lora, tuple(tokens[: hit * BS]))] if hit else None
+                extra = [[lora]] * len(new_hashes) if lora is not None else None
                 event = [
                     "BlockStored",
                     new_hashes,
@@ -97,8 +113,8 @@ class FakeVllm:
                     BS,
                     None,
                     "GPU",
-                    None,
-                    None,
+                    lora,
+                    extra,
                 ]
                 payload = msgspec.msgpack.encode([time.time(), [event], None])
                 self._pub.send_multipart([b"", seq_bytes(self._seq), payload])

@@ -56,6 +56,23 @@ SERVICE_MONITOR_SCHEMA = {
                             "interval": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"},
                             "scrapeTimeout": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"},
                             "relabelings": {"type": "array", "items": {"type": "object"}},
+                            "authorization": {
+                                "type": "object",
+                                "additionalProperties": False,
+                                "required": ["credentials"],
+                                "properties": {
+                                    "type": {"type": "string"},
+                                    "credentials": {
+                                        "type": "object",
+                                        "additionalProperties": False,
+                                        "required": ["name", "key"],
+                                        "properties": {
+                                            "name": {"type": "string"},
+                                            "key": {"type": "string"},
+                                        },
+                                    },
+                                },
+                            },
                         },
                     },
                 },
@@ -125,8 +142,10 @@ def test_default_values(chart: Any) -> None:
             "PodDisruptionBudget",
             "Role",
             "RoleBinding",
+            "Secret",  # the generated worker token
             "Service",
             "Service",
+            "Service",  # the gateways' admin port, for the scraper
             "ServiceAccount",
             "StatefulSet",
         ]

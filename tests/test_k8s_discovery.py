@@ -114,7 +114,7 @@ def test_discovery_follows_list_watch_410_and_drops(tmp_path: Path) -> None:
         asyncio.run(_scenario(api, disc))
         # Cancelling run() stops the watch thread too (its blocked read is cut).
         deadline = time.monotonic() + WAIT_S
-        while any(t.name == "kvgate-k8s-discovery" for t in threading.enumerate()):
+        while any(t.name.startswith("kvgate-k8s-") for t in threading.enumerate()):
             assert time.monotonic() < deadline, "discovery thread still running"
             time.sleep(0.05)
 

@@ -159,3 +159,172 @@ def test_network_policy_values_are_checked() -> None:
         _render({"networkPolicy": {"enabled": "yes"}})
     with pytest.raises(helm.HelmValuesError):
         _render({"networkPolicy": {"metricsScraper": {"podSelector": {"app": "x"}}}})
+
+
+# ---- the worker token and the admin port (findings 1 and 8) --------------------------------
+
+
+def _one(docs: list[dict[str, Any]], kind: str, component: str) -> dict[str, Any]:
+    (found,) = [
+        d
+        for d in docs
+        if d["kind"] == kind and d["metadata"]["labels"]["app.kubernetes.io/component"] == component
+    ]
+    return found
+
+
+def _token_env(workload: dict[str, Any]) -> dict[str, Any] | None:
+    (c,) = workload["spec"]["template"]["spec"]["containers"]
+    found = [e for e in c.get("env", []) if e["name"] == "KVGATE_WORKER_TOKEN"]
+    return found[0]["valueFrom"]["secretKeyRef"] if found else None
+
+
+def _worker_config(sts: dict[str, Any], token: str | None, monkeypatch) -> Any:
+    from cachekey.flags import config_from_flags
+    from worker.cli import build_parser
+    from worker.server.config import ServerConfig
+
+    (c,) = sts["spec"]["template"]["spec"]["containers"]
+    if token is None:
+        monkeypatch.delenv("KVGATE_WORKER_TOKEN", raising=False)
+    else:
+        monkeypatch.setenv("KVGATE_WORKER_TOKEN", token)
+    return config_from_flags(ServerConfig, build_parser().parse_args(c["args"]))
+
+
+def test_the_chart_generates_a_worker_token_and_wires_it_everywhere(monkeypatch) -> None:
+    import base64
+
+    docs = _render({"metrics": {"serviceMonitor": {"enabled": True}}})
+    (secret,) = _kind(docs, "Secret")
+    kubernetes_validate.validate(secret, kubernetes_validate.latest_version(), strict=True)
+    token = base64.b64decode(secret["data"]["token"]).decode()
+    ref = {"name": secret["metadata"]["name"], "key": "token"}
+    gateway, sts = _one(docs, "Deployment", "gateway"), _one(docs, "StatefulSet", "worker")
+    assert _token_env(gateway) == ref and _token_env(sts) == ref
+    # What the processes make of it: both take the token, the worker opens /health only.
+    monkeypatch.setenv("KVGATE_WORKER_TOKEN", token)
+    assert _config(gateway)[1].worker_token == token
+    worker = _worker_config(sts, token, monkeypatch)
+    assert worker.worker_token == token and worker.open_paths == {"/health"}
+    # Two installs get two tokens (an upgrade keeps the installed one: `lookup`).
+    (other,) = _kind(_render(None), "Secret")
+    assert other["data"]["token"] != secret["data"]["token"]
+    # The scraper sends it to the workers.
+    monitor = next(
+        m for m in _kind(docs, "ServiceMonitor") if m["metadata"]["name"].endswith("worker")
+    )
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["authorization"] == {"type": "Bearer", "credentials": ref}
+
+
+def test_an_existing_token_secret_and_unauthenticated_metrics(monkeypatch) -> None:
+    values = {
+        "workerAuth": {
+            "existingSecret": "ops-token",
+            "secretKey": "t",
+            "unauthenticatedMetrics": True,
+        },
+        "metrics": {"serviceMonitor": {"enabled": True}},
+    }
+    docs = _render(values)
+    assert _kind(docs, "Secret") == []
+    gateway, sts = _one(docs, "Deployment", "gateway"), _one(docs, "StatefulSet", "worker")
+    assert _token_env(gateway) == _token_env(sts) == {"name": "ops-token", "key": "t"}
+    worker = _worker_config(sts, "x" * 32, monkeypatch)
+    assert worker.open_paths == {"/health", "/metrics"}
+    for monitor in _kind(docs, "ServiceMonitor"):
+        (endpoint,) = monitor["spec"]["endpoints"]
+        assert "authorization" not in endpoint
+
+
+def test_worker_auth_can_be_turned_off(monkeypatch) -> None:
+    docs = _render({"workerAuth": {"enabled": False}})
+    assert _kind(docs, "Secret") == []
+    sts = _one(docs, "StatefulSet", "worker")
+    assert _token_env(_one(docs, "Deployment", "gateway")) is None and _token_env(sts) is None
+    assert _worker_config(sts, None, monkeypatch).worker_token is None
+
+
+def test_admin_port_is_scraped_but_not_in_the_clients_service() -> None:
+    docs = _render({"metrics": {"serviceMonitor": {"enabled": True}}})
+    gateway = _one(docs, "Deployment", "gateway")
+    c, cfg = _config(gateway)
+    assert cfg.admin_port == 9090
+    assert {"name": "admin", "containerPort": 9090, "protocol": "TCP"} in c["ports"]
+    public = _one(docs, "Service", "gateway")
+    assert [p["targetPort"] for p in public["spec"]["ports"]] == ["http"]
+    admin = _one(docs, "Service", "gateway-admin")
+    kubernetes_validate.validate(admin, kubernetes_validate.latest_version(), strict=True)
+    assert admin["spec"]["clusterIP"] == "None"
+    assert [p["targetPort"] for p in admin["spec"]["ports"]] == ["admin"]
+    pod_labels = gateway["spec"]["template"]["metadata"]["labels"]
+    assert admin["spec"]["selector"].items() <= pod_labels.items()
+    monitor = next(
+        m for m in _kind(docs, "ServiceMonitor") if m["metadata"]["name"].endswith("gateway")
+    )
+    assert _selects(monitor["spec"]["selector"], admin["metadata"]["labels"])
+    assert not _selects(monitor["spec"]["selector"], public["metadata"]["labels"])
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["admin"]
+    # Without an admin port: scraped on the public port, as before.
+    docs = _render(
+        {"gateway": {"adminPort": None}, "metrics": {"serviceMonitor": {"enabled": True}}}
+    )
+    assert _config(_one(docs, "Deployment", "gateway"))[1].admin_port is None
+    assert not [d for d in _kind(docs, "Service") if "admin" in d["metadata"]["name"]]
+    monitor = next(
+        m for m in _kind(docs, "ServiceMonitor") if m["metadata"]["name"].endswith("gateway")
+    )
+    assert _selects(
+        monitor["spec"]["selector"], _one(docs, "Service", "gateway")["metadata"]["labels"]
+    )
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["http"]
+
+
+def test_worker_auth_values_are_checked() -> None:
+    with pytest.raises(helm.HelmValuesError):
+        _render({"workerAuth": {"enabled": "yes"}})
+    with pytest.raises(helm.HelmValuesError):
+        _render({"workerAuth": {"secretKey": ""}})
+    with pytest.raises(helm.HelmValuesError):
+        _render({"gateway": {"adminPort": 70000}})
+
+
+def test_epp_mode_lets_the_epp_and_the_proxy_reach_the_workers() -> None:
+    """With kvgate as an InferencePool's EPP, the EPP pods poll and subscribe like gateways, and
+    the Gateway's proxy forwards requests to the workers itself: both must get through."""
+    docs = _render({"epp": {"enabled": True}})
+    (policy,) = _kind(docs, "NetworkPolicy")
+    kubernetes_validate.validate(policy, kubernetes_validate.latest_version(), strict=True)
+    gateway_rule, _, proxy_rule = policy["spec"]["ingress"]
+    epp_labels = _one(docs, "Deployment", "epp")["spec"]["template"]["metadata"]["labels"]
+    assert any(_selects(peer["podSelector"], epp_labels) for peer in gateway_rule["from"])
+    assert {p["port"] for p in gateway_rule["ports"]} == {"http", "kv-events", "kv-replay"}
+    (proxy,) = proxy_rule["from"]
+    assert proxy["podSelector"] == {
+        "matchLabels": {"gateway.networking.k8s.io/gateway-name": "inference-gateway"}
+    }
+    assert proxy["namespaceSelector"] == {
+        "matchLabels": {"kubernetes.io/metadata.name": "inference"}
+    }
+    assert [p["port"] for p in proxy_rule["ports"]] == ["http"]  # never the events
+    # The EPP holds the worker token, which it sets on the requests the proxy forwards.
+    assert _token_env(_one(docs, "Deployment", "epp")) == _token_env(
+        _one(docs, "StatefulSet", "worker")
+    )
+    # Your Gateway's proxies, by your selectors.
+    values = {
+        "epp": {"enabled": True},
+        "networkPolicy": {
+            "proxy": {
+                "namespaceSelector": {
+                    "matchLabels": {"kubernetes.io/metadata.name": "envoy-gateway-system"}
+                },
+                "podSelector": {"matchLabels": {"gateway.envoyproxy.io/owning-gateway-name": "gw"}},
+            }
+        },
+    }
+    (policy,) = _kind(_render(values), "NetworkPolicy")
+    (proxy,) = policy["spec"]["ingress"][2]["from"]
+    assert proxy["podSelector"] == values["networkPolicy"]["proxy"]["podSelector"]
+    assert proxy["namespaceSelector"] == values["networkPolicy"]["proxy"]["namespaceSelector"]

@@ -1,4 +1,4 @@
-"""The raw-bytes JSON measure (gateway/json_guard.py) against a plain reference lexer."""
+"""The raw-bytes JSON measure (cachekey/json_shape.py) against a plain reference lexer."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.json_guard import JSONShapeError, decode_json, measure_json
+from cachekey.json_shape import JSONShapeError, decode_json, measure_json
 
 TEXT = st.text(alphabet=st.sampled_from('ab"\\[]{},: \n\u00e9\U0001f600'), max_size=12)
 VALUES = st.recursive(
@@ -52,7 +52,7 @@ def test_measure_matches_the_reference(value, ascii_only: bool, indent) -> None:
 
 def test_measure_across_chunk_boundaries(monkeypatch) -> None:
     """State (inside a string, depth) carries from one numpy chunk to the next."""
-    import gateway.json_guard as guard
+    import cachekey.json_shape as guard
 
     monkeypatch.setattr(guard, "_CHUNK", 7)
     text = json.dumps({"a": ['x, "y" [z]', [[{"b": "}"}]], "\\", {}]} | {"c": ["q"] * 9})

@@ -53,6 +53,7 @@ def test_info_describes_keys_events_and_instance(worker, demo_model_dir):
         "port": worker.events_port,
         "replay_port": worker.replay_port,
         "topic": f"kv@{info['instance_id']}@demo",
+        "curve": False,  # no worker token: plain sockets
     }
     local = ModelAssets.from_dir(demo_model_dir)
     assert info["fingerprint_parts"]["assets"] == local.fingerprint()

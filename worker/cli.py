@@ -56,6 +56,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=server_config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if server_config.worker_token is None:
+        logger.warning(
+            "no worker token (--worker-token or KVGATE_WORKER_TOKEN): every endpoint and the "
+            "KV events are open to whoever reaches this worker (docs/security.md)"
+        )
 
     import uvicorn
 

@@ -1,7 +1,9 @@
 """Worker discovery through the Kubernetes API: list, then watch, EndpointSlices.
 
-The official client is synchronous, so the list/watch loop runs in one daemon thread and hands
-each new replica set to the gateway's event loop; the loop itself never blocks on the API server.
+The official client is synchronous, so each list/watch loop (`ListWatch`) runs in a daemon
+thread and `run_watches` hands each new replica set to the gateway's event loop; the loop itself
+never blocks on the API server. gateway/discovery/inferencepool.py watches its two collections
+(InferencePools and pods) the same way.
 """
 
 from __future__ import annotations
@@ -88,6 +90,170 @@ class Backoff:
         self._attempt = 0
 
 
+def api_client(kubeconfig: str | None) -> client.ApiClient:
+    """In-cluster credentials inside a pod, else `kubeconfig` (or the default kubeconfig)."""
+    cfg = client.Configuration()
+    if kubeconfig is None and "KUBERNETES_SERVICE_HOST" in os.environ:
+        config.load_incluster_config(client_configuration=cfg)
+    else:
+        config.load_kube_config(
+            config_file=kubeconfig, client_configuration=cfg, persist_config=False
+        )
+    return client.ApiClient(cfg)
+
+
+class ListWatch:
+    """One collection, listed then watched from the last version seen, kept as raw dicts.
+
+    `make_list(api_client)` gives the client's list function (called with `args` and `query`,
+    e.g. a label or field selector). A watch resumes from the last `resourceVersion`; a `410
+    Gone` relists; API errors and dropped connections back off (capped, jittered) while the
+    objects last seen stay in use. `changed()` runs after every change, with `lock` held by
+    nobody; `objects` is only mutated under `lock`.
+    """
+
+    def __init__(
+        self,
+        kind: str,
+        make_list: Callable[[client.ApiClient], Callable[..., Any]],
+        *args: Any,
+        lock: threading.Lock,
+        kubeconfig: str | None = None,
+        watch_timeout_s: int = 300,
+        backoff: Backoff | None = None,
+        **query: Any,
+    ) -> None:
+        if watch_timeout_s <= 0:
+            raise ValueError("watch_timeout_s must be positive")
+        self.kind = kind
+        self.make_list = make_list
+        self.args = args
+        self.query = query
+        self.lock = lock
+        self.kubeconfig = kubeconfig
+        self.watch_timeout_s = watch_timeout_s
+        self.backoff = backoff or Backoff()
+        self.objects: dict[str, dict[str, Any]] = {}
+        self._list: Callable[..., Any] | None = None
+        self._resource_version: str | None = None
+        self._watch: watch.Watch | None = None
+
+    def run(self, changed: Callable[[], None], stop: threading.Event) -> None:
+        """The blocking loop, in its own thread, until `stop` is set."""
+        while not stop.is_set():
+            try:
+                if self._list is None:
+                    self._list = self.make_list(api_client(self.kubeconfig))
+                if self._resource_version is None:
+                    self._relist()
+                    self.backoff.reset()
+                    changed()
+                if self._watch_once(changed, stop):
+                    self.backoff.reset()
+                    continue
+            except ApiException as exc:
+                if exc.status == _GONE:
+                    log.info("%s watch expired (410 Gone); relisting", self.kind)
+                    self._resource_version = None
+                    continue
+                log.warning("Kubernetes API error %s: %s", exc.status, exc.reason)
+            except Exception as exc:  # dropped connections, DNS, TLS, bad kubeconfig ...
+                if stop.is_set():
+                    return
+                log.warning("Kubernetes API unreachable (%s: %s)", type(exc).__name__, exc)
+            # Also after a watch that ended with no events, so a server that closes at once
+            # cannot make us spin.
+            stop.wait(self.backoff.next_delay())
+
+    def cut(self) -> None:
+        """Shut the open watch's socket, so the thread's blocked read returns."""
+        current = self._watch
+        if current is not None:
+            current.stop()
+
+    def _relist(self) -> None:
+        assert self._list is not None
+        resp = self._list(*self.args, **self.query, _preload_content=False, _request_timeout=30)
+        body = json.loads(resp.data)
+        with self.lock:
+            self.objects = {_object_id(o): o for o in body.get("items") or ()}
+        self._resource_version = str(body["metadata"]["resourceVersion"])
+
+    def _watch_once(self, changed: Callable[[], None], stop: threading.Event) -> bool:
+        """One watch request from the last version seen; True when it delivered any event."""
+        assert self._list is not None
+        # return_type=object keeps raw dicts: no model conversion, tolerant of new fields.
+        self._watch = w = watch.Watch(return_type=object)
+        saw_events = False
+        try:
+            # timeout_seconds makes the client hand 410 to us instead of retrying on its own.
+            for event in w.stream(
+                self._list,
+                *self.args,
+                **self.query,
+                resource_version=self._resource_version,
+                allow_watch_bookmarks=True,
+                timeout_seconds=self.watch_timeout_s,
+                _request_timeout=(10, self.watch_timeout_s + 30),
+            ):
+                saw_events = True
+                obj = event["raw_object"]
+                kind = event["type"]
+                with self.lock:
+                    if kind in ("ADDED", "MODIFIED"):
+                        self.objects[_object_id(obj)] = obj
+                    elif kind == "DELETED":
+                        self.objects.pop(_object_id(obj), None)
+                rv = obj.get("metadata", {}).get("resourceVersion")
+                if rv:
+                    self._resource_version = str(rv)
+                if kind != "BOOKMARK":
+                    changed()
+                if stop.is_set():
+                    break
+        finally:
+            self._watch = None
+        return saw_events
+
+
+async def run_watches(
+    watches: list[ListWatch],
+    urls: Callable[[], frozenset[str]],
+    on_change: Callable[[frozenset[str]], Awaitable[None]],
+    what: str,
+) -> None:
+    """Run each watch in its own thread; call `on_change` with `urls()` whenever it changes
+    (at least once), until cancelled. `urls()` runs under the watches' lock."""
+    loop = asyncio.get_running_loop()
+    updates: asyncio.Queue[frozenset[str]] = asyncio.Queue()
+    stop = threading.Event()
+    emitted: list[frozenset[str] | None] = [None]  # a new subscriber gets the current set first
+
+    def changed() -> None:
+        with watches[0].lock:
+            current = urls()
+            if current == emitted[0]:
+                return
+            emitted[0] = current
+        log.info("%s: %d ready worker(s)", what, len(current))
+        with contextlib.suppress(RuntimeError):  # the loop closed under us: we are stopping
+            loop.call_soon_threadsafe(updates.put_nowait, current)
+
+    for w in watches:
+        name = f"kvgate-k8s-{w.kind.lower()}"
+        threading.Thread(target=w.run, args=(changed, stop), name=name, daemon=True).start()
+    try:
+        while True:
+            current = await updates.get()
+            while not updates.empty():  # only the newest set matters
+                current = updates.get_nowait()
+            await on_change(current)
+    finally:
+        stop.set()
+        for w in watches:
+            w.cut()
+
+
 class KubernetesDiscovery:
     """Ready worker endpoints from the EndpointSlices that match a label selector.
 
@@ -107,139 +273,27 @@ class KubernetesDiscovery:
         backoff_initial_s: float = 0.5,
         backoff_max_s: float = 30.0,
     ) -> None:
-        if watch_timeout_s <= 0:
-            raise ValueError("watch_timeout_s must be positive")
         self.namespace = namespace or default_namespace()
         self.selector = build_selector(label_selector, service)
         self.port_name = port_name
-        self.kubeconfig = kubeconfig
-        self.watch_timeout_s = watch_timeout_s
-        self._backoff = Backoff(backoff_initial_s, backoff_max_s)
-        self._api: client.DiscoveryV1Api | None = None
-        self._slices: dict[str, dict[str, Any]] = {}
-        self._resource_version: str | None = None
-        self._emitted: frozenset[str] | None = None
-        self._watch: watch.Watch | None = None
+        self.slices = ListWatch(
+            "EndpointSlice",
+            lambda api: client.DiscoveryV1Api(api).list_namespaced_endpoint_slice,
+            self.namespace,
+            lock=threading.Lock(),
+            kubeconfig=kubeconfig,
+            watch_timeout_s=watch_timeout_s,
+            backoff=Backoff(backoff_initial_s, backoff_max_s),
+            label_selector=self.selector,
+        )
 
     async def run(self, on_change: Callable[[frozenset[str]], Awaitable[None]]) -> None:
-        loop = asyncio.get_running_loop()
-        updates: asyncio.Queue[frozenset[str]] = asyncio.Queue()
-        stop = threading.Event()
+        def urls() -> frozenset[str]:
+            return endpoint_urls(self.slices.objects.values(), self.port_name)
 
-        def emit(urls: frozenset[str]) -> None:
-            with contextlib.suppress(RuntimeError):  # the loop closed under us: we are stopping
-                loop.call_soon_threadsafe(updates.put_nowait, urls)
-
-        self._emitted = None  # a new subscriber always gets the current set first
-        thread = threading.Thread(
-            target=self._sync_loop, args=(emit, stop), name="kvgate-k8s-discovery", daemon=True
-        )
-        thread.start()
-        try:
-            while True:
-                urls = await updates.get()
-                while not updates.empty():  # only the newest set matters
-                    urls = updates.get_nowait()
-                await on_change(urls)
-        finally:
-            stop.set()
-            current = self._watch
-            if current is not None:
-                current.stop()  # shuts the socket so the thread's blocked read returns
-
-    # ---- the blocking side, in the discovery thread -------------------------------------------
-
-    def _connect(self) -> client.DiscoveryV1Api:
-        cfg = client.Configuration()
-        if self.kubeconfig is None and "KUBERNETES_SERVICE_HOST" in os.environ:
-            config.load_incluster_config(client_configuration=cfg)
-        else:
-            config.load_kube_config(
-                config_file=self.kubeconfig, client_configuration=cfg, persist_config=False
-            )
-        return client.DiscoveryV1Api(client.ApiClient(cfg))
-
-    def _sync_loop(self, emit: Callable[[frozenset[str]], None], stop: threading.Event) -> None:
-        while not stop.is_set():
-            try:
-                if self._api is None:
-                    self._api = self._connect()
-                if self._resource_version is None:
-                    self._relist()
-                    self._backoff.reset()
-                    self._publish(emit)
-                if self._watch_once(emit, stop):
-                    self._backoff.reset()
-                    continue
-            except ApiException as exc:
-                if exc.status == _GONE:
-                    log.info("EndpointSlice watch expired (410 Gone); relisting")
-                    self._resource_version = None
-                    continue
-                log.warning("Kubernetes API error %s: %s", exc.status, exc.reason)
-            except Exception as exc:  # dropped connections, DNS, TLS, bad kubeconfig ...
-                if stop.is_set():
-                    return
-                log.warning("Kubernetes API unreachable (%s: %s)", type(exc).__name__, exc)
-            # Also after a watch that ended with no events, so a server that closes at once
-            # cannot make us spin.
-            stop.wait(self._backoff.next_delay())
-
-    def _relist(self) -> None:
-        assert self._api is not None
-        resp = self._api.list_namespaced_endpoint_slice(
-            self.namespace,
-            label_selector=self.selector,
-            _preload_content=False,
-            _request_timeout=30,
-        )
-        body = json.loads(resp.data)
-        self._slices = {_slice_id(sl): sl for sl in body.get("items") or ()}
-        self._resource_version = str(body["metadata"]["resourceVersion"])
-
-    def _watch_once(self, emit: Callable[[frozenset[str]], None], stop: threading.Event) -> bool:
-        """One watch request from the last version seen; True when it delivered any event."""
-        assert self._api is not None
-        # return_type=object keeps raw dicts: no model conversion, tolerant of new fields.
-        self._watch = w = watch.Watch(return_type=object)
-        saw_events = False
-        try:
-            # timeout_seconds makes the client hand 410 to us instead of retrying on its own.
-            for event in w.stream(
-                self._api.list_namespaced_endpoint_slice,
-                self.namespace,
-                label_selector=self.selector,
-                resource_version=self._resource_version,
-                allow_watch_bookmarks=True,
-                timeout_seconds=self.watch_timeout_s,
-                _request_timeout=(10, self.watch_timeout_s + 30),
-            ):
-                saw_events = True
-                obj = event["raw_object"]
-                kind = event["type"]
-                if kind in ("ADDED", "MODIFIED"):
-                    self._slices[_slice_id(obj)] = obj
-                elif kind == "DELETED":
-                    self._slices.pop(_slice_id(obj), None)
-                rv = obj.get("metadata", {}).get("resourceVersion")
-                if rv:
-                    self._resource_version = str(rv)
-                if kind != "BOOKMARK":
-                    self._publish(emit)
-                if stop.is_set():
-                    break
-        finally:
-            self._watch = None
-        return saw_events
-
-    def _publish(self, emit: Callable[[frozenset[str]], None]) -> None:
-        urls = endpoint_urls(self._slices.values(), self.port_name)
-        if urls != self._emitted:
-            log.info("Kubernetes discovery: %d ready worker(s)", len(urls))
-            self._emitted = urls
-            emit(urls)
+        await run_watches([self.slices], urls, on_change, "Kubernetes discovery")
 
 
-def _slice_id(sl: dict[str, Any]) -> str:
-    meta = sl["metadata"]
+def _object_id(obj: dict[str, Any]) -> str:
+    meta = obj["metadata"]
     return f"{meta.get('namespace', '')}/{meta['name']}"

@@ -22,6 +22,7 @@ class RouteContext:
     matched: dict[ReplicaId, int] = field(default_factory=dict)  # prefix blocks per replica
     headers: Mapping[str, str] = field(default_factory=dict)
     tie_seed: bytes = b""  # identical for identical requests on every gateway
+    lora_name: str | None = None  # the LoRA adapter the request names (None: a base model)
 
 
 class Policy(Protocol):

@@ -10,6 +10,10 @@ The cost is a sum of named terms, in seconds at the replica's measured prefill r
                one to arrive there: its prefill steps are their steps too (decode load)
   spread       recent uncached prefill routed there (decayed), times a small weight: spreads
                new prefixes over the caches even when nothing is in flight
+  adapter      LoRA requests only: what `--lora-weight` more uncached prompt blocks would cost
+               (prefill and interference), times 0 when the adapter is resident, 0.5 when a slot
+               is free, 1 when loading it evicts another (gateway/adapters.py): keeps an
+               adapter's requests on the replicas that hold it
 
 queue + prefill is its time to first token; interference is what it costs the others. A longer
 prefix wins until the queue behind it costs more than recomputing it elsewhere: that is a spill
@@ -24,6 +28,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
+from gateway.adapters import adapter_miss
 from gateway.config import GatewayConfig
 from gateway.policies.base import RouteContext, tie_order
 from gateway.replicas import Replica
@@ -37,10 +42,11 @@ class Cost:
     prefill: float
     interference: float
     spread: float
+    adapter: float = 0.0
 
     @property
     def total(self) -> float:
-        return self.queue + self.prefill + self.interference + self.spread
+        return self.queue + self.prefill + self.interference + self.spread + self.adapter
 
 
 class CacheAwarePolicy:
@@ -50,17 +56,25 @@ class CacheAwarePolicy:
         self.w = config.weights
         self.temperature = config.softmax_temperature
         self.half_life = config.recent_half_life
+        self.lora_ttl = config.speculative_ttl
         self._rng = random.Random()
 
     def cost(self, ctx: RouteContext, r: Replica, now: float, rate: float) -> Cost:
-        uncached = max(ctx.num_prompt_tokens - ctx.matched.get(r.id, 0) * ctx.block_size, 0)
+        bs = ctx.block_size
+        uncached = max(ctx.num_prompt_tokens - ctx.matched.get(r.id, 0) * bs, 0)
         # The worker's own counts see other gateways' requests too.
         on_replica = max(r.in_flight, r.running + r.waiting)
+        adapter = 0.0
+        if ctx.lora_name is not None:
+            # Priced as that many uncached prompt blocks: its prefill plus its interference.
+            miss = adapter_miss(r, ctx.lora_name, now, self.lora_ttl)
+            adapter = rate * self.w.lora * bs * miss * (on_replica + 2)
         return Cost(
             queue=rate * r.in_flight_prefill_tokens,
             prefill=rate * uncached,
             interference=rate * uncached * (on_replica + 1),
             spread=rate * self.w.recent * r.recent_prefill_at(now, self.half_life),
+            adapter=adapter,
         )
 
     async def rank(self, ctx: RouteContext) -> list[Replica]:

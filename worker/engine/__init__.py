@@ -11,7 +11,9 @@ paged_attention               attention contexts over block tables (CPU and CUDA
 decode_attention              decode kernels: portable reference, Triton (triton_decode) on CUDA
 memory                        KV cache sizing from a profiled maximum-size step
 mm_inputs / encoder_cache     image embeddings merged by position, LRU of encoder outputs
+hidden_cache / hidden_reads   hidden states kept in the KV slots; what requests read back
 sampler / detokenizer         token choice; streaming text with stop strings
+lora_adapter / lora_manager   PEFT LoRA adapters read and checked (no torch); their LRU slots
 sim_runner                    the `sim` engine's timing model (no torch)
 llm_engine                    the synchronous API the worker service drives
 """

@@ -84,6 +84,28 @@ class EngineConfig:
     encoder_cache_bytes: int = option(
         64 * 1024 * 1024, "memory for cached image embeddings; 0 disables the cache", **_SIZE
     )
+    enable_lora: bool = option(
+        False, "serve LoRA adapters (implied by --lora-modules); docs/worker.md, LoRA adapters"
+    )
+    lora_modules: tuple[str, ...] = option(
+        (),
+        "LoRA adapters to serve from the start, each name=path to a PEFT adapter directory; "
+        "comma-separated or repeated",
+        metavar="NAME=PATH",
+    )
+    max_loras: int = option(1, "LoRA adapters in device slots at once (distinct per batch)")
+    max_lora_rank: int = option(16, "largest LoRA rank accepted; every slot is this wide")
+    hidden_state_cache: bool = option(
+        False,
+        "keep every cached token's final hidden state next to its K/V (same blocks, eviction "
+        "and memory budget), so mean-pooled embeddings and return_hidden_states use prefix hits",
+    )
+    hidden_state_layers: tuple[int, ...] = option(
+        (),
+        "also keep the hidden states entering these decoder layers (Hugging Face hidden_states "
+        "indices, 0 = the input embeddings); implies --hidden-state-cache",
+        metavar="N[,N]",
+    )
     sim_prefill_s_per_token: float = option(
         0.0, "the sim engine's seconds per prompt token it computes (cache misses)"
     )
@@ -115,13 +137,41 @@ class EngineConfig:
             raise ValueError(f"encoder_cache_bytes must be >= 0, got {self.encoder_cache_bytes}")
         if self.sim_prefill_s_per_token < 0 or self.sim_decode_s_per_step < 0:
             raise ValueError("sim timings must be >= 0")
+        self.hidden_state_layers = _layers(self.hidden_state_layers)
+        if self.hidden_state_layers:
+            self.hidden_state_cache = True
         if not self.hash_seed:
             raise ValueError("hash_seed must be a non-empty string")
+        _positive("max_loras", self.max_loras)
+        _positive("max_lora_rank", self.max_lora_rank)
+        self.lora_modules = tuple(self.lora_modules)
+        for module in self.lora_modules:
+            name, sep, path = module.partition("=")
+            if not sep or not name.strip() or not path.strip():
+                raise ValueError(f"--lora-modules takes name=path, got {module!r}")
+        if self.lora_modules:
+            self.enable_lora = True
+
+    def lora_module_paths(self) -> list[tuple[str, str]]:
+        """(name, path) of each --lora-modules entry."""
+        pairs = (m.partition("=") for m in self.lora_modules)
+        return [(name.strip(), path.strip()) for name, _, path in pairs]
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+
+
+def _layers(values: tuple) -> tuple[int, ...]:
+    """Layer indices from ints or the flag's strings: sorted, unique, non-negative."""
+    try:
+        layers = sorted({int(v) for v in values})
+    except (TypeError, ValueError):
+        raise ValueError(f"hidden_state_layers must be integers, got {values!r}") from None
+    if layers and layers[0] < 0:
+        raise ValueError(f"hidden_state_layers must be >= 0, got {layers[0]}")
+    return tuple(layers)
 
 
 def _positive(name: str, value: int) -> None:

@@ -7,7 +7,9 @@ is padded up to a size bucket and the graph captured for that bucket at start-up
 nothing is planned or launched per shape in the step loop. Padding rows write their K/V to a
 spare block that no sequence owns and attend over one token of it. Without graphs (the CPU, or
 `enforce_eager`) the same buffers run the model eagerly on exactly the live rows, and the block
-tables are cut to the longest row so the portable kernel gathers no more than it needs.
+tables are cut to the longest row so the portable kernel gathers no more than it needs. With LoRA,
+each row's adapter slot is one more static input (-1 for the base model and padding); the graphs
+select every row's adapter from it, and an eager step with no adapter row skips LoRA.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from worker.engine.decode_attention import DecodeKernel
 from worker.engine.paged_attention import DecodeContext
 from worker.engine.scheduler import ScheduledSeq
 from worker.engine.staging import HostStager
+from worker.models.lora import LoRAModel
 
-_IDS, _POS, _SLOTS, _LENS = range(4)
+_IDS, _POS, _SLOTS, _LENS, _LORA = range(5)
 
 
 def batch_buckets(max_num_seqs: int) -> list[int]:
@@ -43,6 +46,7 @@ class DecodeRunner:
         stager: HostStager,
         pad_block: int,
         use_graphs: bool,
+        lora: LoRAModel | None = None,
     ) -> None:
         self.model = model
         self.kv_cache = kv_cache
@@ -52,15 +56,16 @@ class DecodeRunner:
         self.stager = stager
         self.pad_block = pad_block
         self.device = kv_cache.device
+        self.lora = lora
         self.max_pages = -(-max_model_len // block_size)
-        self.small = torch.zeros((4, max_num_seqs), dtype=torch.long, device=self.device)
+        self.small = torch.zeros((5, max_num_seqs), dtype=torch.long, device=self.device)
         self.tables = torch.zeros(
             (max_num_seqs, self.max_pages), dtype=torch.long, device=self.device
         )
         # Host-side images of the buffers, filled in place each step.
-        self._host_small = np.zeros((4, max_num_seqs), dtype=np.int64)
+        self._host_small = np.zeros((5, max_num_seqs), dtype=np.int64)
         self._host_tables = np.zeros((max_num_seqs, self.max_pages), dtype=np.int64)
-        self._pad_column = np.array([[0], [0], [pad_block * block_size], [1]], dtype=np.int64)
+        self._pad_column = np.array([[0], [0], [pad_block * block_size], [1], [-1]], np.int64)
         self.buckets = batch_buckets(max_num_seqs) if use_graphs else []
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, Tensor]] = {}
 
@@ -71,29 +76,34 @@ class DecodeRunner:
                 return size
         return n
 
-    def stage(self, batch: list[ScheduledSeq], rows: int) -> int:
+    def stage(self, batch: list[ScheduledSeq], rows: int) -> tuple[int, bool]:
         """Fill the first `rows` rows of the buffers (padding past the batch); returns the widest
-        block table of the step. Table entries past a row's own length are stale: never read."""
+        block table of the step and whether a row has a LoRA adapter. Table entries past a row's
+        own length are stale: never read."""
         n, bs = len(batch), self.block_size
         small, tables = self._host_small, self._host_tables
         small[:, n:rows] = self._pad_column
         tables[n:rows, 0] = self.pad_block
         width = 1
+        adapted = False
         for i, item in enumerate(batch):
             seq = item.seq
             pos = seq.num_computed_tokens
             table = seq.block_table
             pages = pos // bs + 1
-            small[:, i] = (seq.token_ids[pos], pos, table[pos // bs] * bs + pos % bs, pos + 1)
+            slot = table[pos // bs] * bs + pos % bs
+            small[:, i] = (seq.token_ids[pos], pos, slot, pos + 1, item.lora_slot)
+            adapted = adapted or item.lora_slot >= 0
             tables[i, :pages] = table[:pages]
             width = max(width, pages)
         packed = np.concatenate((small[:, :rows].ravel(), tables[:rows, :width].ravel()))
         staged = self.stager.stage(packed)
-        self.small[:, :rows].copy_(staged[: 4 * rows].view(4, rows))
-        self.tables[:rows, :width].copy_(staged[4 * rows :].view(rows, width))
-        return width
+        n_small = small.shape[0] * rows
+        self.small[:, :rows].copy_(staged[:n_small].view(-1, rows))
+        self.tables[:rows, :width].copy_(staged[n_small:].view(rows, width))
+        return width, adapted
 
-    def _forward(self, rows: int, width: int) -> Tensor:
+    def _forward(self, rows: int, width: int, adapted: bool) -> Tensor:
         ctx = DecodeContext(
             self.kv_cache,
             self.small[_SLOTS, :rows],
@@ -102,6 +112,11 @@ class DecodeRunner:
             self.kernel,
         )
         ids = self.small[_IDS, :rows]
+        if self.lora is not None:
+            if adapted:
+                self.lora.batch.prepare(self.small[_LORA, :rows])
+            else:
+                self.lora.batch.clear()
         embeds = self.model.embed_tokens(ids)  # decode tokens are text, images or not
         return self.model(ids, self.small[_POS, :rows], ctx, embeds)
 
@@ -109,23 +124,24 @@ class DecodeRunner:
         """Hidden states [len(batch), hidden] of the step's tokens."""
         n = len(batch)
         rows = self.bucket(n)
-        width = self.stage(batch, rows)
+        width, adapted = self.stage(batch, rows)
         graph = self._graphs.get(rows)
         if graph is None:
-            return self._forward(rows, width)[:n]
+            return self._forward(rows, width, adapted)[:n]
         graph[0].replay()
         return graph[1][:n]
 
     def capture(self) -> None:
         """Capture one CUDA graph per bucket, largest first, all sharing one memory pool."""
         pool = None
+        lora = self.lora is not None  # captured with LoRA: any step's rows may have adapters
         for rows in reversed(self.buckets):
             self.stage([], rows)  # every row is padding: valid inputs for the warm-up
-            self._forward(rows, self.max_pages)  # compiles kernels outside the capture
+            self._forward(rows, self.max_pages, lora)  # compiles kernels outside the capture
             torch.cuda.synchronize(self.device)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                out = self._forward(rows, self.max_pages)
+                out = self._forward(rows, self.max_pages, lora)
             pool = graph.pool()
             self._graphs[rows] = (graph, out)
         torch.cuda.synchronize(self.device)

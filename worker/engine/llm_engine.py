@@ -15,7 +15,9 @@ from cachekey.render import Renderer
 from worker.engine.block_manager import BlockManager
 from worker.engine.config import EngineConfig
 from worker.engine.detokenizer import IncrementalDetokenizer
-from worker.engine.outputs import CachedBlock, EngineStats, RequestOutput
+from worker.engine.lora_adapter import LoRAError
+from worker.engine.lora_manager import LoRAManager, lora_manager
+from worker.engine.outputs import CachedBlock, EngineStats, LoRAStats, RequestOutput
 from worker.engine.request_checks import check_prompt
 from worker.engine.sampling_params import SamplingParams
 from worker.engine.scheduler import Scheduler
@@ -49,8 +51,9 @@ class LLMEngine:
         self.block_manager = BlockManager(
             self.runner.num_blocks, config.block_size, config.enable_prefix_caching
         )
+        self.loras: LoRAManager | None = lora_manager(config, self.runner.lora)
         self.scheduler = Scheduler(
-            self.block_manager, config.max_num_seqs, config.max_num_batched_tokens
+            self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, self.loras
         )
         # No sequence may outgrow the whole KV cache, or it could never be scheduled again.
         self._max_seq_len = min(self.max_model_len, self.runner.num_blocks * config.block_size)
@@ -69,9 +72,13 @@ class LLMEngine:
         *,
         lora_name: str | None = None,
         cache_salt: str | None = None,
+        hidden_states: str | None = None,
     ) -> None:
+        """`hidden_states`: a pooling of hidden_reads.POOLINGS to return when it finishes."""
         if request_id in self._seqs:
             raise ValueError(f"duplicate request id {request_id!r}")
+        if lora_name is not None:
+            self._lora_manager().get(lora_name)  # 404 for an adapter this worker does not serve
         n = len(prompt.token_ids)
         if n > self.max_model_len:
             raise PromptTooLongError(
@@ -86,10 +93,16 @@ class LLMEngine:
                 param="messages",
             )
         check_prompt(prompt, self.assets.image, self.runner.vocab_size)
+        if hidden_states is not None:
+            self.runner.hidden.check(hidden_states)
         seq = Sequence(
             request_id, prompt, params, self.namespace, lora_name=lora_name, cache_salt=cache_salt
         )
         self.runner.register(seq)
+        if lora_name is not None:
+            self._lora_manager().bind(request_id, lora_name)
+        if hidden_states is not None:
+            self.runner.hidden.want(request_id, hidden_states)
         self._seqs[request_id] = seq
         self._detok[request_id] = IncrementalDetokenizer(
             self.assets.tokenizer, prompt.token_ids, params.stop
@@ -150,14 +163,30 @@ class LLMEngine:
             prefill_s=prefill_s,
         )
         if reason is not None:
+            out.hidden_states = self.runner.hidden.take(seq)  # while seq holds its blocks
             self._finish(seq, reason)
         return out
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         self.scheduler.finish(seq, reason)
         self.runner.release(seq.request_id)
+        if self.loras is not None:
+            self.loras.unbind(seq.request_id)
         del self._seqs[seq.request_id]
         del self._detok[seq.request_id]
+
+    # -- LoRA adapters -----------------------------------------------------------------------
+
+    def add_lora(self, name: str, path: str, replace: bool = False) -> None:
+        self._lora_manager().add(name, path, replace)
+
+    def remove_lora(self, name: str) -> None:
+        self._lora_manager().remove(name)
+
+    def _lora_manager(self) -> LoRAManager:
+        if self.loras is None:
+            raise LoRAError("LoRA is not enabled on this worker (start it with --enable-lora)")
+        return self.loras
 
     # -- cache state -------------------------------------------------------------------------
 
@@ -187,4 +216,14 @@ class LLMEngine:
             vision_tower_runs=vision.vision_tower_runs,
             prompt_tokens_total=self._prompt_tokens_total,
             generation_tokens_total=self._generation_tokens_total,
+            hidden_cache_bytes=self.runner.hidden.cache_bytes,
+            hidden_queries_tokens=self.runner.hidden.counters.queries_tokens,
+            hidden_hits_tokens=self.runner.hidden.counters.hits_tokens,
+            lora=None if self.loras is None else self._lora_stats(self.loras),
         )
+
+    def _lora_stats(self, loras: LoRAManager) -> LoRAStats:
+        sched = self.scheduler
+        running = [s.lora_name for s in sched.running if s.lora_name is not None]
+        waiting = [s.lora_name for s in sched.waiting if s.lora_name is not None]
+        return loras.stats(running, waiting)

@@ -17,6 +17,8 @@ from worker.engine.config import CPU_KV_CACHE_BYTES, EngineConfig
 from worker.engine.decode_attention import select_decode_kernel
 from worker.engine.decode_runner import DecodeRunner
 from worker.engine.encoder_cache import EncoderCache
+from worker.engine.hidden_cache import HiddenStateCache, bytes_per_token
+from worker.engine.hidden_reads import HiddenReads
 from worker.engine.input_batch import prepare_inputs
 from worker.engine.memory import (
     cuda_budget,
@@ -33,6 +35,7 @@ from worker.engine.sequence import Sequence
 from worker.engine.staging import HostStager
 from worker.models.image_processor import ImageProcessor
 from worker.models.loader import load_model, read_config, resolve_device, resolve_dtype
+from worker.models.lora import LoRAModel
 
 logger = logging.getLogger("worker.engine")
 
@@ -71,9 +74,16 @@ class ModelRunner:
                 self.device,
                 self.dtype,
             )
+        self.lora: LoRAModel | None = None  # the LoRA manager's weights (LoRAWeights)
+        if config.enable_lora:
+            self.lora = LoRAModel(self.model, config.max_loras, config.max_lora_rank)
+        self.hidden_rows = len(config.hidden_state_layers) + 1 if config.hidden_state_cache else 0
         self.num_blocks = self._num_blocks(config)
         # One block more than the scheduler knows of: padded decode rows write there.
         self.kv_cache = self._allocate_kv(self.num_blocks + 1)
+        # Before graph capture, so that the graphs write hidden states too.
+        self.hidden_cache = self._hidden_cache(config.hidden_state_layers)
+        self.hidden = HiddenReads(self.hidden_cache)
         max_len = min(self.max_model_len, self.num_blocks * self.block_size)
         if config.max_model_len is not None:
             max_len = min(max_len, config.max_model_len)
@@ -92,6 +102,7 @@ class ModelRunner:
             self.stager,
             pad_block=self.num_blocks,
             use_graphs=self.use_cuda_graphs,
+            lora=self.lora,
         )
         if self.use_cuda_graphs:
             with torch.inference_mode():
@@ -105,11 +116,28 @@ class ModelRunner:
         shape = (info.num_layers, 2, num_blocks, self.block_size, info.num_kv_heads, info.head_dim)
         return torch.zeros(shape, dtype=self.dtype, device=self.device)
 
+    def _hidden_cache(self, layers: tuple[int, ...]) -> HiddenStateCache | None:
+        """The hidden-state cache in the KV cache's slots (padding block included), hooked in."""
+        if not self.hidden_rows:
+            return None
+        cache = HiddenStateCache(
+            self.num_blocks + 1,
+            self.block_size,
+            self.info.hidden_size,
+            layers,
+            self.dtype,
+            self.device,
+        )
+        cache.attach(self.model)
+        return cache
+
     def _num_blocks(self, config: EngineConfig) -> int:
         """Blocks the scheduler may use; a memory budget also pays for the spare padding block."""
         if config.num_blocks is not None:
             return config.num_blocks
-        per_block = self.info.kv_bytes_per_token() * self.block_size
+        per_token = self.info.kv_bytes_per_token()
+        per_token += bytes_per_token(self.info.hidden_size, self.hidden_rows, self.dtype)
+        per_block = per_token * self.block_size
         budget = config.kv_cache_memory_bytes
         if budget is None and self.device.type == "cuda":
             peak = self.profile_max_step(config.max_num_batched_tokens, config.max_num_seqs)
@@ -149,7 +177,11 @@ class ModelRunner:
                 images = self.vision.encode_dummy(max(1, num_tokens // per_image))
             span = PrefillSpan(0, num_tokens, num_tokens, None)
             ctx = PagedAttentionContext(kv_cache, slots, [span], None, self.decode_kernel)
+            if self.lora is not None:  # every token through a LoRA slot: its peak too
+                self.lora.batch.prepare(torch.zeros_like(ids))
             hidden = self.model(ids, slots, ctx, self.model.embed_tokens(ids))
+            if self.lora is not None:
+                self.lora.batch.clear()
             del images
             rows = hidden[-min(num_seqs, num_tokens) :]
             logits = self.model.compute_logits(rows).float()
@@ -169,6 +201,7 @@ class ModelRunner:
 
     def release(self, request_id: str) -> None:
         self.sampler.forget(request_id)
+        self.hidden.forget(request_id)
         if self.vision is not None:
             self.vision.release(request_id)
 
@@ -193,9 +226,15 @@ class ModelRunner:
             embeds = None
             if self.vision is not None:
                 embeds = self.vision.step_embeddings(batch, inputs.q_starts, inputs.input_ids)
+            if self.lora is not None:
+                self.lora.select([(item.lora_slot, item.num_new_tokens) for item in batch])
             hidden = self.model.forward(inputs.input_ids, inputs.positions, inputs.ctx, embeds)
+            if self.lora is not None:
+                self.lora.batch.clear()
             sampling = inputs.sampling
             hidden = hidden[inputs.logits_rows]
+        if self.hidden.awaiting_last:
+            self.hidden.capture_last(batch, sampling, hidden)
         tokens: list[int | None] = [None] * len(batch)
         if not sampling:
             return tokens

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from cachekey import BlockKey
 from cachekey.types import ExtraKey
 
@@ -22,6 +24,8 @@ class RequestOutput:
     # admission, and from there to this token; None on later tokens.
     queue_s: float | None = None
     prefill_s: float | None = None
+    # What the request asked for with `hidden_states`, on its final output only.
+    hidden_states: np.ndarray | None = None
 
 
 @dataclass(slots=True)
@@ -38,6 +42,21 @@ class EngineStats:
     vision_tower_runs: int = 0
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
+    hidden_cache_bytes: int = 0
+    hidden_queries_tokens: int = 0  # prompt tokens of requests that wanted hidden states
+    hidden_hits_tokens: int = 0  # of those, served from the prefix cache
+    lora: LoRAStats | None = None  # None: LoRA is not enabled
+
+
+@dataclass(frozen=True, slots=True)
+class LoRAStats:
+    max_loras: int
+    max_lora_rank: int
+    adapters: tuple[tuple[str, str], ...]  # registered (name, path), in load order
+    resident: tuple[str, ...]  # in a device slot now
+    running: tuple[str, ...]  # with a running request
+    waiting: tuple[str, ...]  # with a waiting request
+    loads: int  # adapters copied into a slot so far
 
 
 @dataclass(slots=True)

@@ -6,7 +6,9 @@ first. A waiting sequence whose next prefix block a running sequence is still co
 until that block is cached, then hits it: two requests sharing a prefix never compute it twice,
 and the hit a gateway predicts for the second one is the whole shared prefix (docs/worker.md).
 A request's cached prefix becomes the newest in the LRU when it arrives, so the work admitted
-ahead of it does not evict it first.
+ahead of it does not evict it first. A waiting sequence whose LoRA adapter can get no slot (all
+`max_loras` are in use) is passed over until one frees. Either way the ones behind it go ahead,
+and it keeps its place in the queue.
 When blocks run out, the most recently admitted running sequence is preempted: its blocks are
 freed, its generated tokens kept, and it is recomputed later (mostly from the prefix cache), so
 its output is unchanged.
@@ -19,6 +21,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from worker.engine.block_manager import BlockManager
+from worker.engine.lora_manager import NO_SLOT, LoRAManager
 from worker.engine.sequence import Sequence, SequenceStatus
 
 
@@ -26,6 +29,7 @@ from worker.engine.sequence import Sequence, SequenceStatus
 class ScheduledSeq:
     seq: Sequence
     num_new_tokens: int
+    lora_slot: int = NO_SLOT  # the LoRA slot its tokens use; NO_SLOT: the base model
 
     @property
     def completes_prompt(self) -> bool:
@@ -42,9 +46,14 @@ class SchedulerCounters:
 
 class Scheduler:
     def __init__(
-        self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        loras: LoRAManager | None = None,
     ) -> None:
         self.block_manager = block_manager
+        self.loras = loras
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
@@ -72,7 +81,7 @@ class Scheduler:
                 preempted = True
                 continue
             self.block_manager.append_slots(seq, n)
-            scheduled.append(ScheduledSeq(seq, n))
+            scheduled.append(ScheduledSeq(seq, n, self._lora_slot(seq)))
             budget -= n
         if not preempted:
             budget = self._admit(scheduled, budget)
@@ -89,12 +98,17 @@ class Scheduler:
 
     def _admit(self, scheduled: list[ScheduledSeq], budget: int) -> int:
         bm = self.block_manager
-        deferred: list[Sequence] = []
+        # Passed over (no LoRA slot, or a running sequence computes their prefix): they keep
+        # their places in the queue.
+        passed: list[Sequence] = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            if not self._lora_ready(seq):
+                passed.append(self.waiting.popleft())
+                continue
             hits = bm.find_cached_prefix(seq)
             if self._computing(seq, len(hits)):
-                deferred.append(self.waiting.popleft())  # keeps its place in the queue
+                passed.append(self.waiting.popleft())
                 continue
             num_hit_tokens = len(hits) * bm.block_size
             n = min(seq.num_tokens - num_hit_tokens, budget)
@@ -109,9 +123,11 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             seq.scheduled_at = time.monotonic()
             self.running.append(seq)
-            scheduled.append(ScheduledSeq(seq, n))
+            if self.loras is not None and seq.lora_name is not None:
+                self.loras.acquire(seq.request_id)
+            scheduled.append(ScheduledSeq(seq, n, self._lora_slot(seq)))
             budget -= n
-        self.waiting.extendleft(reversed(deferred))
+        self.waiting.extendleft(reversed(passed))
         return budget
 
     def _computing(self, seq: Sequence, num_hits: int) -> bool:
@@ -130,8 +146,19 @@ class Scheduler:
                 return True
         return False
 
+    def _lora_ready(self, seq: Sequence) -> bool:
+        if self.loras is None or seq.lora_name is None:
+            return True
+        return self.loras.can_acquire(seq.request_id)
+
+    def _lora_slot(self, seq: Sequence) -> int:
+        if self.loras is None or seq.lora_name is None:
+            return NO_SLOT
+        return self.loras.slot_index(seq.request_id)
+
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
+        self._release_lora(seq)
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
@@ -147,8 +174,13 @@ class Scheduler:
     def finish(self, seq: Sequence, reason: str) -> None:
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
+            self._release_lora(seq)
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
         self.block_manager.free(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
+
+    def _release_lora(self, seq: Sequence) -> None:
+        if self.loras is not None and seq.lora_name is not None:
+            self.loras.release(seq.request_id)

@@ -8,14 +8,18 @@ answers and routing experiments are reproducible. No torch.
 
 from __future__ import annotations
 
+import json
 import struct
 import time
 
+import numpy as np
 import xxhash
 
 from cachekey.assets import ModelAssets
 from cachekey.keys import pack_tokens
 from worker.engine.config import SIM_DEFAULT_NUM_BLOCKS, EngineConfig
+from worker.engine.hidden_reads import HiddenReads
+from worker.engine.lora_manager import NoWeights
 from worker.engine.outputs import VisionCounters
 from worker.engine.scheduler import ScheduledSeq
 from worker.engine.sequence import Sequence
@@ -52,6 +56,9 @@ class SimRunner:
         self._words = _word_token_ids(assets)
         self._seeds: dict[str, int] = {}
         self._counters = VisionCounters()
+        # Adapters are read and slotted as in the torch engine; only their weights are absent.
+        self.lora = NoWeights() if config.enable_lora else None
+        self.hidden = SimHiddenReads(config.hidden_state_cache, _text_config(assets))
 
     @property
     def vision_counters(self) -> VisionCounters:
@@ -67,6 +74,7 @@ class SimRunner:
 
     def release(self, request_id: str) -> None:
         self._seeds.pop(request_id, None)
+        self.hidden.forget(request_id)
 
     def execute(self, batch: list[ScheduledSeq]) -> list[int | None]:
         prefill_tokens = 0
@@ -89,3 +97,43 @@ class SimRunner:
             struct.pack("<QQ", self._seeds[seq.request_id], seq.num_tokens)
         )
         return self._words[mixed % len(self._words)]
+
+
+def _text_config(assets: ModelAssets) -> dict:
+    config = json.loads(assets.files.get("config.json", b"{}"))
+    return config.get("text_config") or config
+
+
+class SimHiddenReads(HiddenReads):
+    """Hidden states of the right shape whose values derive from the tokens (no model runs):
+    the API, the prefix cache and the routing behave as with the torch engine."""
+
+    def __init__(self, has_cache: bool, text_config: dict) -> None:
+        super().__init__(None)
+        self._has_cache = has_cache
+        self.hidden_size = int(text_config.get("hidden_size", 64))
+        self._num_layers = int(text_config.get("num_hidden_layers", 1))
+
+    @property
+    def has_cache(self) -> bool:
+        return self._has_cache
+
+    @property
+    def row_layers(self) -> tuple[int, ...]:
+        return (self._num_layers,) if self._has_cache else ()
+
+    # Every pooling is made up in `read`: no last-token rows to capture or count.
+    def want(self, request_id: str, pooling: str) -> None:
+        self.check(pooling)
+        self._wanted[request_id] = pooling
+
+    def forget(self, request_id: str) -> None:
+        self._wanted.pop(request_id, None)
+
+    def read(self, seq: Sequence, pooling: str) -> np.ndarray:
+        n = seq.num_prompt_tokens if pooling != "all" else seq.num_computed_tokens
+        seed = xxhash.xxh64_intdigest(pack_tokens(seq.token_ids[:n]))
+        rows = np.random.default_rng(seed).standard_normal((n, self.hidden_size), np.float32)
+        if pooling == "all":
+            return rows[None]
+        return rows[-1] if pooling == "last" else rows.mean(axis=0)

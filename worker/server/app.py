@@ -15,10 +15,12 @@ from fastapi import FastAPI
 from cachekey.documents import WorkerInfo
 from worker.engine.llm_engine import LLMEngine
 from worker.server.app_state import WorkerState, init_app_state
+from worker.server.auth import WorkerAuth
+from worker.server.body_guard import BodyGuard
 from worker.server.config import ServerConfig
 from worker.server.engine_client import AsyncEngine
 from worker.server.errors import install_error_handlers
-from worker.server.routers import debug, kvgate, openai, ops, peers
+from worker.server.routers import debug, embeddings, kvgate, lora, openai, ops, peers
 
 _WATCHDOG_S = 0.5
 
@@ -39,10 +41,21 @@ def create_app(
     app = FastAPI(title="kvgate worker", lifespan=lifespan)
     state = init_app_state(app.state, engine, config)
     install_error_handlers(app)
-    for module in (openai, ops, kvgate, peers):
+    for module in (openai, embeddings, ops, kvgate, peers):
         app.include_router(module.router)
+    if config.allow_runtime_lora_updating:
+        app.include_router(lora.router)
     if config.enable_fault_injection:
         app.include_router(debug.router)
+    # Added last is outermost: the token is checked before a body is read.
+    app.add_middleware(
+        BodyGuard,
+        max_bytes=config.max_body_bytes,
+        max_depth=config.max_json_depth,
+        max_elements=config.max_json_elements,
+    )
+    if config.worker_token is not None:
+        app.add_middleware(WorkerAuth, token=config.worker_token, open_paths=config.open_paths)
     return app
 
 

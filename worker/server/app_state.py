@@ -6,16 +6,25 @@ router or the app module.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import dataclass
 
+import msgspec
 from fastapi import Request
 from starlette.datastructures import State
 
-from cachekey.documents import AssetFiles, FingerprintParts, KVEventsEndpoint, WorkerInfo
+from cachekey.documents import (
+    AssetFiles,
+    FingerprintParts,
+    KVEventsEndpoint,
+    LoRAAdapters,
+    WorkerInfo,
+)
 from cachekey.events import topic
 from worker.engine.llm_engine import LLMEngine
+from worker.engine.outputs import LoRAStats
 from worker.server.config import ServerConfig
 from worker.server.engine_client import AsyncEngine
 from worker.server.faults import DroppingKVEventPublisher, FaultInjector
@@ -29,6 +38,7 @@ from worker.server.metrics import WorkerMetrics
 from worker.server.serving import ServingContext
 from worker.server.serving_chat import ServingChat
 from worker.server.serving_completion import ServingCompletion
+from worker.server.serving_embedding import ServingEmbedding
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +50,7 @@ class WorkerState:
     metrics: WorkerMetrics
     chat: ServingChat
     completion: ServingCompletion
+    embedding: ServingEmbedding
     assets: AssetFiles
     max_num_seqs: int
     created: int  # the model card's `created`
@@ -73,6 +84,7 @@ def init_app_state(state: State, engine: LLMEngine, config: ServerConfig) -> Wor
         engine.max_model_len,
         metrics,
         config.data_parallel_rank,
+        hidden_layers=engine.runner.hidden.row_layers,
     )
     faults = FaultInjector(async_engine, publisher) if config.enable_fault_injection else None
     worker = WorkerState(
@@ -83,6 +95,7 @@ def init_app_state(state: State, engine: LLMEngine, config: ServerConfig) -> Wor
         metrics=metrics,
         chat=ServingChat(ctx),
         completion=ServingCompletion(ctx),
+        embedding=ServingEmbedding(ctx, json.loads(engine.assets.files.get("config.json", b"{}"))),
         assets=AssetFiles(dict(engine.assets.files)),
         max_num_seqs=engine.config.max_num_seqs,
         created=int(time.time()),
@@ -125,7 +138,25 @@ def worker_info(
             port=config.kv_events_port or None,
             replay_port=(config.kv_events_replay_port or None) if events else None,
             topic=kv_topic,
+            curve=events and config.worker_token is not None,
         ),
+    )
+
+
+def current_info(state: WorkerState) -> WorkerInfo:
+    """The worker's info with its LoRA adapters as the engine thread last recorded them."""
+    lora = state.engine.stats().lora
+    if lora is None:
+        return state.info
+    return msgspec.structs.replace(state.info, lora=lora_adapters(lora))
+
+
+def lora_adapters(lora: LoRAStats) -> LoRAAdapters:
+    return LoRAAdapters(
+        max_loras=lora.max_loras,
+        adapters=[name for name, _ in lora.adapters],
+        resident=list(lora.resident),
+        max_lora_rank=lora.max_lora_rank,
     )
 
 
@@ -139,6 +170,7 @@ def _publisher(config: ServerConfig, kv_topic: str) -> EventPublisher:
         topic=kv_topic,
         buffer_size=config.kv_events_buffer,
         data_parallel_rank=config.data_parallel_rank,
+        curve=config.curve_keys,
     )
     if config.enable_fault_injection:
         return DroppingKVEventPublisher(publisher_config)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cachekey.flags import LOG_LEVELS, option
+from cachekey.flags import LOG_LEVELS, format_size, option, parse_size
+from cachekey.worker_auth import CurveKeys, resolve_token
 
 
 @dataclass(slots=True)
@@ -19,6 +20,11 @@ class ServerConfig:
     data_parallel_rank: int | None = option(
         None, "DP rank stamped into event batches and checked against X-data-parallel-rank"
     )
+    allow_runtime_lora_updating: bool = option(
+        False,
+        "serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's "
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING); they read local paths: keep them from clients",
+    )
     enable_fault_injection: bool = option(
         False, "serve POST /debug/fault?kind=crash_engine|stall_engine|drop_events (tests only)"
     )
@@ -26,6 +32,32 @@ class ServerConfig:
         30.0,
         "seconds without an engine-loop iteration before /health fails",
         name="--engine-stall-timeout",
+    )
+    # Who may call (docs/security.md): the gateways, holding the shared worker token.
+    worker_token: str | None = option(
+        None,
+        "shared secret every endpoint but /health requires as `Authorization: Bearer`; it also "
+        "keys the KV events' CURVE encryption",
+        secret=True,
+        default_text="env KVGATE_WORKER_TOKEN, else none: every endpoint is open",
+        metavar="TOKEN",
+    )
+    unauthenticated_metrics: bool = option(
+        False, "serve /metrics without the worker token (for a scraper that has none)"
+    )
+    # Request bodies, bounded before they are parsed. Keep each at least the gateway's: it
+    # forwards what it accepted plus inlined remote images (up to --image-fetch-max-bytes,
+    # base64) and a few fields per image (docs/security.md).
+    max_body_bytes: int = option(
+        128 * 2**20,
+        "request body bytes (413 past it)",
+        parse=parse_size,
+        show=format_size,
+        metavar="BYTES",
+    )
+    max_json_depth: int = option(64, "JSON nesting depth of a request body (400 past it)")
+    max_json_elements: int = option(
+        1_100_000, "JSON values, keys and containers in a request body (400 past it)"
     )
     log_level: str = option("info", "log level", choices=LOG_LEVELS)
 
@@ -44,10 +76,24 @@ class ServerConfig:
             raise ValueError("--engine-stall-timeout must be positive")
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}")
+        for name in ("max_body_bytes", "max_json_depth", "max_json_elements"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be positive")
+        self.worker_token = resolve_token(self.worker_token)
 
     @property
     def events_enabled(self) -> bool:
         return self.kv_events_port != 0
+
+    @property
+    def open_paths(self) -> frozenset[str]:
+        """Paths answered without the worker token."""
+        return frozenset({"/health", "/metrics"} if self.unauthenticated_metrics else {"/health"})
+
+    @property
+    def curve_keys(self) -> CurveKeys | None:
+        """The KV events' CURVE keys: derived from the worker token, None without one."""
+        return CurveKeys.from_token(self.worker_token) if self.worker_token else None
 
     @property
     def zmq_host(self) -> str:

@@ -107,13 +107,15 @@ class AsyncEngine:
     async def add(
         self,
         request_ids: Sequence[str],
-        prompt: Prompt,
+        prompt: Prompt | Sequence[Prompt],
         params: Sequence[SamplingParams],
         *,
         lora_name: str | None = None,
         cache_salt: str | None = None,
+        hidden_states: str | None = None,
     ) -> RequestStream:
-        """Add len(request_ids) engine requests sharing `prompt`; bad input raises here.
+        """Add len(request_ids) engine requests sharing `prompt` (or one prompt each, given a
+        list, as the inputs of one embeddings request); bad input raises here.
 
         The caller iterates the returned stream and must `close()` it (aborting what is left).
         """
@@ -122,12 +124,28 @@ class AsyncEngine:
             self._sinks[rid] = sink
         try:
             # One command adds all n, so siblings enter the same step and share the prompt blocks.
-            await self._call(_add_all(request_ids, prompt, params, lora_name, cache_salt))
+            await self._call(
+                _add_all(request_ids, prompt, params, lora_name, cache_salt, hidden_states)
+            )
         except BaseException:
             # Cancelled while the add was running: the requests may exist, with nobody to read.
             self.release(request_ids, unfinished=request_ids)
             raise
         return RequestStream(self.release, request_ids, sink)
+
+    async def add_lora(self, name: str, path: str, replace: bool = False) -> None:
+        def command(engine: LLMEngine) -> None:
+            engine.add_lora(name, path, replace)
+            self._stats = engine.stats()  # the model list shows it once this returns
+
+        await self._call(command)
+
+    async def remove_lora(self, name: str) -> None:
+        def command(engine: LLMEngine) -> None:
+            engine.remove_lora(name)
+            self._stats = engine.stats()
+
+        await self._call(command)
 
     async def snapshot(self) -> SnapshotResult:
         return await self._call(self._snapshot)
@@ -262,16 +280,21 @@ def _put_all(routed: list[tuple[asyncio.Queue, RequestOutput]]) -> None:
 
 def _add_all(
     rids: Sequence[str],
-    prompt: Prompt,
+    prompt: Prompt | Sequence[Prompt],
     params: Sequence[SamplingParams],
     lora: str | None,
     salt: str | None,
+    hidden: str | None = None,
 ) -> Command:
+    prompts = [prompt] * len(rids) if isinstance(prompt, Prompt) else prompt
+
     def command(engine: LLMEngine) -> None:
         added: list[str] = []
         try:
-            for rid, p in zip(rids, params, strict=True):
-                engine.add_request(rid, prompt, p, lora_name=lora, cache_salt=salt)
+            for rid, pr, p in zip(rids, prompts, params, strict=True):
+                engine.add_request(
+                    rid, pr, p, lora_name=lora, cache_salt=salt, hidden_states=hidden
+                )
                 added.append(rid)
         except BaseException:
             for rid in added:

@@ -8,10 +8,12 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Send
 
 from cachekey import openai_errors
 from cachekey.errors import PromptTooLongError, RenderError
 from cachekey.openai_errors import clean_message
+from worker.engine.lora_adapter import LoRAError
 
 
 class APIError(Exception):
@@ -52,7 +54,7 @@ def as_api_error(exc: Exception) -> APIError:
     if isinstance(exc, PromptTooLongError):
         # vLLM answers an over-long prompt with 400, whatever the render layer's default.
         return APIError(exc.message, 400, param=exc.param, code=exc.code)
-    if isinstance(exc, RenderError):
+    if isinstance(exc, RenderError | LoRAError):
         return APIError(exc.message, exc.status_code, param=exc.param, code=exc.code)
     if isinstance(exc, ValueError):
         return APIError(str(exc), 400)
@@ -102,3 +104,23 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(
             error_body(str(exc.detail), exc.status_code), status_code=exc.status_code
         )
+
+
+async def send_error(
+    send: Send,
+    status_code: int,
+    message: str,
+    *,
+    code: str | None = None,
+    param: str | None = None,
+    headers: tuple[tuple[bytes, bytes], ...] = (),
+) -> None:
+    """Answer with an OpenAI error body straight from an ASGI wrapper (no app, no routing)."""
+    body = json.dumps(error_body(message, status_code, param=param, code=code)).encode()
+    start_headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        *headers,
+    ]
+    await send({"type": "http.response.start", "status": status_code, "headers": start_headers})
+    await send({"type": "http.response.body", "body": body})

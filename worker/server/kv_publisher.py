@@ -27,6 +27,8 @@ from cachekey.events import (
     seq_bytes,
     seq_from_bytes,
 )
+from cachekey.worker_auth import CurveKeys
+from worker.server.curve_auth import CurveGuard
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +44,8 @@ class PublisherConfig:
     buffer_size: int = 10_000
     data_parallel_rank: int | None = None
     sndhwm: int = 100_000
+    # With a worker token: both sockets are CURVE servers that admit only the gateways.
+    curve: CurveKeys | None = None
 
     def __post_init__(self) -> None:
         if self.port <= 0:
@@ -89,6 +93,7 @@ class KVEventPublisher:
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_size)
         self._ctx = zmq.Context()
         self._router: zmq.Socket | None = None
+        self._guard = CurveGuard(self._ctx, config.curve) if config.curve is not None else None
         # Bind here, in the caller, so a busy port fails the start instead of a thread.
         try:
             self._pub = self._bind(zmq.PUB, config.port, "--kv-events-port")
@@ -96,6 +101,7 @@ class KVEventPublisher:
             if config.replay_port is not None:
                 self._router = self._bind(zmq.ROUTER, config.replay_port, "--kv-events-replay-port")
         except OSError:
+            self._stop_guard()
             self._ctx.destroy(linger=0)
             raise
         self._thread = threading.Thread(target=self._run, name="kv-publisher", daemon=True)
@@ -104,6 +110,8 @@ class KVEventPublisher:
     def _bind(self, kind: int, port: int, flag: str) -> zmq.Socket:
         sock = self._ctx.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)
+        if self._guard is not None:
+            self._guard.secure(sock)
         address = f"tcp://{self.config.host}:{port}"
         try:
             sock.bind(address)
@@ -136,7 +144,13 @@ class KVEventPublisher:
         self._pub.close(0)
         if self._router is not None:
             self._router.close(0)
+        self._stop_guard()
         self._ctx.term()
+
+    def _stop_guard(self) -> None:
+        if self._guard is not None:
+            self._guard.stop()
+            self._guard = None
 
     # -- publisher thread ----------------------------------------------------------------------
 

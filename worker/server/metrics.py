@@ -6,6 +6,7 @@ engine thread last recorded, at scrape time; request latencies are observed by t
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
@@ -13,6 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from worker.engine.llm_engine import EngineStats, RequestOutput
+from worker.engine.outputs import LoRAStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -107,11 +109,45 @@ class _EngineCollector(Collector):
         yield counter(
             "kvgate_worker_vision_tower_runs", "Vision-tower forward passes.", s.vision_tower_runs
         )
+        yield gauge(
+            "kvgate_worker_hidden_state_cache_bytes",
+            "Memory of the hidden-state cache (0 without --hidden-state-cache).",
+            s.hidden_cache_bytes,
+        )
+        yield counter(
+            "kvgate_worker_hidden_state_queries",
+            "Prompt tokens of requests that wanted hidden states (embeddings, "
+            "return_hidden_states).",
+            s.hidden_queries_tokens,
+        )
+        yield counter(
+            "kvgate_worker_hidden_state_hits",
+            "Of those, prompt tokens served from the prefix cache (not recomputed).",
+            s.hidden_hits_tokens,
+        )
         info = GaugeMetricFamily(
             "vllm:cache_config_info", "KV-cache configuration.", labels=list(self._info)
         )
         info.add_metric(list(self._info.values()), 1.0)
         yield info
+        if s.lora is not None:
+            yield from _lora_metrics(s.lora, counter)
+
+
+def _lora_metrics(lora: LoRAStats, counter) -> Iterator:
+    """vLLM's vllm:lora_requests_info: the adapters with running and with waiting requests,
+    comma-separated, and max_lora, on a sample whose value is the time it was taken."""
+    labels = ["max_lora", "running_lora_adapters", "waiting_lora_adapters"]
+    info = GaugeMetricFamily(
+        "vllm:lora_requests_info", "Running stats on lora requests.", labels=labels
+    )
+    info.add_metric(
+        [str(lora.max_loras), ",".join(lora.running), ",".join(lora.waiting)], time.time()
+    )
+    yield info
+    yield counter(
+        "kvgate_worker_lora_loads", "LoRA adapters copied into a device slot.", lora.loads
+    )
 
 
 class WorkerMetrics:

@@ -72,6 +72,8 @@ class SamplingFields(_Request):
     # vLLM's prefix-cache isolation: mixed into block 0's key, so it reaches every block.
     cache_salt: str | None = None
     logprobs: bool | int | None = None
+    # SGLang's extension: each choice carries the hidden states of every token the model ran.
+    return_hidden_states: bool = False
 
     @field_validator("n", "ignore_eos", "stream")
     @classmethod

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import msgspec
+import numpy as np
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
@@ -19,6 +20,7 @@ from cachekey.types import Prompt
 from worker.engine.sampling_params import SamplingParams
 from worker.server.engine_client import AsyncEngine
 from worker.server.errors import APIError, as_api_error, error_body
+from worker.server.hidden_encoding import encode_hidden_states, require_hidden_cache
 from worker.server.metrics import WorkerMetrics
 from worker.server.protocol import SamplingFields
 from worker.server.request_stream import RequestStream
@@ -35,6 +37,8 @@ class ServingContext:
     max_model_len: int
     metrics: WorkerMetrics
     data_parallel_rank: int | None
+    # Hugging Face hidden_states index of each kept row; empty without --hidden-state-cache.
+    hidden_layers: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)
@@ -42,6 +46,7 @@ class _Choice:
     text: list[str]
     finish_reason: str | None = None
     num_output_tokens: int = 0
+    hidden_states: np.ndarray | None = None
 
 
 class OpenAIServing:
@@ -56,17 +61,27 @@ class OpenAIServing:
 
     # -- checks --------------------------------------------------------------------------------
 
-    def check_request(self, raw: Request, body: SamplingFields) -> None:
-        if body.model is not None and body.model != self.ctx.model_name:
-            raise APIError(
-                f"The model `{body.model}` does not exist; this worker serves "
-                f"`{self.ctx.model_name}`.",
-                404,
-                param="model",
-                code="model_not_found",
-            )
+    def check_request(self, raw: Request, body: SamplingFields) -> str | None:
+        """The LoRA adapter the request's `model` names (None: the base model); 404 for none."""
+        lora = self.lora_name(body.model)
         check_rank_header(raw, self.ctx.data_parallel_rank)
         self.ctx.engine.check_alive()
+        return lora
+
+    def lora_name(self, model: str | None) -> str | None:
+        if model is None or model == self.ctx.model_name:
+            return None
+        lora = self.ctx.engine.stats().lora
+        if lora is not None and any(name == model for name, _ in lora.adapters):
+            return model  # the engine checks again when it adds the request
+        raise APIError(
+            f"The model `{model}` does not exist; this worker serves `{self.ctx.model_name}`"
+            + "".join(f", `{name}`" for name, _ in (lora.adapters if lora else ()))
+            + ".",
+            404,
+            param="model",
+            code="model_not_found",
+        )
 
     def sampling_params(self, body: SamplingFields, max_tokens: int | None, prompt_len: int):
         limit = self.ctx.max_model_len
@@ -111,11 +126,25 @@ class OpenAIServing:
         prompt: Prompt,
         max_tokens: int | None,
         arrived: float,
+        lora_name: str | None = None,
     ) -> Response:
         params = self.sampling_params(body, max_tokens, len(prompt))
         request_id = f"{self.id_prefix}-{uuid.uuid4().hex}"
         sub_ids = [f"{request_id}-{i}" for i in range(body.n)]
-        stream = await self.ctx.engine.add(sub_ids, prompt, params, cache_salt=body.cache_salt)
+        hidden = None
+        if body.return_hidden_states:
+            require_hidden_cache(
+                self.ctx.hidden_layers, "return_hidden_states", "return_hidden_states"
+            )
+            hidden = "all"
+        stream = await self.ctx.engine.add(
+            sub_ids,
+            prompt,
+            params,
+            lora_name=lora_name,
+            cache_salt=body.cache_salt,
+            hidden_states=hidden,
+        )
         if body.stream:
             return StreamingResponse(
                 self._sse(stream, body, request_id, arrived), media_type="text/event-stream"
@@ -141,9 +170,11 @@ class OpenAIServing:
             "id": rid,
             "object": self.object_name,
             "created": int(time.time()),
-            "model": self.ctx.model_name,
+            "model": body.model or self.ctx.model_name,  # an adapter answers with its name
             "choices": [
-                self.final_choice(i, "".join(c.text), c.finish_reason)
+                self._with_hidden(
+                    self.final_choice(i, "".join(c.text), c.finish_reason), c.hidden_states
+                )
                 for i, c in enumerate(choices)
             ],
             "usage": _usage(prompt_tokens, sum(c.num_output_tokens for c in choices), cached),
@@ -165,6 +196,7 @@ class OpenAIServing:
             c.num_output_tokens = out.num_output_tokens
             if out.finished:
                 c.finish_reason = out.finish_reason
+                c.hidden_states = out.hidden_states
             if index[out.request_id] == 0:
                 prompt_tokens, cached = out.num_prompt_tokens, out.num_cached_tokens
         self.ctx.metrics.e2e.observe(time.perf_counter() - arrived)
@@ -179,6 +211,7 @@ class OpenAIServing:
         prompt_tokens = cached = 0
         usage_on = body.include_usage()
         created = int(time.time())
+        model = body.model or self.ctx.model_name
         first = True
         try:
             async for out in stream:
@@ -193,12 +226,13 @@ class OpenAIServing:
                 if started[i] and not out.text_delta and not out.finished:
                     continue
                 choice = self.chunk_choice(i, out.text_delta, out.finish_reason, not started[i])
+                choice = self._with_hidden(choice, out.hidden_states)  # on a finishing chunk
                 started[i] = True
-                yield self._chunk(rid, created, [choice], None if usage_on else _OMIT)
+                yield self._chunk(rid, model, created, [choice], None if usage_on else _OMIT)
             self.ctx.metrics.e2e.observe(time.perf_counter() - arrived)
             if usage_on:
                 usage = _usage(prompt_tokens, sum(outputs), cached)
-                yield self._chunk(rid, created, [], usage)
+                yield self._chunk(rid, model, created, [], usage)
         except Exception as e:  # the client already has a 200: report in-band, as vLLM does
             err = as_api_error(e)
             body_ = error_body(err.message, err.status_code, param=err.param, code=err.code)
@@ -207,17 +241,22 @@ class OpenAIServing:
             stream.close()
         yield _DONE
 
-    def _chunk(self, rid: str, created: int, choices: list, usage) -> bytes:
+    def _chunk(self, rid: str, model: str, created: int, choices: list, usage) -> bytes:
         payload = {
             "id": rid,
             "object": self.chunk_object_name,
             "created": created,
-            "model": self.ctx.model_name,
+            "model": model,
             "choices": choices,
         }
         if usage is not _OMIT:
             payload["usage"] = usage
         return b"data: " + _json.encode(payload) + b"\n\n"
+
+    def _with_hidden(self, choice: dict, hidden: np.ndarray | None) -> dict:
+        if hidden is not None:
+            choice["hidden_states"] = encode_hidden_states(hidden, self.ctx.hidden_layers)
+        return choice
 
     # -- shapes (subclasses) -------------------------------------------------------------------
 

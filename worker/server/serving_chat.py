@@ -20,11 +20,12 @@ class ServingChat(OpenAIServing):
 
     async def create(self, raw: Request, body: ChatCompletionRequest) -> Response:
         arrived = time.perf_counter()
-        self.check_request(raw, body)
+        lora = self.check_request(raw, body)
         prompt = await self.render(
             body.messages, body.add_generation_prompt, body.tools, body.chat_template_kwargs
         )
-        return await self.generate(raw, body, prompt, body.requested_max_tokens(), arrived)
+        max_tokens = body.requested_max_tokens()
+        return await self.generate(raw, body, prompt, max_tokens, arrived, lora)
 
     async def render(
         self,

@@ -16,9 +16,9 @@ from worker.server.serving import OpenAIServing
 class ServingCompletion(OpenAIServing):
     async def create(self, raw: Request, body: CompletionRequest) -> Response:
         arrived = time.perf_counter()
-        self.check_request(raw, body)
+        lora = self.check_request(raw, body)
         prompt = await self.render(body.single_prompt())
-        return await self.generate(raw, body, prompt, body.max_tokens, arrived)
+        return await self.generate(raw, body, prompt, body.max_tokens, arrived, lora)
 
     async def render(self, prompt: str | list[int]) -> Prompt:
         renderer = self.ctx.renderer

@@ -71,3 +71,25 @@ periodSeconds: {{ .probe.periodSeconds }}
 failureThreshold: {{ .probe.failureThreshold }}
 timeoutSeconds: 5
 {{- end }}
+
+{{/* The Secret holding the shared worker token (docs/security.md). */}}
+{{- define "kvgate.workerTokenSecret" -}}
+{{- default (printf "%s-worker-token" (include "kvgate.fullname" .)) .Values.workerAuth.existingSecret }}
+{{- end }}
+
+{{/* KVGATE_WORKER_TOKEN from that Secret, for gateway and worker containers (an env list entry). */}}
+{{- define "kvgate.workerTokenEnv" -}}
+- name: KVGATE_WORKER_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "kvgate.workerTokenSecret" . }}
+      key: {{ .Values.workerAuth.secretKey }}
+{{- end }}
+
+{{- define "kvgate.eppName" -}}
+{{- printf "%s-epp" (include "kvgate.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "kvgate.poolName" -}}
+{{- default (include "kvgate.fullname" .) .Values.epp.pool.name }}
+{{- end }}

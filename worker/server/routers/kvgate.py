@@ -7,7 +7,7 @@ from fastapi.responses import Response
 
 from cachekey.documents import Snapshot, SnapshotBlock, encode_document
 from worker.engine.llm_engine import CachedBlock
-from worker.server.app_state import worker_state
+from worker.server.app_state import current_info, worker_state
 
 router = APIRouter()
 
@@ -16,7 +16,7 @@ _JSON = "application/json"
 
 @router.get("/kvgate/info")
 async def info(raw: Request) -> Response:
-    return Response(encode_document(worker_state(raw).info), media_type=_JSON)
+    return Response(encode_document(current_info(worker_state(raw))), media_type=_JSON)
 
 
 @router.get("/kvgate/assets")

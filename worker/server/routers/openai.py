@@ -31,6 +31,12 @@ async def models(raw: Request) -> dict:
         "created": state.created,
         "owned_by": "kvgate",
         "root": info.model_path,
+        "parent": None,
         "max_model_len": info.max_model_len,
     }
-    return {"object": "list", "data": [card]}
+    lora = state.engine.stats().lora
+    adapters = [  # vLLM's cards: the adapter's path as root, the base model as parent
+        {**card, "id": name, "root": path, "parent": info.model, "max_model_len": None}
+        for name, path in (lora.adapters if lora is not None else ())
+    ]
+    return {"object": "list", "data": [card, *adapters]}

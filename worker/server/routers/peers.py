@@ -69,10 +69,7 @@ async def get_load(raw: Request) -> list[dict]:
 
 def _checked(raw: Request, model: str | None) -> WorkerState:
     state = worker_state(raw)
-    if model is not None and model != state.info.model:
-        raise APIError(
-            f"The model `{model}` does not exist.", 404, param="model", code="model_not_found"
-        )
+    state.chat.lora_name(model)  # 404 unless the served model or one of its LoRA adapters
     check_rank_header(raw, state.info.data_parallel_rank)
     return state
 

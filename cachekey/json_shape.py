@@ -1,5 +1,9 @@
 """Request JSON, bounded before it is parsed: nesting depth and element count, on the raw bytes.
 
+One implementation for both sides: the gateway parses client bodies with `decode_json`, the
+worker checks the bodies it is sent with `check_json_shape` (worker/server/body_guard.py) before
+FastAPI parses them. The flags named in the errors are the same on both.
+
 A body under the size limit can still cost far more than its size once parsed: 32 MiB of `[{},
 {}, ...]` is millions of Python objects (about 1 GB), and 100,000 levels of `[[[...` exhaust
 the parser's recursion. So the shape is measured on the bytes first, with linear passes in C

@@ -1,0 +1,181 @@
+"""What the EPP path adds to a request, next to what the HTTP gateway adds, in one run.
+
+Two sim workers with zero compute time, one HTTP gateway and one EPP (`python -m gateway --epp`)
+with the same flags, all real processes on 127.0.0.1. For each request, in turn:
+
+- direct: POST straight to a worker;
+- HTTP gateway: POST through the gateway; what it adds is `gateway - direct` (parse, render and
+  keys, match, rank, and the proxy hop);
+- EPP: the ext_proc exchange a proxy has before it forwards (headers, body, end of stream ->
+  the endpoint header and the body sent back), timed at a Python grpc.aio client;
+- EPP floor: the same exchange for a request with no body to key (headers only, picked by
+  load): the cost of the gRPC stream itself, client and server; `EPP - floor` is the EPP's
+  decision (read, parse, render and keys, match, rank, the body sent back).
+
+Both processes also report their server-side render and routing decision times
+(`kvgate_render_seconds`, `kvgate_routing_decision_seconds`): one code path, so they should
+agree, and the EPP's decision should cost no more than what the HTTP gateway adds.
+
+    python -m bench.epp_overhead            # table + bench/results/epp_overhead.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from pathlib import Path
+
+import grpc
+import httpx
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+
+from bench.cluster import HOST, Cluster, ClusterSpec, Proc, free_port
+from bench.extproc_client import header_map
+from bench.report import percentile, write_json
+from bench.throughput import ZERO_COMPUTE
+from bench.workload import data_url, make_image
+
+CHAT = "/v1/chat/completions"
+GATEWAY_ARGS = ("--poll-interval", "0.5")
+
+
+def bodies() -> dict[str, bytes]:
+    text = {"role": "user", "content": "a short question about caches " * 8}
+    image = {"role": "user", "content": [
+        {"type": "text", "text": "what is in this picture? " * 4},
+        {"type": "image_url", "image_url": {"url": data_url(make_image(11, 128))}},
+    ]}  # fmt: skip
+    return {
+        name: json.dumps({"model": "demo", "messages": [m], "max_tokens": 1}).encode()
+        for name, m in (("text chat", text), ("image chat", image))
+    }
+
+
+def start_epp(c: Cluster, log_dir: Path) -> tuple[Proc, int]:
+    http, grpc_port = free_port(), free_port()
+    args = ["-m", "gateway", "--workers", ",".join(c.worker_urls), "--host", HOST,
+            "--port", str(http), "--epp", "--epp-port", str(grpc_port), *GATEWAY_ARGS]  # fmt: skip
+    proc = Proc("epp", args, http, log_dir / "epp.log")
+    proc.start()
+    proc.wait_healthy(120)
+    return proc, grpc_port
+
+
+def server_means(url: str) -> dict[str, float]:
+    """Mean render and routing decision time (ms) per request, from a process's /metrics."""
+    samples: dict[str, float] = {}
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        name = line.split("{")[0].split(" ")[0]
+        if name.endswith(("_seconds_sum", "_seconds_count")):
+            samples[name] = samples.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    out = {}
+    for metric in ("kvgate_render_seconds", "kvgate_routing_decision_seconds"):
+        n = samples.get(f"{metric}_count", 0.0)
+        out[metric] = 1000 * samples.get(f"{metric}_sum", 0.0) / n if n else 0.0
+    return out
+
+
+async def exchange(stub: pb_grpc.ExternalProcessorStub, body: bytes | None) -> None:
+    """One request's ext_proc exchange as a proxy has it before forwarding: headers, body and
+    end of stream out; the endpoint (headers response) and the body back in; stream closed."""
+    path, method = (CHAT, "POST") if body is not None else ("/v1/models", "GET")
+    headers = pb.HttpHeaders(
+        headers=header_map({":method": method, ":path": path}), end_of_stream=body is None
+    )
+    call = stub.Process()
+    await call.write(pb.ProcessingRequest(request_headers=headers))
+    if body is not None:
+        await call.write(
+            pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True))
+        )
+    first = await call.read()
+    assert first.HasField("request_headers"), first  # the pick, not a refusal
+    more = body is not None
+    while more:
+        msg = await call.read()
+        more = not msg.request_body.response.body_mutation.streamed_response.end_of_stream
+    await call.done_writing()
+    await call.read()  # the stream's end: the EPP releases the request
+
+
+async def measure(c: Cluster, target: str, body: bytes, n: int) -> dict:
+    steps = ("direct", "gateway", "epp", "epp_floor")
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    headers = {"content-type": "application/json"}
+    async with (
+        httpx.AsyncClient(timeout=60) as http,
+        grpc.aio.insecure_channel(target) as channel,
+    ):
+        stub = pb_grpc.ExternalProcessorStub(channel)
+
+        async def run(name: str, i: int) -> None:
+            if name == "direct":
+                await http.post(c.worker_urls[i % 2] + CHAT, content=body, headers=headers)
+            elif name == "gateway":
+                r = await http.post(c.gateway_url + CHAT, content=body, headers=headers)
+                assert r.status_code == 200, r.text
+            else:  # the floor: a headers-only exchange, picked by load (no body, no render)
+                await exchange(stub, body if name == "epp" else None)
+
+        for i in range(n + 20):  # the first 20 rounds warm up
+            for name in steps[i % 4 :] + steps[: i % 4]:  # interleaved: no drift bias
+                t0 = time.perf_counter()
+                await run(name, i)
+                if i >= 20:
+                    times[name].append(time.perf_counter() - t0)
+    row: dict = {"requests": n}
+    for name, xs in times.items():
+        row[f"{name}_p50_ms"] = 1000 * statistics.median(xs)
+        row[f"{name}_p99_ms"] = 1000 * percentile(xs, 0.99)
+    # Differences within a round (the same moment's machine load), then their median.
+    pairs = {"http_added": ("gateway", "direct"), "epp_decision": ("epp", "epp_floor")}
+    for name, (a, b) in pairs.items():
+        diffs = [x - y for x, y in zip(times[a], times[b], strict=True)]
+        row[f"{name}_p50_ms"] = 1000 * statistics.median(diffs)
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--requests", type=int, default=300)
+    ap.add_argument("--out", type=Path, default=Path("bench/results/epp_overhead.json"))
+    args = ap.parse_args()
+    log_dir = Path("bench/results/logs/epp_overhead")
+    spec = ClusterSpec(workers=2, engine="sim", worker_args=ZERO_COMPUTE,
+                       gateway_args=GATEWAY_ARGS, log_dir=log_dir)  # fmt: skip
+    result: dict = {"rows": {}}
+    with Cluster(spec) as c:
+        proc, grpc_port = start_epp(c, log_dir)
+        try:
+            time.sleep(2.0)  # both have polled the workers and loaded the render assets
+            for name, body in bodies().items():
+                row = asyncio.run(measure(c, f"{HOST}:{grpc_port}", body, args.requests))
+                result["rows"][name] = row
+            result["server_ms"] = {
+                "http": server_means(c.gateway_url),
+                "epp": server_means(proc.url),
+            }
+        finally:
+            proc.kill()
+    print("p50 ms         direct  gateway  HTTP added | EPP exchange  floor  decision  (added and")
+    print("                                             decision: medians of in-round differences)")
+    for name, r in result["rows"].items():
+        print(
+            f"  {name:<12}{r['direct_p50_ms']:>7.2f}{r['gateway_p50_ms']:>9.2f}"
+            f"{r['http_added_p50_ms']:>12.2f} |{r['epp_p50_ms']:>13.2f}"
+            f"{r['epp_floor_p50_ms']:>7.2f}{r['epp_decision_p50_ms']:>10.2f}"
+        )
+    for mode, m in result["server_ms"].items():
+        print(
+            f"server side, {mode:<5}: render + keys {m['kvgate_render_seconds']:.3f} ms, "
+            f"routing decision {m['kvgate_routing_decision_seconds']:.3f} ms (means)"
+        )
+    write_json(args.out, result)
+
+
+if __name__ == "__main__":
+    main()

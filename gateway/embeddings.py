@@ -1,0 +1,127 @@
+"""/v1/embeddings through the gateway: routed by the same block keys as completions.
+
+An embeddings request is a prefill: each input fills and hits the worker's prefix cache exactly
+as a completion with the same prompt (the worker computes its last token, as for a completion).
+A request with several inputs is ranked by its first input, as a batched completion is, and the
+cached tokens predicted on the chosen replica add up every input's match there, which is what
+the worker reports in `usage.prompt_tokens_details.cached_tokens`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import Field, field_validator, model_validator
+
+from cachekey.keys import HashNamespace, block_keys, clamp_match
+from cachekey.render import ImageOptions
+from cachekey.types import BlockKey, Prompt
+from gateway.errors import GatewayError
+from gateway.fetch import image_options
+from gateway.images import pin_images
+from gateway.protocol import _Request
+from gateway.replicas import Replica
+from gateway.request import ProxyRequest
+
+# OpenAI's limit on the inputs of one request (the worker enforces the same).
+MAX_INPUTS = 2048
+
+
+class EmbeddingRequest(_Request):
+    input: str | list[str] | list[int] | list[list[int]] | None = None
+    messages: list[dict[str, Any]] | None = Field(None, min_length=1)
+    add_generation_prompt: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @field_validator("stream")
+    @classmethod
+    def _no_stream(cls, v: bool) -> bool:
+        if v:
+            raise ValueError("embeddings are not streamed")
+        return v
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EmbeddingRequest:
+        if (self.input is None) == (self.messages is None):
+            raise ValueError("give exactly one of `input` and `messages`")
+        if isinstance(self.input, list) and len(self.input) > MAX_INPUTS:
+            raise ValueError(f"input has {len(self.input)} items; at most {MAX_INPUTS} allowed")
+        return self
+
+    def inputs(self) -> list[str | list[int]]:
+        raw = self.input
+        if raw is None:
+            return []
+        if isinstance(raw, str) or (raw and isinstance(raw[0], int)):
+            return [raw]
+        return list(raw)
+
+
+Rendered = list[tuple[Prompt, list[BlockKey]]]
+
+
+def render_embedding(
+    renderer, req: EmbeddingRequest, ns: HashNamespace, images: ImageOptions
+) -> Rendered:
+    """Prompt and block keys of every input (runs in the render thread pool)."""
+    if req.messages is not None:
+        prompts = [
+            renderer.render_chat(
+                req.messages,
+                add_generation_prompt=req.add_generation_prompt,
+                chat_template_kwargs=req.chat_template_kwargs,
+                images=images,
+            )
+        ]
+    else:
+        prompts = [renderer.render_completion(p) for p in req.inputs()]
+    if not prompts:
+        raise GatewayError(400, "input must not be an empty list", param="input")
+    return [(p, block_keys(p.token_ids, ns, p.mm_items, None, req.cache_salt)) for p in prompts]
+
+
+@dataclass(slots=True, eq=False)
+class EmbeddingProxyRequest(ProxyRequest):
+    rest: Rendered = field(default_factory=list)  # the inputs after the first
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt) + sum(len(p) for p, _ in self.rest)
+
+    async def render(self) -> None:
+        st = self.state
+        t0 = time.perf_counter()
+        try:
+            renderer = await st.get_renderer()
+        except RuntimeError as e:  # the render assets could not be loaded
+            raise GatewayError(503, str(e), code="assets_unavailable") from e
+        assert isinstance(self.body, EmbeddingRequest)
+        # One time and byte budget for all the request's remote images (docs/security.md).
+        images = image_options(st.fetcher, st.config.allow_image_uuids, self.tenant)
+        rendered = await st.render_queue.run(render_embedding, renderer, self.body, self.ns, images)
+        (self.prompt, self.keys), *self.rest = rendered
+        st.metrics.render_seconds.observe(time.perf_counter() - t0)
+
+    def payload(self) -> bytes:
+        b = self.body
+        assert isinstance(b, EmbeddingRequest)
+        if b.messages is not None:
+            pin_images(b.messages, self.prompt)
+        return b.model_dump_json(exclude_unset=True).encode()
+
+    def _predicted_for(self, rep: Replica) -> int:
+        first = ProxyRequest._predicted_for(self, rep)
+        if not self.rest or not rep.parity_ok:
+            return first
+        bs = self.ns.block_size
+        total = first
+        for prompt, keys in self.rest:
+            blocks = self.state.index.match(keys, [rep.id]).get(rep.id, 0)
+            total += clamp_match(blocks * bs, len(prompt), bs, prompt.mm_items)
+        return total
+
+    def speculative_keys(self) -> list[BlockKey]:
+        """Every input's keys, in one guess that lives as long as the request."""
+        return [k for keys in (self.keys, *(keys for _, keys in self.rest)) for k in keys]

@@ -1,0 +1,232 @@
+"""One ext_proc stream: one HTTP request through the proxy, from its headers to its answer's end.
+
+Request phase: the headers (path, API key, the proxy's endpoint subset), then the body as it
+arrives, read by the HTTP gateway's own `read_request` (limits, tenants) and routed by the same
+`ProxyRequest.route` + `decide`; the answer is the request-headers response with the endpoint
+list, then the body to forward (`ProxyRequest.payload`: images pinned as the gateway keyed
+them). Response phase: the response headers get `x-kvgate-replica` and
+`x-kvgate-predicted-cached-tokens`, the body passes back unchanged while its usage is read. The
+slot is released when the stream ends, however it ends.
+
+A request the gateway refuses (bad body, unknown model, over a limit, no ready endpoint,
+overload) is an immediate response with the HTTP gateway's status and OpenAI error body. An
+unexpected failure aborts the stream instead, so the proxy applies the InferencePool's
+`failureMode` (FailOpen: route without the EPP; FailClose: an error).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Mapping
+
+import grpc
+
+from cachekey.worker_auth import bearer
+from gateway.errors import GatewayError, as_gateway_error
+from gateway.index import ReplicaId
+from gateway.policies import RouteContext
+from gateway.protocol import ChatCompletionRequest, CompletionRequest
+from gateway.proxy import SSERelay
+from gateway.replicas import Replica
+from gateway.request import ProxyRequest
+from gateway.serving import read_request, read_usage, replica_headers, status_label
+from gateway.state import GatewayState
+
+from . import wire
+
+log = logging.getLogger(__name__)
+
+ROUTES = {"/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest}
+_USAGE_BODY_BYTES = 1 << 20  # a non-streamed answer longer than this is not read for usage
+
+
+class ProtocolError(Exception):
+    """The proxy sent messages out of the protocol's order."""
+
+
+class _BodySource:
+    """The request as `read_request` reads it: headers, and the body messages as they come."""
+
+    def __init__(self, headers: Mapping[str, str], messages: AsyncIterator, ended: bool) -> None:
+        self.headers = headers
+        self._messages = messages
+        self.ended = ended  # the headers carried end_of_stream: no body
+        self.trailers = False
+
+    async def stream(self) -> AsyncIterator[bytes]:
+        while not self.ended:
+            msg = await anext(self._messages, None)
+            kind = msg.WhichOneof("request") if msg is not None else None
+            if kind == "request_body":
+                self.ended = msg.request_body.end_of_stream
+                yield msg.request_body.body
+            elif kind == "request_trailers":
+                self.ended = self.trailers = True
+            else:
+                raise ProtocolError(f"expected the request body, got {kind or 'the stream end'}")
+
+
+class ExtProcStream:
+    def __init__(self, state: GatewayState, messages: AsyncIterator, context) -> None:
+        self.state = state
+        self.messages = messages
+        self.context = context
+        self.px: ProxyRequest | None = None
+        self.status = "unobserved"  # the answer's status, once the proxy shows the answer
+        self.usage: dict | None = None
+        self._relay: SSERelay | None = None
+        self._streaming = False  # the stream's first bytes came back
+        self._body = bytearray()
+
+    async def run(self) -> AsyncIterator:
+        try:
+            first = await anext(self.messages, None)
+            if first is None:
+                return
+            if first.WhichOneof("request") != "request_headers":
+                raise ProtocolError("the stream must start with the request headers")
+            refused = False
+            async for out in self._request(first):
+                refused = out.HasField("immediate_response")
+                yield out
+            if not refused:
+                async for out in self._response():
+                    yield out
+        except ProtocolError as e:
+            await self.context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        finally:
+            if self.px is not None:
+                self.px.release(self.status, self.usage)
+
+    # ---- request phase ---------------------------------------------------------------------
+
+    async def _request(self, first) -> AsyncIterator:
+        st, h = self.state, first.request_headers
+        headers = wire.header_dict(h.headers)
+        subset = self._subset(wire.subset_hint(first.metadata_context))
+        path = headers.get(":path", "").split("?", 1)[0]
+        model_cls = ROUTES.get(path) if headers.get(":method") == "POST" else None
+        source = _BodySource(headers, self.messages, ended=h.end_of_stream)
+        try:
+            if model_cls is None:  # not an OpenAI completion: routed by load, body untouched
+                rep = await self._by_load(headers, subset)
+                auth = _to_worker(st) if (headers.get(":method"), path) in _OPEN_BY_LOAD else {}
+                yield wire.route_response([wire.endpoint_of(rep.url)], auth)
+                async for out in self._echo_request(source):
+                    yield out
+                return
+            body, tenant = await read_request(st, source, model_cls)
+            px = self.px = ProxyRequest.route(st, path, body, headers, tenant=tenant, subset=subset)
+            await px.decide()
+        except (ProtocolError, grpc.aio.AbortError):
+            raise
+        except Exception as e:
+            yield await self._refuse(e)
+            return
+        payload = px.payload(usage_chunk=False)
+        endpoints = [wire.endpoint_of(r.url) for r in px.ranked[: st.config.retries + 1]]
+        extra = {"content-length": str(len(payload)), **_to_worker(st)}
+        if px.ranked[0].dp_rank is not None:
+            extra["x-data-parallel-rank"] = str(px.ranked[0].dp_rank)
+        yield wire.route_response(endpoints, extra)
+        for out in wire.body_responses(payload, end=not source.trailers, response=False):
+            yield out
+        if source.trailers:
+            yield wire.trailers_response(response=False)
+
+    async def _echo_request(self, source: _BodySource) -> AsyncIterator:
+        async for chunk in source.stream():
+            for out in wire.body_responses(chunk, end=source.ended and not source.trailers,
+                                           response=False):  # fmt: skip
+                yield out
+        if source.trailers:
+            yield wire.trailers_response(response=False)
+
+    def _subset(self, hint: list[str] | None) -> set[ReplicaId] | None:
+        if hint is None:
+            return None
+        allowed = set(hint)
+        reps = self.state.replicas.replicas.values()
+        return {r.id for r in reps if wire.endpoint_of(r.url) in allowed}
+
+    async def _by_load(self, headers: Mapping[str, str], subset: set[ReplicaId] | None) -> Replica:
+        reps = self.state.replicas.available()
+        if subset is not None:
+            reps = [r for r in reps if r.id in subset]
+        if not reps:
+            msg = "no healthy worker: " + self.state.replicas.describe()
+            raise GatewayError(503, msg, code="no_healthy_worker")
+        ctx = RouteContext(reps, [], 0, 1, headers=headers)
+        return (await self.state.policies["least_loaded"].rank(ctx))[0]
+
+    async def _refuse(self, exc: Exception):
+        err = as_gateway_error(exc)  # logs an unexpected one
+        if err.status >= 500 and not isinstance(exc, GatewayError):
+            # Not the request's fault: the proxy's failure mode decides, as when the EPP is down.
+            await self.context.abort(grpc.StatusCode.INTERNAL, err.message)
+        self.status = status_label(exc, err.status)
+        return wire.immediate_response(err)
+
+    # ---- response phase --------------------------------------------------------------------
+
+    async def _response(self) -> AsyncIterator:
+        while (msg := await anext(self.messages, None)) is not None:
+            kind = msg.WhichOneof("request")
+            if kind == "response_headers":
+                yield wire.headers_response(self._on_response_headers(msg))
+            elif kind == "response_body":
+                b = msg.response_body
+                self._read_usage(b.body, b.end_of_stream)
+                for out in wire.body_responses(b.body, end=b.end_of_stream, response=True):
+                    yield out
+            elif kind == "response_trailers":
+                yield wire.trailers_response(response=True)
+            else:
+                raise ProtocolError(f"{kind} after the request was answered")
+
+    def _on_response_headers(self, msg) -> dict[str, str]:
+        headers = wire.header_dict(msg.response_headers.headers)
+        self.status = headers.get(":status", self.status)
+        if "text/event-stream" in headers.get("content-type", ""):
+            self._relay = SSERelay(strip_usage=False)
+        px = self.px
+        if px is None:
+            return {}
+        served = wire.served_endpoint(msg.metadata_context)
+        if served is not None:
+            rid = next(
+                (r.id for r in px.ranked if wire.endpoint_of(r.url) == served), None
+            )  # fmt: skip
+            if rid is not None:
+                px.served_by(rid)
+        return replica_headers(px) if px.replica is not None else {}
+
+    def _read_usage(self, chunk: bytes, end: bool) -> None:
+        if self.px is None:
+            return
+        if self._relay is not None:
+            if chunk and not self._streaming:
+                self._streaming = True
+                self.px.first_token()  # a worker sends a stream's first bytes with its first token
+            self._relay.feed(chunk)  # only its usage is wanted; the chunk passes back as it is
+            if end:
+                self.usage = self._relay.usage
+            return
+        if len(self._body) + len(chunk) <= _USAGE_BODY_BYTES:
+            self._body += chunk
+        if end and self.status.isdigit():
+            self.usage = read_usage(int(self.status), bytes(self._body))
+
+
+# Requests other than completions that the EPP lets through to a worker with the worker token:
+# the rest of the client API the HTTP gateway serves. Any other path (`/kv/snapshot`,
+# `/kvgate/assets`, `/reset_prefix_cache`, LoRA loading, ...) goes on without the token, and a
+# worker that has one refuses it: a client must not reach those through the proxy.
+_OPEN_BY_LOAD = frozenset({("GET", "/v1/models")})
+
+
+def _to_worker(st: GatewayState) -> dict[str, str]:
+    """Headers the proxy must forward to the worker: the worker token (docs/security.md), which
+    also replaces any client credential, so a tenant's API key never reaches a worker."""
+    token = st.config.worker_token
+    return {"authorization": bearer(token)} if token else {}

@@ -1,0 +1,101 @@
+{{/*
+The gateway's own flags, environment and volumes, shared by the HTTP gateway
+(gateway-deployment.yaml) and the endpoint picker (epp-deployment.yaml): both run
+`python -m gateway` with the same limits, overload and tenant settings.
+*/}}
+
+{{/* Input limits, image fetching, overload, API keys and extra flags (after discovery). */}}
+{{- define "kvgate.gatewayRequestArgs" -}}
+{{- with .Values.gateway.limits }}
+- --max-body-bytes={{ .maxBodyBytes | int64 }}
+- --max-messages={{ .maxMessages | int64 }}
+- --max-content-parts={{ .maxContentParts | int64 }}
+- --max-images-per-request={{ .maxImagesPerRequest | int64 }}
+- --max-image-bytes={{ .maxImageBytes | int64 }}
+- --max-image-pixels={{ .maxImagePixels | int64 }}
+{{- if .maxPromptTokens }}
+- --max-prompt-tokens={{ .maxPromptTokens | int64 }}
+{{- end }}
+- --max-output-tokens={{ .maxOutputTokens | int64 }}
+- --max-n={{ .maxN | int64 }}
+- --max-json-depth={{ .maxJsonDepth | int64 }}
+- --max-json-elements={{ .maxJsonElements | int64 }}
+{{- end }}
+{{- with .Values.gateway.imageFetch }}
+{{- if not .remoteImages }}
+- --no-remote-images
+{{- end }}
+{{- range .allow }}
+- {{ printf "--image-fetch-allow=%s" . | quote }}
+{{- end }}
+- --image-fetch-timeout={{ .timeoutSeconds }}
+- --image-fetch-max-bytes={{ .maxBytes | int64 }}
+{{- if .allowClientUuids }}
+- --allow-image-uuids
+{{- end }}
+{{- end }}
+{{- with .Values.gateway.overload }}
+- --max-inflight-per-replica={{ .maxInflightPerReplica | int64 }}
+- --max-queue={{ .maxQueue | int64 }}
+- --queue-timeout={{ .queueTimeoutSeconds }}
+{{- end }}
+{{- if .Values.auth.existingSecret }}
+- --api-keys-file=/etc/kvgate/auth/{{ .Values.auth.secretKey }}
+{{- end }}
+{{- range .Values.gateway.extraArgs }}
+- {{ . | quote }}
+{{- end }}
+{{- end }}
+
+{{- define "kvgate.gatewayEnv" -}}
+- name: POD_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+- name: HOME
+  value: /tmp
+- name: KVGATE_CACHE_DIR
+  value: /var/cache/kvgate
+{{- if .Values.workerAuth.enabled }}
+{{ include "kvgate.workerTokenEnv" . }}
+{{- end }}
+{{- if and .Values.auth.existingSecret .Values.auth.saltSecretKey }}
+- name: KVGATE_TENANT_SALT_SECRET
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.auth.existingSecret }}
+      key: {{ .Values.auth.saltSecretKey }}
+{{- end }}
+{{- with .Values.gateway.env }}
+{{- toYaml . | nindent 0 }}
+{{- end }}
+{{- end }}
+
+{{- define "kvgate.gatewayVolumeMounts" -}}
+- name: tmp
+  mountPath: /tmp
+- name: cache
+  mountPath: /var/cache/kvgate
+{{- if .Values.auth.existingSecret }}
+# A whole-directory mount (no subPath), so Secret updates reach the pod.
+- name: api-keys
+  mountPath: /etc/kvgate/auth
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{- define "kvgate.gatewayVolumes" -}}
+- name: tmp
+  emptyDir: {}
+- name: cache
+  emptyDir:
+    sizeLimit: 1Gi
+{{- if .Values.auth.existingSecret }}
+- name: api-keys
+  secret:
+    secretName: {{ .Values.auth.existingSecret }}
+    items:
+      - key: {{ .Values.auth.secretKey }}
+        path: {{ .Values.auth.secretKey }}
+{{- end }}
+{{- end }}

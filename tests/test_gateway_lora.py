@@ -1,0 +1,146 @@
+"""LoRA adapters through a real gateway: kvgate workers (sim engine, real slots and prefix caches)
+and a plain vLLM-shaped worker; routing to the replicas that list an adapter, affinity, keys that
+match the workers' blocks, the model list."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+from conftest import free_port
+from test_gateway_vllm_compat import FakeVllm
+
+from bench.cluster import Cluster, ClusterSpec, Proc, wait_until
+from cachekey.demo_lora import DEMO_ADAPTERS, write_demo_adapter
+
+PROMPT = "Adapters route to the replicas that hold them, like prefixes do. " * 4
+
+
+@pytest.fixture(scope="module")
+def adapters(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gateway-lora")
+    return {name: write_demo_adapter(root / name, name) for name in DEMO_ADAPTERS}
+
+
+@pytest.fixture(scope="module")
+def cluster(demo_model_dir, adapters, tmp_path_factory):
+    both = f"alpha={adapters['alpha']},beta={adapters['beta']}"
+    spec = ClusterSpec(
+        workers=2,
+        engine="sim",
+        model=str(demo_model_dir),
+        worker_args=["--max-loras", "1"],
+        # worker 0 serves both adapters (one at a time), worker 1 only beta
+        per_worker_args=[["--lora-modules", both], ["--lora-modules", f"beta={adapters['beta']}"]],
+        gateway_args=["--poll-interval", "0.2"],
+        log_dir=tmp_path_factory.mktemp("gateway-lora-logs"),
+    )
+    with Cluster(spec) as c:
+        wait_until(lambda: len(models(c.gateway_url)) == 3, 30, "the gateway's model list")
+        yield c
+
+
+def models(url: str) -> dict[str, str | None]:
+    resp = httpx.get(f"{url}/v1/models", timeout=10)
+    return {m["id"]: m.get("parent") for m in resp.json().get("data", [])}
+
+
+def complete(url: str, model: str, prompt: str) -> httpx.Response:
+    body = {"model": model, "prompt": prompt, "max_tokens": 4, "temperature": 0}
+    resp = httpx.post(f"{url}/v1/completions", json=body, timeout=30)
+    assert resp.status_code == 200, resp.text
+    return resp
+
+
+def test_gateway_lists_adapters(cluster):
+    assert models(cluster.gateway_url) == {"demo": None, "alpha": "demo", "beta": "demo"}
+
+
+def test_an_adapter_goes_to_the_replicas_that_serve_it_and_its_keys_match(cluster):
+    w0 = cluster.worker_urls[0]
+    first = complete(cluster.gateway_url, "alpha", PROMPT)
+    assert cluster.served_by(first) == w0  # the only worker serving alpha
+    assert first.json()["model"] == "alpha"
+    full_blocks = first.json()["usage"]["prompt_tokens"] // 16
+    index = f"{cluster.gateway_url}/kvgate/index"
+    wait_until(  # its BlockStored events reached the gateway
+        lambda: httpx.get(index).json()["replicas"][w0]["blocks"] >= full_blocks, 10, "events"
+    )
+    second = complete(cluster.gateway_url, "alpha", PROMPT)
+    cached = second.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached > 0
+    # The gateway keyed the request with the adapter's name, exactly as the worker did.
+    assert second.headers["x-kvgate-predicted-cached-tokens"] == str(cached)
+    # The same prompt for the base model: no block of alpha's is predicted (or served).
+    base = complete(cluster.gateway_url, "demo", PROMPT)
+    assert base.headers["x-kvgate-predicted-cached-tokens"] == "0"
+    assert base.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+
+
+def test_affinity_keeps_an_adapter_on_the_replica_with_a_free_slot(cluster):
+    w0, w1 = cluster.worker_urls
+    complete(cluster.gateway_url, "alpha", "warm alpha up")  # alpha fills worker 0's one slot
+    wait_until(lambda: resident(w0) == ["alpha"], 10, "alpha resident on worker 0")
+    served = [
+        cluster.served_by(complete(cluster.gateway_url, "beta", f"beta question {i}: {PROMPT}"))
+        for i in range(6)
+    ]
+    assert served == [w1] * 6, served  # never evicting alpha on worker 0
+
+
+def test_unknown_model_is_404_naming_adapters(cluster):
+    resp = httpx.post(
+        f"{cluster.gateway_url}/v1/completions", json={"model": "gamma", "prompt": "x"}
+    )
+    assert resp.status_code == 404
+    message = resp.json()["error"]["message"]
+    assert message == "The model `gamma` does not exist. Served models: `demo`, `alpha`, `beta`"
+
+
+def resident(url: str) -> list[str]:
+    return httpx.get(f"{url}/kvgate/info", timeout=10).json()["lora"]["resident"]
+
+
+def test_plain_vllm_adapter_is_keyed_with_its_name(tmp_path, demo_model_dir):
+    fake = FakeVllm(adapters=["sql"], lora_metric=True)
+    port = free_port()
+    args = ["-m", "gateway", "--workers", fake.url, "--port", str(port), "--model-dir"]
+    args += [str(demo_model_dir), "--vllm-kv-events-port", str(fake.events_port)]
+    gw = Proc("gateway", [*args, "--poll-interval", "0.2"], port, tmp_path / "gw.log")
+    gw.start()
+    try:
+        gw.wait_healthy(60)
+        index = f"{gw.url}/kvgate/index"
+        wait_until(lambda: httpx.get(index).json()["replicas"][fake.url]["synced"], 10, "sync")
+        time.sleep(0.3)  # the SUB subscription reaches the publisher
+        assert models(gw.url) == {"demo": None, "sql": "demo"}
+        prompt = list(range(100, 150))  # 3 full blocks + 2 tokens
+        body = {"model": "sql", "prompt": prompt, "max_tokens": 1}
+        first = httpx.post(f"{gw.url}/v1/completions", json=body, timeout=30)
+        assert first.status_code == 200, first.text
+        assert fake.lora_seen == ["sql"]
+        wait_until(lambda: httpx.get(index).json()["replicas"][fake.url]["blocks"] >= 3, 10)
+        second = httpx.post(f"{gw.url}/v1/completions", json=body, timeout=30)
+        assert second.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 48
+        assert second.headers["x-kvgate-predicted-cached-tokens"] == "48"
+        base = httpx.post(f"{gw.url}/v1/completions", json={**body, "model": "demo"}, timeout=30)
+        assert base.headers["x-kvgate-predicted-cached-tokens"] == "0"
+    finally:
+        gw.kill()
+        fake.close()
+
+
+@pytest.mark.slow
+def test_adapter_affinity_loads_fewer_adapters_and_hits_more_than_round_robin(tmp_path):
+    """4 workers with 2 adapter slots each, 8 adapters (bench.lora_affinity's defaults)."""
+    from bench.lora_affinity import compare, parser
+
+    args = parser().parse_args(["--log-dir", str(tmp_path), "--out", str(tmp_path / "r.json")])
+    assert (args.replicas, args.adapters, args.max_loras) == (4, 8, 2)
+    rows = {r.policy: r for r in compare(args, ["cache_aware", "round_robin"])}
+    ca, rr = rows["cache_aware"], rows["round_robin"]
+    assert ca.failed == rr.failed == 0
+    assert ca.requests == rr.requests == 96
+    assert ca.adapter_loads < rr.adapter_loads, (ca.adapter_loads, rr.adapter_loads)
+    assert ca.hit_rate > rr.hit_rate, (ca.hit_rate, rr.hit_rate)

@@ -1,0 +1,93 @@
+"""Request bodies bounded before FastAPI parses them: bytes, then JSON depth and element count.
+
+FastAPI reads a body whole and hands it to `json.loads`: a 32 MiB body of `[{}, {}, ...]` under
+any byte limit is still millions of Python objects (about 1 GB), and 100,000 levels of `[[[`
+exhaust the parser's recursion. So this ASGI wrapper reads the body first (refusing it past
+`--max-body-bytes` without reading on), measures its shape on the raw bytes with the gateway's
+own guard (cachekey.json_shape), and only then lets the app see it. Violations are a 413 or a
+400 with an OpenAI error body naming the flag.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from cachekey.json_shape import JSONShapeError, check_json_shape
+from worker.server.errors import send_error
+
+_CHECK_INLINE_BYTES = 1 << 20  # larger bodies are measured in a thread: the loop keeps serving
+_WITH_BODY = frozenset({"POST", "PUT", "PATCH"})
+
+
+class BodyTooLarge(Exception):
+    def __init__(self, size: int, cap: int) -> None:
+        super().__init__(f"request body bytes: {size} > limit {cap} (--max-body-bytes)")
+
+
+class BodyGuard:
+    def __init__(self, app: ASGIApp, max_bytes: int, max_depth: int, max_elements: int) -> None:
+        self.app = app
+        self.max_bytes, self.max_depth, self.max_elements = max_bytes, max_depth, max_elements
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in _WITH_BODY:
+            await self.app(scope, receive, send)
+            return
+        try:
+            raw = await self._read(scope, receive)
+        except BodyTooLarge as e:
+            await send_error(send, 413, str(e), param="body", code="body_too_large")
+            return
+        if raw is None:
+            return  # the client left before its body ended: nobody to answer
+        try:
+            await self._check(raw)
+        except JSONShapeError as e:
+            await send_error(send, 400, e.message, code=e.code)
+            return
+        await self.app(scope, _replaying(raw, receive), send)
+
+    async def _read(self, scope: Scope, receive: Receive) -> bytes | None:
+        declared = _content_length(scope)
+        if declared is not None and declared > self.max_bytes:
+            raise BodyTooLarge(declared, self.max_bytes)
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                raise BodyTooLarge(size, self.max_bytes)
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    async def _check(self, raw: bytes) -> None:
+        args = (raw, self.max_depth, self.max_elements)
+        if len(raw) <= _CHECK_INLINE_BYTES:
+            check_json_shape(*args)
+        else:
+            await asyncio.to_thread(check_json_shape, *args)
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            return int(value) if value.isdigit() else None
+    return None
+
+
+def _replaying(raw: bytes, receive: Receive) -> Receive:
+    """A `receive` that gives the app the body already read, then the client's later messages."""
+    pending: list[Message] = [{"type": "http.request", "body": raw, "more_body": False}]
+
+    async def replay() -> Message:
+        if pending:
+            return pending.pop()
+        return await receive()  # e.g. http.disconnect, which a streaming handler waits for
+
+    return replay

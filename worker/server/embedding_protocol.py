@@ -1,0 +1,70 @@
+"""The /v1/embeddings request (OpenAI's, plus vLLM's chat-style `messages` for images).
+
+kvgate extensions: `pooling` (`last`, the default, or `mean`), `normalize` (vLLM's name; L2,
+on by default as OpenAI's embeddings are), `messages` instead of `input`, and `cache_salt`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from worker.server.protocol import _Request
+
+# OpenAI's own limit on the inputs of one embeddings request.
+MAX_INPUTS = 2048
+
+EmbeddingInput = str | list[str] | list[int] | list[list[int]]
+
+
+class EmbeddingRequest(_Request):
+    model: str | None = None
+    input: EmbeddingInput | None = None
+    messages: list[dict[str, Any]] | None = Field(None, min_length=1)
+    add_generation_prompt: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1)
+    pooling: Literal["last", "mean"] = "last"
+    normalize: bool = True
+    cache_salt: str | None = None
+    user: str | None = None
+    stream: bool = False
+
+    @field_validator("stream")
+    @classmethod
+    def _no_stream(cls, v: bool) -> bool:
+        if v:
+            raise ValueError("embeddings are not streamed")
+        return v
+
+    @field_validator("cache_salt")
+    @classmethod
+    def _salt_not_empty(cls, v: str | None) -> str | None:
+        if v is not None and not v:
+            raise ValueError("cache_salt must be a non-empty string when given")
+        return v
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EmbeddingRequest:
+        if (self.input is None) == (self.messages is None):
+            raise ValueError("give exactly one of `input` and `messages`")
+        return self
+
+    def inputs(self) -> list[str | list[int]]:
+        """The prompts to embed, one per output vector (empty ones refused)."""
+        raw = self.input
+        assert raw is not None
+        if isinstance(raw, str) or (raw and isinstance(raw[0], int)):
+            items: list = [raw]
+        else:
+            items = list(raw)
+        if not items:
+            raise ValueError("input must not be an empty list")
+        if len(items) > MAX_INPUTS:
+            raise ValueError(f"input has {len(items)} items; at most {MAX_INPUTS} are allowed")
+        for i, item in enumerate(items):
+            if not item:
+                raise ValueError(f"input[{i}] is empty")
+        return items
