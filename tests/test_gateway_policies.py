@@ -11,6 +11,7 @@ from cachekey.keys import HashNamespace, block_keys
 from gateway.config import CostWeights, GatewayConfig
 from gateway.index import ReplicaId
 from gateway.policies import POLICIES, RouteContext
+from gateway.policies.cache_aware import fleet_rate
 from gateway.proxy import SSERelay
 from gateway.replicas import Replica, parse_load
 
@@ -44,17 +45,21 @@ def test_cache_aware_prefers_the_longest_prefix_until_its_queue_outweighs_it():
     assert _rank("cache_aware", ctx)[0] is reps[2]
 
 
-def test_cache_aware_cost_is_seconds_at_each_replicas_measured_rate():
-    reps = _reps(2)
-    reps[0].prefill_rate.seconds_per_token = 4e-4  # a slower worker
+def test_cache_aware_cost_is_seconds_at_the_candidates_median_rate():
+    reps = _reps(3)
+    reps[0].prefill_rate.seconds_per_token = 4e-4  # serves hits: its rate reads high
     reps[1].prefill_rate.seconds_per_token = 1e-4
+    reps[2].prefill_rate.seconds_per_token = 2e-4
     policy = POLICIES["cache_aware"](GatewayConfig())
     ctx = _ctx(reps, list(range(320)), {reps[0].id: 10})
-    # 160 uncached tokens at 4e-4 s (0.064 s) lose to 320 at 1e-4 s (0.032 s).
-    assert asyncio.run(policy.rank(ctx))[0] is reps[1]
-    cost = policy.cost(ctx, reps[0], 0.0, 4e-4)
-    assert cost.prefill == pytest.approx(0.064) and cost.queue == 0.0
+    # Every replica is costed at the median, 2e-4 s per token: the 160 uncached tokens on the
+    # replica holding the prefix beat 320 on one whose own rate reads 4x lower.
+    assert asyncio.run(policy.rank(ctx))[0] is reps[0]
+    assert fleet_rate(reps) == 2e-4
+    cost = policy.cost(ctx, reps[0], 0.0, fleet_rate(reps))
+    assert cost.prefill == pytest.approx(160 * 2e-4) and cost.queue == 0.0
     assert cost.total == pytest.approx(cost.queue + cost.prefill + cost.interference + cost.spread)
+    assert fleet_rate(_reps(2)) == 1.0  # none measured: costs in tokens
 
 
 def test_cache_aware_keeps_cold_prefills_off_busy_replicas():

@@ -1,7 +1,7 @@
 """cache_aware: the replica with the lowest estimated cost of serving the request now wins.
 
-The cost is a sum of named terms, in seconds at the replica's measured prefill rate
-(`Replica.prefill_rate`, from the worker's own metrics):
+The cost is a sum of named terms, in seconds at the candidates' median measured prefill rate
+(`Replica.prefill_rate`, from the workers' own metrics; `fleet_rate` says why not each one's):
 
   queue        prefill tokens ahead of it there: this gateway's requests routed there that have
                no first token yet
@@ -79,14 +79,10 @@ class CacheAwarePolicy:
 
     async def rank(self, ctx: RouteContext) -> list[Replica]:
         now = time.monotonic()
-        fallback = fallback_rate(ctx.candidates)
+        rate = fleet_rate(ctx.candidates)
         scored = sorted(
             (
-                (
-                    self.cost(ctx, r, now, r.prefill_rate.seconds_per_token or fallback).total,
-                    tie_order(ctx.tie_seed, r),
-                    r,
-                )
+                (self.cost(ctx, r, now, rate).total, tie_order(ctx.tie_seed, r), r)
                 for r in ctx.candidates
             ),
             key=lambda t: (t[0], t[1]),
@@ -100,9 +96,16 @@ class CacheAwarePolicy:
         return ranked
 
 
-def fallback_rate(replicas: list[Replica]) -> float:
-    """The rate of a replica not measured yet: the median of those measured; with none
-    measured, 1 (costs are then in tokens, which ranks alike while all replicas are alike)."""
+def fleet_rate(replicas: list[Replica]) -> float:
+    """Seconds per prompt token for every candidate: the median of their measured rates; with
+    none measured, 1 (costs are then in tokens).
+
+    One rate for all, not each replica's own: a replica's measured rate is its prefills' time
+    over the tokens they computed, and each prefill also pays a floor (at least one engine step)
+    whatever it computes. A replica serving cache hits computes few tokens per request, so its
+    rate reads several times higher than an equal replica's that takes new prefixes; at its own
+    rate every new prefix would then go to the replica that took the last ones, until its cache
+    overflows. The median keeps the costs in seconds without that feedback."""
     measured = [
         r.prefill_rate.seconds_per_token for r in replicas if r.prefill_rate.seconds_per_token
     ]
