@@ -17,38 +17,27 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from cachekey.demo import ensure_demo_model
+from cachekey.demo import ensure_demo_model, llama_layer_shapes
+
+
+def _llama(
+    hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int
+) -> dict[str, int]:
+    return dict(
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+    )
+
 
 SHAPES: dict[str, dict[str, int]] = {
     # A smoke-test shape: the GPU suite's code paths in seconds on a CPU.
-    "llama-tiny": dict(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    ),
-    "llama-1b": dict(
-        hidden_size=2048,
-        intermediate_size=8192,
-        num_hidden_layers=16,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-    ),
-    "llama-3b": dict(
-        hidden_size=3072,
-        intermediate_size=8192,
-        num_hidden_layers=28,
-        num_attention_heads=24,
-        num_key_value_heads=8,
-    ),
-    "llama-8b": dict(
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-    ),
+    "llama-tiny": _llama(64, 128, layers=2, heads=4, kv_heads=2),
+    "llama-1b": _llama(2048, 8192, layers=16, heads=32, kv_heads=8),
+    "llama-3b": _llama(3072, 8192, layers=28, heads=24, kv_heads=8),
+    "llama-8b": _llama(4096, 14336, layers=32, heads=32, kv_heads=8),
 }
 VOCAB_SIZE = 128256
 MAX_POSITIONS = 131072
@@ -81,18 +70,7 @@ def _weight_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
         "lm_head.weight": (cfg["vocab_size"], h),
     }
     for i in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        shapes |= {
-            p + "self_attn.q_proj.weight": (h, h),
-            p + "self_attn.k_proj.weight": (kv, h),
-            p + "self_attn.v_proj.weight": (kv, h),
-            p + "self_attn.o_proj.weight": (h, h),
-            p + "mlp.gate_proj.weight": (inter, h),
-            p + "mlp.up_proj.weight": (inter, h),
-            p + "mlp.down_proj.weight": (h, inter),
-            p + "input_layernorm.weight": (h,),
-            p + "post_attention_layernorm.weight": (h,),
-        }
+        shapes |= llama_layer_shapes(f"model.layers.{i}.", h, kv, inter)
     return shapes
 
 

@@ -192,6 +192,21 @@ def _configs(vocab_size: int) -> dict[str, dict]:
     }
 
 
+def llama_layer_shapes(prefix: str, h: int, kv: int, inter: int) -> dict[str, tuple[int, ...]]:
+    """One Llama decoder layer's weight shapes (`kv` = KV heads x head dim), in file order."""
+    return {
+        prefix + "self_attn.q_proj.weight": (h, h),
+        prefix + "self_attn.k_proj.weight": (kv, h),
+        prefix + "self_attn.v_proj.weight": (kv, h),
+        prefix + "self_attn.o_proj.weight": (h, h),
+        prefix + "mlp.gate_proj.weight": (inter, h),
+        prefix + "mlp.up_proj.weight": (inter, h),
+        prefix + "mlp.down_proj.weight": (h, inter),
+        prefix + "input_layernorm.weight": (h,),
+        prefix + "post_attention_layernorm.weight": (h,),
+    }
+
+
 def _weight_shapes(vocab_size: int) -> dict[str, tuple[int, ...]]:
     """Every tensor of the classic llava-hf checkpoint layout, by name."""
     h, i, kv = (
@@ -211,20 +226,7 @@ def _weight_shapes(vocab_size: int) -> dict[str, tuple[int, ...]]:
         "multi_modal_projector.linear_2.bias": (h,),
     }
     for n in range(TEXT["layers"]):
-        p = f"language_model.model.layers.{n}."
-        shapes.update(
-            {
-                p + "self_attn.q_proj.weight": (h, h),
-                p + "self_attn.k_proj.weight": (kv, h),
-                p + "self_attn.v_proj.weight": (kv, h),
-                p + "self_attn.o_proj.weight": (h, h),
-                p + "mlp.gate_proj.weight": (i, h),
-                p + "mlp.up_proj.weight": (i, h),
-                p + "mlp.down_proj.weight": (h, i),
-                p + "input_layernorm.weight": (h,),
-                p + "post_attention_layernorm.weight": (h,),
-            }
-        )
+        shapes |= llama_layer_shapes(f"language_model.model.layers.{n}.", h, kv, i)
     v = "vision_tower.vision_model."
     shapes.update(
         {

@@ -118,7 +118,9 @@ def test_decode_context_writes_in_place_and_attends_through_tables() -> None:
     kv = torch.randn((1, 2, BLOCKS, BS, KV_HEADS, DIM))
     tables, lengths = [[5, 9, 2], [40, 0, 0], [7, 8, 0]], [11, 3, 6]
     last = torch.stack([slots_of(t, n)[-1] for t, n in zip(tables, lengths, strict=True)])
-    ctx = DecodeContext(kv, last, torch.tensor(tables), torch.tensor(lengths), ReferenceDecode())
+    ctx = DecodeContext.build(
+        kv, last, torch.tensor(tables), torch.tensor(lengths), ReferenceDecode()
+    )
     q = torch.randn(3, HEADS, DIM)
     k = torch.randn(3, KV_HEADS, DIM)
     v = torch.randn(3, KV_HEADS, DIM)

@@ -208,3 +208,35 @@ def test_discovery_retries_until_api_server_appears(tmp_path: Path) -> None:
                 await task
 
     asyncio.run(scenario())
+
+
+def test_cut_ends_a_quiet_watch_and_one_still_opening(tmp_path: Path) -> None:
+    """A watch with nothing to say blocks in a read; `cut()` must end it at once, also when it
+    runs while the watch request is still on its way (the thread then shuts it itself)."""
+    api = FakeApi()
+    api.put(make_slice("w-a", [("10.0.0.1", True)], service="workers"))
+    with FakeApiServer(api) as server:
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(server.kubeconfig())
+        disc = KubernetesDiscovery("ns", None, kubeconfig=str(kubeconfig), service="workers")
+        stop = threading.Event()
+        thread = threading.Thread(target=disc.slices.run, args=(lambda: None, stop))
+        thread.start()
+        deadline = time.monotonic() + WAIT_S
+        # The server holds the watch open for watch_timeout_s (300 s) with nothing to send.
+        while disc.slices._resp is None:
+            assert time.monotonic() < deadline, "no watch opened"
+            time.sleep(0.01)
+        stop.set()
+        disc.slices.cut()
+        thread.join(WAIT_S)
+        assert not thread.is_alive(), "a cut watch kept its thread blocked"
+
+        # The window cut() cannot see: no response yet. Opening with `stop` already set shuts
+        # the new response, so its first read ends instead of waiting on the server.
+        opened = disc.slices._open_watch(stop)
+        started = time.monotonic()
+        resp = opened("ns", watch=True, timeout_seconds=300, _preload_content=False)
+        with contextlib.suppress(Exception):  # a shut socket reads as EOF or as an error
+            resp.read()
+        assert time.monotonic() - started < WAIT_S

@@ -136,7 +136,9 @@ class ListWatch:
         self.objects: dict[str, dict[str, Any]] = {}
         self._list: Callable[..., Any] | None = None
         self._resource_version: str | None = None
-        self._watch: watch.Watch | None = None
+        # The open watch's response, so `cut()` can shut its socket from another thread.
+        self._resp: Any = None
+        self._resp_lock = threading.Lock()
 
     def run(self, changed: Callable[[], None], stop: threading.Event) -> None:
         """The blocking loop, in its own thread, until `stop` is set."""
@@ -166,10 +168,27 @@ class ListWatch:
             stop.wait(self.backoff.next_delay())
 
     def cut(self) -> None:
-        """Shut the open watch's socket, so the thread's blocked read returns."""
-        current = self._watch
-        if current is not None:
-            current.stop()
+        """Shut the open watch's socket, so the thread's blocked read returns. Call after
+        setting the `stop` given to `run()`: a watch opening meanwhile then shuts itself."""
+        with self._resp_lock:
+            resp = self._resp
+        if resp is not None:
+            resp.shutdown()
+
+    def _open_watch(self, stop: threading.Event) -> Callable[..., Any]:
+        """The list function, remembering each response it opens for `cut()`."""
+        assert self._list is not None
+        list_fn = self._list
+
+        def opened(*args: Any, **kwargs: Any) -> Any:
+            resp = list_fn(*args, **kwargs)
+            with self._resp_lock:
+                self._resp = resp
+            if stop.is_set():  # cut() ran before the response existed
+                resp.shutdown()
+            return resp
+
+        return opened
 
     def _relist(self) -> None:
         assert self._list is not None
@@ -181,14 +200,13 @@ class ListWatch:
 
     def _watch_once(self, changed: Callable[[], None], stop: threading.Event) -> bool:
         """One watch request from the last version seen; True when it delivered any event."""
-        assert self._list is not None
         # return_type=object keeps raw dicts: no model conversion, tolerant of new fields.
-        self._watch = w = watch.Watch(return_type=object)
+        w = watch.Watch(return_type=object)
         saw_events = False
         try:
             # timeout_seconds makes the client hand 410 to us instead of retrying on its own.
             for event in w.stream(
-                self._list,
+                self._open_watch(stop),
                 *self.args,
                 **self.query,
                 resource_version=self._resource_version,
@@ -212,7 +230,8 @@ class ListWatch:
                 if stop.is_set():
                     break
         finally:
-            self._watch = None
+            with self._resp_lock:
+                self._resp = None
         return saw_events
 
 

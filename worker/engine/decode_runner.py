@@ -104,7 +104,7 @@ class DecodeRunner:
         return width, adapted
 
     def _forward(self, rows: int, width: int, adapted: bool) -> Tensor:
-        ctx = DecodeContext(
+        ctx = DecodeContext.build(
             self.kv_cache,
             self.small[_SLOTS, :rows],
             self.tables[:rows, :width],

@@ -16,6 +16,7 @@ so a step can be captured in a CUDA graph; `PagedAttentionContext` is the genera
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from torch import Tensor
 
@@ -29,22 +30,21 @@ def write_kv(kv_cache: Tensor, layer_idx: int, slots: Tensor, k: Tensor, v: Tens
     layer[1].view(-1, *layer.shape[-2:]).index_copy_(0, slots, v.to(layer.dtype))
 
 
+@dataclass(slots=True)
 class DecodeContext:
     """Every row is one token whose context is read through its block table; the kernel's plan
-    of the tables is made once and used by every layer."""
+    of the tables is made once (`build`) and used by every layer."""
 
-    def __init__(
-        self,
-        kv_cache: Tensor,
-        slot_mapping: Tensor,
-        block_tables: Tensor,
-        context_lens: Tensor,
-        kernel: DecodeKernel,
-    ) -> None:
-        self.kv_cache = kv_cache
-        self.slot_mapping = slot_mapping
-        self.kernel = kernel
-        self.plan = kernel.plan(block_tables, context_lens, kv_cache.shape[3])
+    kv_cache: Tensor
+    slot_mapping: Tensor
+    kernel: DecodeKernel
+    plan: Any
+
+    @classmethod
+    def build(
+        cls, kv_cache: Tensor, slots: Tensor, tables: Tensor, lens: Tensor, kernel: DecodeKernel
+    ) -> DecodeContext:
+        return cls(kv_cache, slots, kernel, kernel.plan(tables, lens, kv_cache.shape[3]))
 
     def attend(self, layer_idx: int, q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
         write_kv(self.kv_cache, layer_idx, self.slot_mapping, k, v)

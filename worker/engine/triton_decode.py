@@ -20,6 +20,13 @@ _TILE_TOKENS = 64
 
 
 @triton.jit
+def _load_tile(ptr, block, slot, kv_head, dims, mask, stride_b, stride_s, stride_h):
+    """One KV head's keys or values at the tile's (block, slot) positions, [TILE, DIM_PAD]."""
+    offsets = block[:, None] * stride_b + slot[:, None] * stride_s + kv_head * stride_h
+    return tl.load(ptr + offsets + dims[None, :], mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _paged_decode_kernel(
     q_ptr,
     k_ptr,
@@ -83,30 +90,14 @@ def _paged_decode_kernel(
         block = tl.load(tables_ptr + seq * stride_tb + page, mask=valid, other=0)
         slot = pos % BLOCK_SIZE
         kv_mask = valid[:, None] & dim_ok[None, :]
-        k = tl.load(
-            k_ptr
-            + block[:, None] * stride_kb
-            + slot[:, None] * stride_ks
-            + kv_head * stride_kh
-            + dims[None, :],
-            mask=kv_mask,
-            other=0.0,
-        ).to(tl.float32)
+        k = _load_tile(k_ptr, block, slot, kv_head, dims, kv_mask, stride_kb, stride_ks, stride_kh)
         scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
         scores = tl.where(valid[None, :], scores, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, axis=1))
         alpha = tl.exp(m - m_new)
         p = tl.exp(scores - m_new[:, None])
         denom = denom * alpha + tl.sum(p, axis=1)
-        v = tl.load(
-            v_ptr
-            + block[:, None] * stride_vb
-            + slot[:, None] * stride_vs
-            + kv_head * stride_vh
-            + dims[None, :],
-            mask=kv_mask,
-            other=0.0,
-        ).to(tl.float32)
+        v = _load_tile(v_ptr, block, slot, kv_head, dims, kv_mask, stride_vb, stride_vs, stride_vh)
         acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
         m = m_new
 
