@@ -101,6 +101,9 @@ class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
     max_model_len: PositiveInt | None = None
     num_blocks: PositiveInt | None = None
     has_snapshot: bool = True  # False: no /kv/snapshot (plain vLLM), resync from empty
+    # True: a request whose next prefix block another running request is computing waits for
+    # it and hits it (kvgate's scheduler); False: it may compute it too (plain vLLM).
+    defers_shared_prefill: bool = False
     lora: LoRAAdapters | None = None  # None: serves no LoRA adapter
     # Several ranks behind this URL, in the order of their X-data-parallel-rank index; empty:
     # one engine, described by the fields above (data_parallel_rank, kv_events, lora).

@@ -20,33 +20,24 @@ def _unbounded_if_zero(text: str) -> int | None:
 
 @dataclass(slots=True)
 class CostWeights:
-    """Weights of the cache_aware cost (see docs/gateway.md)."""
+    """Weights of the cache_aware cost's terms beyond the time estimate (docs/gateway.md)."""
 
-    prefill: float = option(1.0, "per uncached prompt block", name="--prefill-weight")
-    load: float = option(
-        1.0,
-        "per in-flight uncached prefill block, plus decode weight per in-flight request",
-        name="--load-weight",
-    )
-    decode: float = option(
-        2.0, "blocks-equivalent cost of one in-flight request's decode", name="--decode-weight"
-    )
-    queue: float = option(4.0, "per request waiting in the worker's queue", name="--queue-weight")
-    kv: float = option(8.0, "times the worker's KV-cache usage (0..1)", name="--kv-weight")
     recent: float = option(
         0.05,
-        "per block of uncached prefill routed to the replica lately (decayed)",
+        "per token of uncached prefill routed to the replica lately (decayed): spreads new "
+        "prefixes over the replicas' caches",
         name="--recent-weight",
     )
     lora: float = option(
         32.0,
-        "a request for a LoRA adapter on a replica that must load it by evicting another; "
-        "half of it when a slot is free, 0 when the adapter is resident",
+        "prompt blocks of prefill time charged to a request for a LoRA adapter on a replica "
+        "that must load it by evicting another; half of it when a slot is free, 0 when the "
+        "adapter is resident",
         name="--lora-weight",
     )
 
     def __post_init__(self) -> None:
-        for name in ("prefill", "load", "decode", "queue", "kv", "recent", "lora"):
+        for name in ("recent", "lora"):
             if getattr(self, name) < 0:
                 raise ValueError(f"weight {name} must be >= 0")
 
@@ -126,8 +117,16 @@ class GatewayConfig:
         metavar="PATH",
     )
     index_max_blocks: int = option(1_000_000, "LRU cap on gateway keys in the block index")
-    speculative_ttl: float = option(
-        2.0, "seconds a routed request's keys count for its replica before its events arrive"
+    kv_events: bool = option(
+        True,
+        "ignore the workers' KV events: the index holds only what the gateway routed "
+        "(speculative entries), as an approximate router does",
+    )
+    speculative_ttl: float | None = option(
+        None,
+        "seconds a routed request's keys still count for its replica after it ended, for its "
+        "events to arrive (without events: all the gateway knows, bounded by the cache size)",
+        default_text="2.0; 120.0 with --no-kv-events",
     )
     retries: int = option(2, "extra replicas tried on a connect error or 5xx before the first byte")
     connect_timeout: float = option(2.0, "seconds to connect to a worker")
@@ -150,7 +149,9 @@ class GatewayConfig:
     )
     recent_half_life: float = option(60.0, "seconds; half-life of the recent-prefill cost term")
     softmax_temperature: float = option(
-        0.0, "0 picks the lowest cost; > 0 samples the first choice from softmax(-cost/T)"
+        0.0,
+        "0 picks the lowest cost; > 0 samples the first choice from softmax(-cost/T), T in "
+        "seconds of estimated cost",
     )
     session_header: str = option("x-session-id", "header whose value the session policy hashes")
     # Front door (docs/security.md): input limits, image fetching, tenants, overload.
@@ -250,6 +251,8 @@ class GatewayConfig:
             raise ValueError("--epp-tls-cert-file and --epp-tls-key-file go together")
         if self.index_max_blocks <= 0:
             raise ValueError("index_max_blocks must be positive")
+        if self.speculative_ttl is None:
+            self.speculative_ttl = 2.0 if self.kv_events else 120.0
         if self.speculative_ttl < 0 or self.retries < 0:
             raise ValueError("speculative_ttl and retries must be >= 0")
         if self.connect_timeout <= 0 or self.request_timeout <= 0 or self.poll_interval <= 0:

@@ -122,8 +122,6 @@ class EmbeddingProxyRequest(ProxyRequest):
             total += clamp_match(blocks * bs, len(prompt), bs, prompt.mm_items)
         return total
 
-    def _charge(self, rep: Replica) -> None:
-        ProxyRequest._charge(self, rep)
-        if rep.parity_ok:
-            for _, keys in self.rest:
-                self.state.index.add_speculative(rep.id, keys)
+    def speculative_keys(self) -> list[BlockKey]:
+        """Every input's keys, in one guess that lives as long as the request."""
+        return [k for keys in (self.keys, *(keys for _, keys in self.rest)) for k in keys]

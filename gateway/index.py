@@ -27,7 +27,7 @@ import hashlib
 import threading
 import time
 from array import array
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import islice
@@ -37,6 +37,7 @@ from cachekey.events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockSto
 from cachekey.keys import HashNamespace, chain_keys, lookahead_key, request_lookahead_keys
 from cachekey.types import BlockKey, MMItem
 from gateway.index_replica import ReplicaState, split_lookahead_extra, window_hit
+from gateway.speculative import Guess, SpeculativeEntries
 
 ReplicaId = NewType("ReplicaId", str)
 
@@ -70,11 +71,10 @@ class BlockIndex:
         self._reannouncing: set[ReplicaId] = set()
         self._free_slots: list[int] = []
         self._next_slot = 0
-        self._spec: dict[BlockKey, int] = {}  # key -> home slot bits of guessed holders
-        self._spec_until: dict[tuple[BlockKey, int], float] = {}
-        self._spec_expiry: deque[tuple[float, BlockKey, int]] = deque()
-        self._copies = 0
         self._lock = threading.Lock()
+        self.spec = SpeculativeEntries(speculative_ttl, self._lock)  # gateway/speculative.py
+        self._traits: dict[ReplicaId, tuple[bool, int | None]] = {}  # (defers, num_blocks)
+        self._copies = 0
         self.skipped_unknown_parent = 0
         self.other_tier_events = 0
         self.errors: Counter[str] = Counter()
@@ -86,6 +86,11 @@ class BlockIndex:
     def set_reannouncing(self, replica: ReplicaId, on: bool = True) -> None:
         """Mark a replica whose parentless stores may re-announce held blocks (plain vLLM)."""
         (self._reannouncing.add if on else self._reannouncing.discard)(replica)
+
+    def set_traits(self, replica: ReplicaId, defers: bool, num_blocks: int | None) -> None:
+        """What speculative entries need to know of a replica's worker: whether it defers a
+        request whose prefix another running request is computing, and its cache size."""
+        self._traits[replica] = (defers, num_blocks)
 
     # ---- ingestion -------------------------------------------------------------------------
 
@@ -155,7 +160,7 @@ class BlockIndex:
             rep.lookahead = len(ev.lookahead_token_ids[0]) if ev.lookahead_token_ids else 0
         bit = group.bit
         reannounce = ev.parent_block_hash is None and rep.id in self._reannouncing
-        held, engine, spec, extra = self._held, rep.engine, self._spec, self._extra
+        held, engine, spec, extra = self._held, rep.engine, self.spec.mask, self._extra
         hkeys = keys if held_as is None else held_as
         values = keys if held_as is None else list(zip(keys, held_as, strict=True))
         hashes = ev.block_hashes
@@ -174,7 +179,7 @@ class BlockIndex:
                     dup += 1
             engine[engine_hash] = value
             if spec and hkey in spec:
-                self._clear_spec(hkey, rep.home_bit)  # the real event replaces the guess
+                self.spec.confirm(hkey, rep.home_bit)  # the real event replaces the guess
         group.blocks += new
         self._copies += new + dup
         if len(engine) > 2 * rep.blocks() + 1024:
@@ -239,8 +244,7 @@ class BlockIndex:
                 else:
                     del held[hkey]
             self._copies -= rep.blocks()
-            for key in [k for k, m in self._spec.items() if m & rep.home_bit]:
-                self._clear_spec(key, rep.home_bit)
+            self.spec.drop(rep.home_bit)
             self._free_slots.extend(rep.slots())
 
     def _add_replica(self, replica: ReplicaId) -> ReplicaState:
@@ -272,38 +276,17 @@ class BlockIndex:
                 if bit in by_bit:
                     by_bit[bit].blocks -= 1
 
-    # ---- speculative entries ---------------------------------------------------------------
+    # ---- speculative entries (gateway/speculative.py) ------------------------------------
 
     def add_speculative(
         self, replica: ReplicaId, keys: Sequence[BlockKey], now: float | None = None
-    ) -> None:
-        """Guess that `replica` will hold `keys` soon (the request was just routed there)."""
+    ) -> Guess:
+        """Guess that `replica` will hold `keys` soon (a request was just routed there)."""
         now = time.monotonic() if now is None else now
         rep = self._replicas.get(replica) or self._add_replica(replica)
-        bit, expiry, held = rep.home_bit, now + self.speculative_ttl, self._held
+        defers, capacity = self._traits.get(replica, (True, None))
         with self._lock:
-            self._expire_speculative(now)
-            for key in keys:
-                if held.get(key, 0) & bit:
-                    continue
-                self._spec[key] = self._spec.get(key, 0) | bit
-                self._spec_until[(key, bit)] = expiry
-                self._spec_expiry.append((expiry, key, bit))
-
-    def _clear_spec(self, key: BlockKey, bit: int) -> None:
-        mask = self._spec.get(key, 0) & ~bit
-        if mask:
-            self._spec[key] = mask
-        else:
-            self._spec.pop(key, None)  # an empty entry would stay forever
-        self._spec_until.pop((key, bit), None)
-
-    def _expire_speculative(self, now: float) -> None:
-        q = self._spec_expiry
-        while q and q[0][0] <= now:
-            expiry, key, bit = q.popleft()
-            if self._spec_until.get((key, bit)) == expiry:
-                self._clear_spec(key, bit)
+            return self.spec.add(rep.home_bit, keys, self._held, defers, capacity, now)
 
     # ---- lookup ----------------------------------------------------------------------------
 
@@ -325,14 +308,11 @@ class BlockIndex:
         them such a replica is predicted to hit nothing).
         """
         replicas = list(replicas)
-        if (
-            speculative
-            and self._spec_expiry
-            and self._spec_expiry[0][0] <= (now := time.monotonic() if now is None else now)
-        ):
+        now = time.monotonic() if now is None else now
+        if speculative and self.spec.due(now):
             with self._lock:
-                self._expire_speculative(now)
-        spec = self._spec if speculative else None
+                self.spec.expire(now)
+        spec = self.spec.mask if speculative else None
         reps = [self._replicas.get(r) for r in replicas]
         alive = 0
         for rep in reps:

@@ -40,6 +40,19 @@ class GatewayMetrics:
             buckets=_TOKEN_BUCKETS,
             registry=r,
         )
+        self.spills = Counter(
+            "kvgate_route_spills",
+            "Requests placed on a replica holding a shorter prefix than another candidate: the "
+            "queue there was estimated to cost more than recomputing (cache_aware)",
+            ["policy"],
+            registry=r,
+        )
+        self.spill_tokens = Counter(
+            "kvgate_route_spill_tokens",
+            "Prompt tokens recomputed because of spills (longest prefix - prefix used)",
+            ["policy"],
+            registry=r,
+        )
         self.routing_seconds = Histogram(
             "kvgate_routing_decision_seconds",
             "Match + policy time per request",
@@ -105,13 +118,24 @@ class GatewayMetrics:
 
 
 class _InFlight(Collector):
-    """kvgate_in_flight_requests{replica}, read from `Replica.in_flight` when scraped."""
+    """Per-replica gauges read from the replicas when scraped: kvgate_in_flight_requests and
+    kvgate_replica_prefill_seconds_per_token (the rate cache_aware measured; absent until then).
+    """
 
     def __init__(self) -> None:
-        self.source: Callable[[], Iterable[tuple[str, int]]] = tuple
+        # (replica id, in-flight requests, measured seconds per prefill token or None)
+        self.source: Callable[[], Iterable[tuple[str, int, float | None]]] = tuple
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         g = GaugeMetricFamily("kvgate_in_flight_requests", "Requests in flight", labels=["replica"])
-        for rid, n in self.source():
+        rate = GaugeMetricFamily(
+            "kvgate_replica_prefill_seconds_per_token",
+            "Seconds per uncached prompt token, from the worker's vllm:request_prefill_* sums",
+            labels=["replica"],
+        )
+        for rid, n, seconds in self.source():
             g.add_metric([rid], n)
+            if seconds is not None:
+                rate.add_metric([rid], seconds)
         yield g
+        yield rate

@@ -88,12 +88,21 @@ class RelayResponse(StreamingResponse):
 
 
 async def relay_stream(
-    resp: UpstreamResponse, relay: SSERelay, on_end: Callable[[str], None]
+    resp: UpstreamResponse,
+    relay: SSERelay,
+    on_end: Callable[[str], None],
+    on_first: Callable[[], None] = lambda: None,
 ) -> AsyncIterator[bytes]:
-    """Yield the worker's stream; on a break after the first byte, end with an error + DONE."""
+    """Yield the worker's stream; on a break after the first byte, end with an error + DONE.
+
+    `on_first` runs at the stream's first bytes: a worker sends them with the first token."""
     status = "200"
+    first = True
     try:
         async for chunk in resp.iter_raw():
+            if first:
+                first = False
+                on_first()
             out = relay.feed(chunk)
             if out:
                 yield out

@@ -31,6 +31,7 @@ from gateway.endpoints import WorkerEndpoint
 from gateway.index import BlockIndex, ReplicaId
 from gateway.metrics import GatewayMetrics
 from gateway.parity import check_parity
+from gateway.prefill_rate import PrefillRate, parse_prefill_sums
 from gateway.rank_events import EventFollowers
 from gateway.ranks import RankSlot, parse_engine_load, rank_slots
 from gateway.replica_names import replica_name
@@ -66,7 +67,9 @@ class Replica:
     running: float = 0.0
     kv_usage: float = 0.0
     in_flight: int = 0
+    # Uncached prompt tokens of this gateway's requests here that have no first token yet.
     in_flight_prefill_tokens: int = 0
+    prefill_rate: PrefillRate = field(default_factory=PrefillRate)  # from the worker's metrics
     # LoRA adapters it serves (polled), and when the gateway last sent it each one (adapters.py).
     lora: LoRAAdapters | None = None
     lora_routed: dict[str, float] = field(default_factory=dict)
@@ -281,6 +284,9 @@ class ReplicaSet:
             r.lora = lora  # adapters come and go without a restart
         if metrics_r.status_code == 200:
             self._set_load(rep, parse_engine_load(metrics_r.text))
+            sums = parse_prefill_sums(metrics_r.text)  # the worker's, shared by its ranks
+            for r in rep.ranks:
+                r.prefill_rate.observe(sums)
         for r in rep.ranks:
             self._set_health(r, health_r)
 
@@ -364,6 +370,8 @@ class ReplicaSet:
             rep.dp_rank, rep.rank_header = slot.rank, slot.header
             rep.fingerprint = info.fingerprint
             rep.namespace = info.namespace()
+            rep.prefill_rate.reset()
+            self.index.set_traits(rep.id, info.defers_shared_prefill, slot.num_blocks)
         check_parity(self.replicas.values(), self.metrics)
         for rep in reps:
             self.events.start(rep)

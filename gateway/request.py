@@ -26,6 +26,7 @@ from gateway.limits import default_max_tokens
 from gateway.policies import Policy, RouteContext
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.replicas import Replica
+from gateway.speculative import Guess
 from gateway.state import GatewayState
 
 POLICY_HEADER = "x-kvgate-routing-policy"
@@ -81,6 +82,8 @@ class ProxyRequest:
     ranked: list[Replica] = field(default_factory=list)
     replica: Replica | None = None  # holds the slot
     predicted: int = 0  # cached tokens expected on `replica`
+    prefilling: bool = False  # its uncached tokens are charged to `replica` as queued prefill
+    guess: Guess | None = None  # its speculative entry on `replica`
     released: bool = False
 
     @classmethod
@@ -214,6 +217,19 @@ class ProxyRequest:
         rep = await st.admission.place(ranked)
         self.ranked = [rep, *(r for r in ranked if r is not rep)]
         self._charge(rep)
+        self._count_spill(rep)
+
+    def _count_spill(self, rep: Replica) -> None:
+        """A spill: a longer prefix was held elsewhere, and the request recomputes it here."""
+        longest = max(self.matched, key=self.matched.__getitem__, default=None)
+        if longest is None or self.matched[longest] <= self.matched.get(rep.id, 0):
+            return
+        held = next((r for r in self.candidates if r.id == longest), None)
+        lost = self._predicted_for(held) - self.predicted if held is not None else 0
+        if lost > 0:
+            m = self.state.metrics
+            m.child(m.spills, self.policy_name).inc()
+            m.child(m.spill_tokens, self.policy_name).inc(lost)
 
     def payload(self, *, usage_chunk: bool = True) -> bytes:
         """The body to forward, derived once from the parsed request.
@@ -235,6 +251,9 @@ class ProxyRequest:
         rep = self.replica
         assert rep is not None
         self._uncharge(rep)
+        if self.guess is not None:
+            self.state.index.spec.discard(self.guess)  # it never reached rep
+            self.guess = None
         rest = [] if give_up else [r for r in self.ranked if r.id not in tried]
         nxt = self.replica = self.state.admission.move(rep, rest)
         if nxt is not None:
@@ -271,6 +290,8 @@ class ProxyRequest:
             accounting.answered_here(st, self.policy_name, status)
             return
         self._uncharge(rep)
+        if self.guess is not None:
+            st.index.spec.release(self.guess)
         st.admission.release(rep)
         accounting.finished(
             st, rep, self.policy_name, status, self.num_prompt_tokens, self.predicted, usage
@@ -292,15 +313,30 @@ class ProxyRequest:
         self.predicted = self._predicted_for(rep)
         uncached = self.num_prompt_tokens - self.predicted
         rep.in_flight_prefill_tokens += uncached
+        self.prefilling = True
         now = time.monotonic()
         rep.add_recent_prefill(uncached, now, st.config.recent_half_life)
         if rep.parity_ok:
-            st.index.add_speculative(rep.id, self.keys)
+            self.guess = st.index.add_speculative(rep.id, self.speculative_keys())
         if self.lora_name is not None:
             note_routed(rep, self.lora_name, now, st.config.speculative_ttl)
 
+    def speculative_keys(self) -> list[BlockKey]:
+        """The keys the replica will hold once it has prefilled the request."""
+        return self.keys
+
+    def first_token(self) -> None:
+        """Its prefill finished (the first bytes of its stream arrived): it queues no prefill
+        there any more, and its keys are a hit on any worker (gateway/speculative.py)."""
+        if self.replica is not None:
+            self._uncharge(self.replica)
+        if self.guess is not None:
+            self.state.index.spec.show(self.guess)
+
     def _uncharge(self, rep: Replica) -> None:
-        rep.in_flight_prefill_tokens -= self.num_prompt_tokens - self.predicted
+        if self.prefilling:
+            self.prefilling = False
+            rep.in_flight_prefill_tokens -= self.num_prompt_tokens - self.predicted
 
 
 def _is_small_text(req: OpenAIRequest) -> bool:

@@ -127,7 +127,7 @@ def _relay(px: ProxyRequest, resp: UpstreamResponse) -> Response:
             resp.close()
             px.release("client_gone")
 
-    gen = relay_stream(resp, relay, on_end)
+    gen = relay_stream(resp, relay, on_end, px.first_token)
     return RelayResponse(gen, on_close, media_type="text/event-stream", headers=replica_headers(px))
 
 

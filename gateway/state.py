@@ -54,7 +54,10 @@ class GatewayState:
             headers={"authorization": bearer(token)} if token else None,
         )
         replicas = ReplicaSet(config, index, metrics, http)
-        metrics.in_flight.source = lambda: ((r.id, r.in_flight) for r in replicas.replicas.values())
+        metrics.in_flight.source = lambda: (
+            (r.id, r.in_flight, r.prefill_rate.seconds_per_token)
+            for r in replicas.replicas.values()
+        )
         return cls(
             config=config,
             metrics=metrics,

@@ -29,6 +29,7 @@ class Result:
     ttft_s: float | None
     ok: bool
     error: str | None = None
+    sent_at: float = 0.0  # perf_counter() when it was sent (orders a run's requests in time)
 
 
 def _cached(usage: object) -> int:
@@ -113,6 +114,7 @@ async def run_workload(
         msgs = histories.setdefault(turn.conversation, workload.initial_messages(turn.tenant))
         msgs.append({"role": "user", "content": turn.content})
         async with sem:
+            sent_at = time.perf_counter()
             try:
                 hdrs = {**(headers or {}), **(headers_for(turn) if headers_for else {})}
                 turn_model = model_for(turn) if model_for else model
@@ -120,6 +122,7 @@ async def run_workload(
                     client, turn_model, msgs, workload.spec.max_tokens, hdrs, stream
                 )
                 res = Result(turn.conversation, turn.turn, replica, pt, ct, pred, lat, ttft, True)
+                res.sent_at = sent_at
             except Exception as e:  # a failed request is a result too: it is counted, not hidden
                 text = ""
                 res = Result(

@@ -43,6 +43,8 @@ class WorkloadSpec:
     shared_image_prob: float = 0.5
     max_tokens: int = 8
     seed: int = 0
+    # Share of the conversations that tenant 0 holds (0: every tenant has users_per_tenant).
+    hot_share: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("tenants", "users_per_tenant", "turns", "system_words"):
@@ -50,6 +52,15 @@ class WorkloadSpec:
                 raise ValueError(f"{name} must be positive")
         if not 0.0 <= self.image_prob <= 1.0:
             raise ValueError("image_prob must be in [0, 1]")
+        if not 0.0 <= self.hot_share < 1.0:
+            raise ValueError("hot_share must be in [0, 1)")
+
+    def users(self, tenant: int) -> int:
+        """Conversations of `tenant`: tenant 0 gets `hot_share` of them all when set."""
+        if tenant or not self.hot_share:
+            return self.users_per_tenant
+        others = (self.tenants - 1) * self.users_per_tenant
+        return max(1, round(self.hot_share / (1 - self.hot_share) * others))
 
 
 @dataclass(slots=True)
@@ -118,7 +129,7 @@ class Workload:
     def _build_turns(self, rng: random.Random) -> list[Turn]:
         s = self.spec
         # Interleave conversations turn by turn, so caches see pressure from every tenant at once.
-        order = [(t, u) for t in range(s.tenants) for u in range(s.users_per_tenant)]
+        order = [(t, u) for t in range(s.tenants) for u in range(s.users(t))]
         turns: list[Turn] = []
         for k in range(s.turns):
             rng.shuffle(order)

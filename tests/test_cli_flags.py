@@ -58,8 +58,8 @@ def test_gateway_flags_reach_nested_configs_and_lists() -> None:
         "--workers",
         "http://a:1,http://b:2",
         "--workers=http://c:3",
-        "--kv-weight",
-        "3",
+        "--recent-weight",
+        "0.5",
         "--max-images-per-request",
         "4",
         "--max-inflight-per-replica",
@@ -69,7 +69,7 @@ def test_gateway_flags_reach_nested_configs_and_lists() -> None:
         "debug",
     )
     assert cfg.workers == ("http://a:1", "http://b:2", "http://c:3")
-    assert cfg.weights == CostWeights(kv=3.0)
+    assert cfg.weights == CostWeights(recent=0.5)
     assert cfg.limits == RequestLimits(max_images=4)
     assert cfg.max_inflight_per_replica is None  # 0: unbounded
     assert cfg.remote_images is False and cfg.log_level == "debug"

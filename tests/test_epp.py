@@ -23,12 +23,11 @@ from harness.extproc_client import ExtProcClient, forward
 from harness.workload import Workload, WorkloadSpec, data_url, make_image
 
 CHAT = "/v1/chat/completions"
-# The worker-polled load gauges (queue, KV usage) are sampled by each gateway process at its own
-# instants, and the recent-prefill term decays with wall time: zeroed here so that two
-# processes holding the same index must make the same decision (cost: the match and in-flight).
+# The recent-prefill term decays with wall time: zeroed here so that two processes holding the
+# same index must make the same decision (cost: the match, in-flight and the workers' counts).
 GATEWAY_ARGS = (
     "--poll-interval", "0.2",
-    "--kv-weight", "0", "--queue-weight", "0", "--recent-weight", "0",
+    "--recent-weight", "0",
     "--max-body-bytes", "256KiB",
 )  # fmt: skip
 

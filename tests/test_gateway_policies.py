@@ -11,6 +11,7 @@ from cachekey.keys import HashNamespace, block_keys
 from gateway.config import CostWeights, GatewayConfig
 from gateway.index import ReplicaId
 from gateway.policies import POLICIES, RouteContext
+from gateway.policies.cache_aware import fleet_rate
 from gateway.proxy import SSERelay
 from gateway.replicas import Replica, parse_load
 
@@ -31,17 +32,45 @@ def _rank(name: str, ctx: RouteContext, config: GatewayConfig | None = None) -> 
     return asyncio.run(POLICIES[name](config or GatewayConfig()).rank(ctx))
 
 
-def test_cache_aware_prefers_the_longest_prefix_until_load_outweighs_it():
+def test_cache_aware_prefers_the_longest_prefix_until_its_queue_outweighs_it():
     reps = _reps()
     tokens = list(range(320))  # 20 blocks
     ctx = _ctx(reps, tokens, {reps[2].id: 18, reps[1].id: 5})
     assert _rank("cache_aware", ctx)[0] is reps[2]
-    # The same replica with a deep queue loses to a cold, idle one.
-    reps[2].waiting = 10
+    # Queued prefill there: recomputing 15 blocks on reps[1] is cheaper than waiting for 300.
+    reps[2].in_flight, reps[2].in_flight_prefill_tokens = 1, 16 * 300
     assert _rank("cache_aware", ctx)[0] is reps[1]
-    reps[2].waiting = 0
-    reps[2].in_flight, reps[2].in_flight_prefill_tokens = 4, 16 * 40
-    assert _rank("cache_aware", ctx)[0] is not reps[2]
+    # A short queue is not worth a recompute.
+    reps[2].in_flight_prefill_tokens = 16 * 10
+    assert _rank("cache_aware", ctx)[0] is reps[2]
+
+
+def test_cache_aware_cost_is_seconds_at_the_candidates_median_rate():
+    reps = _reps(3)
+    reps[0].prefill_rate.seconds_per_token = 4e-4  # serves hits: its rate reads high
+    reps[1].prefill_rate.seconds_per_token = 1e-4
+    reps[2].prefill_rate.seconds_per_token = 2e-4
+    policy = POLICIES["cache_aware"](GatewayConfig())
+    ctx = _ctx(reps, list(range(320)), {reps[0].id: 10})
+    # Every replica is costed at the median, 2e-4 s per token: the 160 uncached tokens on the
+    # replica holding the prefix beat 320 on one whose own rate reads 4x lower.
+    assert asyncio.run(policy.rank(ctx))[0] is reps[0]
+    assert fleet_rate(reps) == 2e-4
+    cost = policy.cost(ctx, reps[0], 0.0, fleet_rate(reps))
+    assert cost.prefill == pytest.approx(160 * 2e-4) and cost.queue == 0.0
+    assert cost.total == pytest.approx(cost.queue + cost.prefill + cost.interference + cost.spread)
+    assert fleet_rate(_reps(2)) == 1.0  # none measured: costs in tokens
+
+
+def test_cache_aware_keeps_cold_prefills_off_busy_replicas():
+    """A cold prompt delays every request on its replica: it goes where fewer are decoding,
+    counted by the gateway or (for other gateways' traffic) by the worker."""
+    reps = _reps(2)
+    ctx = _ctx(reps, list(range(320)))
+    reps[0].running = 6
+    assert _rank("cache_aware", ctx)[0] is reps[1]
+    reps[0].running, reps[1].in_flight = 0, 6
+    assert _rank("cache_aware", ctx)[0] is reps[0]
 
 
 def test_ties_are_reproducible_per_request_and_spread_across_requests():
@@ -58,7 +87,9 @@ def test_ties_are_reproducible_per_request_and_spread_across_requests():
 
 def test_softmax_temperature_samples_near_ties():
     reps = _reps(2)
-    cfg = GatewayConfig(softmax_temperature=5.0)
+    for r in reps:
+        r.prefill_rate.seconds_per_token = 1e-4
+    cfg = GatewayConfig(softmax_temperature=0.005)  # seconds: about the costs' difference
     policy = POLICIES["cache_aware"](cfg)
     ctx = _ctx(reps, list(range(64)), {reps[0].id: 1})
     picks = {asyncio.run(policy.rank(ctx))[0].id for _ in range(200)}
@@ -108,7 +139,7 @@ def test_config_rejects_bad_values(kwargs):
 
 def test_cost_weights_reject_negative():
     with pytest.raises(ValueError):
-        CostWeights(prefill=-1)
+        CostWeights(recent=-1)
 
 
 def test_sse_relay_strips_unrequested_usage_across_chunk_boundaries():
@@ -173,3 +204,29 @@ def test_circuit_breaker_ejects_after_repeated_failures():
         assert {r.id for r in replicas.available()} == {a.id, b.id}
     finally:
         asyncio.run(replicas.close())
+
+
+def test_prefill_rate_from_the_workers_vllm_histogram_sums():
+    from gateway.prefill_rate import MIN_TOKENS, PrefillRate, parse_prefill_sums
+
+    def page(seconds: float, tokens: float) -> str:
+        return (
+            "# TYPE vllm:request_prefill_time_seconds histogram\n"
+            f'vllm:request_prefill_time_seconds_sum{{model_name="demo"}} {seconds}\n'
+            'vllm:request_prefill_time_seconds_count{model_name="demo"} 3.0\n'
+            f'vllm:request_prefill_kv_computed_tokens_sum{{model_name="demo"}} {tokens}\n'
+        )
+
+    assert parse_prefill_sums("vllm:num_requests_waiting 1.0\n") is None  # not exported
+    rate = PrefillRate()
+    rate.observe(parse_prefill_sums(page(1.0, 5000.0)))  # the baseline: no rate yet
+    assert rate.seconds_per_token is None
+    rate.observe(parse_prefill_sums(page(1.1, 5000.0 + MIN_TOKENS / 2)))  # too little: pooled
+    assert rate.seconds_per_token is None
+    rate.observe(parse_prefill_sums(page(1.4, 5000.0 + 2 * MIN_TOKENS)))
+    assert rate.seconds_per_token == pytest.approx(0.4 / (2 * MIN_TOKENS))
+    first = rate.seconds_per_token
+    rate.observe(parse_prefill_sums(page(1.4 + 0.8, 5000.0 + 4 * MIN_TOKENS)))  # twice as slow
+    assert first < rate.seconds_per_token < 2 * first  # smoothed towards it
+    rate.observe(parse_prefill_sums(page(0.1, 100.0)))  # a restarted worker: a new baseline
+    assert rate.seconds_per_token is not None

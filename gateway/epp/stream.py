@@ -75,6 +75,7 @@ class ExtProcStream:
         self.status = "unobserved"  # the answer's status, once the proxy shows the answer
         self.usage: dict | None = None
         self._relay: SSERelay | None = None
+        self._streaming = False  # the stream's first bytes came back
         self._body = bytearray()
 
     async def run(self) -> AsyncIterator:
@@ -210,6 +211,9 @@ class ExtProcStream:
         if self.px is None:
             return
         if self._relay is not None:
+            if chunk and not self._streaming:
+                self._streaming = True
+                self.px.first_token()  # a worker sends a stream's first bytes with its first token
             self._relay.feed(chunk)  # only its usage is wanted; the chunk passes back as it is
             if end:
                 self.usage = self._relay.usage

@@ -61,6 +61,11 @@ class BlockManager:
             and block.token_ids == seq.block_tokens(index, self.block_size)
         )
 
+    def refresh_cached_prefix(self, seq: Sequence) -> None:
+        """A queued request will hit its cached prefix: keep it from being evicted first by the
+        work admitted ahead of it (the hit the gateway predicted when it routed the request)."""
+        self.pool.refresh(self.find_cached_prefix(seq))
+
     def can_allocate(self, seq: Sequence, hits: list[Block], num_new_tokens: int) -> bool:
         total_blocks = cdiv(len(hits) * self.block_size + num_new_tokens, self.block_size)
         # Hits sitting in the free queue stop being free once we reference them.

@@ -70,6 +70,14 @@ class BlockPool:
                 self.free_queue.remove(block)
             block.ref_count += 1
 
+    def refresh(self, blocks: Sequence[Block]) -> None:
+        """Make free blocks the newest in the LRU, the first of `blocks` last of all."""
+        queue = self.free_queue
+        for block in reversed(blocks):
+            if block.ref_count == 0:
+                queue.remove(block)
+                queue.append(block)
+
     def release(self, blocks: Sequence[Block]) -> None:
         """Drop one reference each; callers pass tail blocks first so they are evicted first."""
         for block in blocks:

@@ -5,6 +5,8 @@ add_request -> Scheduler (BlockManager) -> runner (torch ModelRunner or SimRunne
 
 from __future__ import annotations
 
+import time
+
 from cachekey import HashNamespace, Prompt
 from cachekey.assets import ModelAssets
 from cachekey.errors import PromptTooLongError
@@ -132,8 +134,11 @@ class LLMEngine:
     def _on_token(self, seq: Sequence, token: int) -> RequestOutput:
         seq.append_token(token, self.namespace)
         self._generation_tokens_total += 1
+        queue_s = prefill_s = None
         if seq.num_output_tokens == 1:
             self._prompt_tokens_total += seq.num_prompt_tokens
+            queue_s = seq.scheduled_at - seq.arrived_at
+            prefill_s = time.monotonic() - seq.scheduled_at
         params = seq.params
         detok = self._detok[seq.request_id]
         reason = None
@@ -154,6 +159,8 @@ class LLMEngine:
             num_prompt_tokens=seq.num_prompt_tokens,
             num_cached_tokens=seq.num_cached_tokens or 0,
             num_output_tokens=seq.num_output_tokens,
+            queue_s=queue_s,
+            prefill_s=prefill_s,
         )
         if reason is not None:
             out.hidden_states = self.runner.hidden.take(seq)  # while seq holds its blocks

@@ -20,6 +20,10 @@ class RequestOutput:
     num_prompt_tokens: int
     num_cached_tokens: int
     num_output_tokens: int
+    # On a request's first token only (vLLM's intervals): seconds from arrival to its latest
+    # admission, and from there to this token; None on later tokens.
+    queue_s: float | None = None
+    prefill_s: float | None = None
     # What the request asked for with `hidden_states`, on its final output only.
     hidden_states: np.ndarray | None = None
 

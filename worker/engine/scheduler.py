@@ -2,14 +2,21 @@
 
 Every step gives each running sequence what it still needs (one token for a decode, the rest
 of a prompt chunk for a prefill) under a token budget, then admits waiting sequences, oldest
-first. When blocks run out, the most recently admitted running sequence is preempted: its
-blocks are freed, its generated tokens kept, and it is recomputed later (mostly from the
-prefix cache), so its output is unchanged. A waiting sequence whose LoRA adapter can get no slot
-(all `max_loras` are in use) is passed over until one frees; the ones behind it go ahead.
+first. A waiting sequence whose next prefix block a running sequence is still computing waits
+until that block is cached, then hits it: two requests sharing a prefix never compute it twice,
+and the hit a gateway predicts for the second one is the whole shared prefix (docs/worker.md).
+A request's cached prefix becomes the newest in the LRU when it arrives, so the work admitted
+ahead of it does not evict it first. A waiting sequence whose LoRA adapter can get no slot (all
+`max_loras` are in use) is passed over until one frees. Either way the ones behind it go ahead,
+and it keeps its place in the queue.
+When blocks run out, the most recently admitted running sequence is preempted: its blocks are
+freed, its generated tokens kept, and it is recomputed later (mostly from the prefix cache), so
+its output is unchanged.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -54,6 +61,7 @@ class Scheduler:
         self.counters = SchedulerCounters()
 
     def add(self, seq: Sequence) -> None:
+        self.block_manager.refresh_cached_prefix(seq)
         self.waiting.append(seq)
 
     def has_unfinished(self) -> bool:
@@ -90,13 +98,18 @@ class Scheduler:
 
     def _admit(self, scheduled: list[ScheduledSeq], budget: int) -> int:
         bm = self.block_manager
-        passed: list[Sequence] = []  # waiting for a LoRA slot; they keep their places
+        # Passed over (no LoRA slot, or a running sequence computes their prefix): they keep
+        # their places in the queue.
+        passed: list[Sequence] = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             if not self._lora_ready(seq):
                 passed.append(self.waiting.popleft())
                 continue
             hits = bm.find_cached_prefix(seq)
+            if self._computing(seq, len(hits)):
+                passed.append(self.waiting.popleft())
+                continue
             num_hit_tokens = len(hits) * bm.block_size
             n = min(seq.num_tokens - num_hit_tokens, budget)
             if not bm.can_allocate(seq, hits, n):
@@ -108,6 +121,7 @@ class Scheduler:
                 self.counters.prefix_queries_tokens += seq.num_tokens
                 self.counters.prefix_hits_tokens += num_hit_tokens
             seq.status = SequenceStatus.RUNNING
+            seq.scheduled_at = time.monotonic()
             self.running.append(seq)
             if self.loras is not None and seq.lora_name is not None:
                 self.loras.acquire(seq.request_id)
@@ -115,6 +129,22 @@ class Scheduler:
             budget -= n
         self.waiting.extendleft(reversed(passed))
         return budget
+
+    def _computing(self, seq: Sequence, num_hits: int) -> bool:
+        """Is a running sequence computing block `num_hits` of seq's prefix (not cached yet)?
+
+        Keys chain their parents, so equal keys at one index mean equal prefixes up to it.
+        """
+        if not self.block_manager.enable_prefix_caching or num_hits >= len(seq.block_keys):
+            return False
+        key = seq.block_keys[num_hits]
+        for other in self.running:
+            if (
+                other.num_cached_blocks <= num_hits < len(other.block_keys)
+                and other.block_keys[num_hits] == key
+            ):
+                return True
+        return False
 
     def _lora_ready(self, seq: Sequence) -> bool:
         if self.loras is None or seq.lora_name is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from enum import Enum, auto
 
 from cachekey import BlockKey, HashNamespace, Prompt, block_keys
@@ -25,6 +26,7 @@ class Sequence:
     """
 
     __slots__ = (
+        "arrived_at",
         "block_extra",
         "block_keys",
         "block_table",
@@ -39,6 +41,7 @@ class Sequence:
         "num_prompt_tokens",
         "params",
         "request_id",
+        "scheduled_at",
         "status",
         "token_ids",
     )
@@ -62,6 +65,9 @@ class Sequence:
         self.lora_name = lora_name
         self.cache_salt = cache_salt
         self.status = SequenceStatus.WAITING
+        # Engine-clock times of arrival and of the latest admission (vLLM's QUEUED/SCHEDULED).
+        self.arrived_at = time.monotonic()
+        self.scheduled_at = self.arrived_at
         self.finish_reason: str | None = None
         self.block_table: list[int] = []
         self.num_computed_tokens = 0

@@ -177,6 +177,7 @@ def worker_info(
         engine=engine.config.engine,
         max_model_len=engine.max_model_len,
         num_blocks=engine.stats().num_blocks,
+        defers_shared_prefill=engine.config.enable_prefix_caching,
         kv_events=endpoints[0],
         data_parallel_ranks=(
             [

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from worker.engine.llm_engine import EngineStats
+from worker.engine.llm_engine import EngineStats, RequestOutput
 from worker.engine.outputs import LoRAStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -60,6 +60,8 @@ _E2E_BUCKETS = (
     120.0,
     240.0,
 )
+# vLLM's 1-2-5 token buckets.
+_TOKEN_BUCKETS = tuple(m * 10**e for e in range(7) for m in (1, 2, 5))
 
 
 class _EngineCollector(Collector):
@@ -178,6 +180,17 @@ class EngineLatency:
 
     ttft: Any
     e2e: Any
+    queue_time: Any
+    prefill_time: Any
+    prefill_kv_computed: Any
+
+    def first_token(self, out: RequestOutput) -> None:
+        """Record a request's queue and prefill intervals (a no-op after its first token)."""
+        if out.prefill_s is None or out.queue_s is None:
+            return
+        self.queue_time.observe(out.queue_s)
+        self.prefill_time.observe(out.prefill_s)
+        self.prefill_kv_computed.observe(out.num_prompt_tokens - out.num_cached_tokens)
 
 
 class WorkerMetrics:
@@ -198,23 +211,37 @@ class WorkerMetrics:
             "enable_prefix_caching": str(enable_prefix_caching),
         }
         self.registry.register(_EngineCollector(engines, model_name, info))
-        ttft = Histogram(
-            "vllm:time_to_first_token_seconds",
-            "Time to first token.",
-            ["model_name", "engine"],
-            buckets=_TTFT_BUCKETS,
-            registry=self.registry,
+        ttft = self._histogram(
+            "vllm:time_to_first_token_seconds", "Time to first token.", _TTFT_BUCKETS
         )
-        e2e = Histogram(
-            "vllm:e2e_request_latency_seconds",
-            "End-to-end request latency.",
-            ["model_name", "engine"],
-            buckets=_E2E_BUCKETS,
-            registry=self.registry,
+        e2e = self._histogram(
+            "vllm:e2e_request_latency_seconds", "End-to-end request latency.", _E2E_BUCKETS
+        )
+        # Per request, at its first token (vLLM's intervals): the gateway divides the prefill
+        # seconds by the computed tokens for each worker's prefill rate (docs/gateway.md).
+        queue = self._histogram(
+            "vllm:request_queue_time_seconds",
+            "Time from arrival to the latest admission to the running batch.",
+            _TTFT_BUCKETS,
+        )
+        prefill = self._histogram(
+            "vllm:request_prefill_time_seconds",
+            "Time from the latest admission to the first token.",
+            _TTFT_BUCKETS,
+        )
+        computed = self._histogram(
+            "vllm:request_prefill_kv_computed_tokens",
+            "Prompt tokens computed in prefill (prefix-cache hits excluded).",
+            _TOKEN_BUCKETS,
         )
         self.engines = [
-            EngineLatency(ttft.labels(model_name, e), e2e.labels(model_name, e)) for e, _ in engines
+            EngineLatency(*(h.labels(model_name, e) for h in (ttft, e2e, queue, prefill, computed)))
+            for e, _ in engines
         ]
+
+    def _histogram(self, name: str, doc: str, buckets: tuple) -> Histogram:
+        labels = ["model_name", "engine"]
+        return Histogram(name, doc, labels, buckets=buckets, registry=self.registry)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

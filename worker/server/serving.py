@@ -180,6 +180,7 @@ class OpenAIServing:
             if first:
                 self.ctx.metrics.ttft.observe(time.perf_counter() - arrived)
                 first = False
+            self.ctx.metrics.first_token(out)
             c = choices[index[out.request_id]]
             c.text.append(out.text_delta)
             c.num_output_tokens = out.num_output_tokens
@@ -207,6 +208,7 @@ class OpenAIServing:
                 if first:
                     self.ctx.metrics.ttft.observe(time.perf_counter() - arrived)
                     first = False
+                self.ctx.metrics.first_token(out)
                 i = index[out.request_id]
                 outputs[i] = out.num_output_tokens
                 if i == 0:
