@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 import numpy as np
@@ -17,6 +17,7 @@ from cachekey.errors import PromptTooLongError
 from cachekey.render import Renderer
 from cachekey.types import Prompt
 from worker.engine.sampling_params import SamplingParams
+from worker.server.arrival_order import ArrivalOrder, Turn
 from worker.server.engine_client import AsyncEngine
 from worker.server.errors import APIError, as_api_error, error_body
 from worker.server.hidden_encoding import encode_hidden_states, require_hidden_cache
@@ -37,6 +38,7 @@ class ServingContext:
     metrics: EngineLatency  # this engine's latency histograms
     # Hugging Face hidden_states index of each kept row; empty without --hidden-state-cache.
     hidden_layers: tuple[int, ...] = ()
+    order: ArrivalOrder = field(default_factory=ArrivalOrder)  # requests reach the engine FIFO
 
 
 @dataclass(slots=True)
@@ -124,6 +126,7 @@ class OpenAIServing:
         prompt: Prompt,
         max_tokens: int | None,
         arrived: float,
+        turn: Turn,
         lora_name: str | None = None,
     ) -> Response:
         params = self.sampling_params(body, max_tokens, len(prompt))
@@ -135,14 +138,18 @@ class OpenAIServing:
                 self.ctx.hidden_layers, "return_hidden_states", "return_hidden_states"
             )
             hidden = "all"
-        stream = await self.ctx.engine.add(
-            sub_ids,
-            prompt,
-            params,
-            lora_name=lora_name,
-            cache_salt=body.cache_salt,
-            hidden_states=hidden,
-        )
+        await turn.reached()
+        try:
+            stream = await self.ctx.engine.add(
+                sub_ids,
+                prompt,
+                params,
+                lora_name=lora_name,
+                cache_salt=body.cache_salt,
+                hidden_states=hidden,
+            )
+        finally:
+            turn.leave()
         if body.stream:
             return StreamingResponse(
                 self._sse(stream, body, request_id, arrived), media_type="text/event-stream"

@@ -20,12 +20,16 @@ class ServingChat(OpenAIServing):
 
     async def create(self, raw: Request, body: ChatCompletionRequest) -> Response:
         arrived = time.perf_counter()
-        lora = self.check_request(raw, body)
-        prompt = await self.render(
-            body.messages, body.add_generation_prompt, body.tools, body.chat_template_kwargs
-        )
-        max_tokens = body.requested_max_tokens()
-        return await self.generate(raw, body, prompt, max_tokens, arrived, lora)
+        turn = self.ctx.order.take()
+        try:
+            lora = self.check_request(raw, body)
+            prompt = await self.render(
+                body.messages, body.add_generation_prompt, body.tools, body.chat_template_kwargs
+            )
+            max_tokens = body.requested_max_tokens()
+            return await self.generate(raw, body, prompt, max_tokens, arrived, turn, lora)
+        finally:
+            turn.leave()
 
     async def render(
         self,

@@ -16,9 +16,13 @@ from worker.server.serving import OpenAIServing
 class ServingCompletion(OpenAIServing):
     async def create(self, raw: Request, body: CompletionRequest) -> Response:
         arrived = time.perf_counter()
-        lora = self.check_request(raw, body)
-        prompt = await self.render(body.single_prompt())
-        return await self.generate(raw, body, prompt, body.max_tokens, arrived, lora)
+        turn = self.ctx.order.take()
+        try:
+            lora = self.check_request(raw, body)
+            prompt = await self.render(body.single_prompt())
+            return await self.generate(raw, body, prompt, body.max_tokens, arrived, turn, lora)
+        finally:
+            turn.leave()
 
     async def render(self, prompt: str | list[int]) -> Prompt:
         renderer = self.ctx.renderer

@@ -21,6 +21,7 @@ from fastapi.responses import Response
 from cachekey.errors import PromptTooLongError, RenderError
 from cachekey.types import Prompt
 from worker.engine.sampling_params import SamplingParams
+from worker.server.arrival_order import Turn
 from worker.server.embedding_protocol import EmbeddingRequest
 from worker.server.errors import APIError
 from worker.server.hidden_encoding import b64_floats, require_hidden_cache
@@ -44,6 +45,18 @@ class ServingEmbedding(OpenAIServing):
         self.hidden_size = int(text.get("hidden_size", 0))
 
     async def create(self, raw: Request, body: EmbeddingRequest) -> Response:
+        turn = self.ctx.order.take()
+        try:
+            stream = await self._add(raw, body, turn)
+        finally:
+            turn.leave()
+        results = await self._collect(raw, stream)
+        if results is None:
+            return Response(status_code=499)  # nobody is listening any more
+        return Response(_json.encode(self._response(body, results)), media_type="application/json")
+
+    async def _add(self, raw: Request, body: EmbeddingRequest, turn: Turn) -> RequestStream:
+        """Check and render the inputs, then add them to the engine in arrival order."""
         self.check_request(raw, body)
         if body.pooling == "mean":
             require_hidden_cache(self.ctx.hidden_layers, "pooling `mean`", "pooling")
@@ -60,17 +73,14 @@ class ServingEmbedding(OpenAIServing):
         # One command adds every input, so they enter the engine together: none hits blocks
         # that another input of the same request stores (which no router could predict), as
         # long as they fit in one step.
-        stream = await self.ctx.engine.add(
+        await turn.reached()
+        return await self.ctx.engine.add(
             [f"{rid}-{i}" for i in range(len(prompts))],
             prompts,
             [_PREFILL_ONLY] * len(prompts),
             cache_salt=body.cache_salt,
             hidden_states=body.pooling,
         )
-        results = await self._collect(raw, stream)
-        if results is None:
-            return Response(status_code=499)  # nobody is listening any more
-        return Response(_json.encode(self._response(body, results)), media_type="application/json")
 
     def check_dimensions(self, dimensions: int | None) -> None:
         if dimensions is None:
