@@ -30,7 +30,7 @@ from gateway.config import GatewayConfig
 from gateway.index import BlockIndex, ReplicaId
 from gateway.policies import RouteContext
 from gateway.policies.cache_aware import CacheAwarePolicy
-from gateway.replicas import Replica
+from gateway.replica import Replica
 from harness.cluster import Cluster, ClusterSpec
 
 

@@ -7,7 +7,7 @@ predicted vs reported cached tokens are recorded) or answered by the gateway its
 
 from __future__ import annotations
 
-from gateway.replicas import Replica
+from gateway.replica import Replica
 from gateway.state import GatewayState
 
 

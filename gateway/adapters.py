@@ -13,7 +13,7 @@ best, a free slot next, a full replica last.
 
 from __future__ import annotations
 
-from gateway.replicas import Replica
+from gateway.replica import Replica
 
 RESIDENT, ROOM, FULL = 0.0, 0.5, 1.0
 

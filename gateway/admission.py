@@ -19,7 +19,7 @@ from typing import TypeVar
 
 from gateway.config import GatewayConfig
 from gateway.errors import Overloaded
-from gateway.replicas import Replica
+from gateway.replica import Replica
 
 T = TypeVar("T")
 

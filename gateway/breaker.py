@@ -11,7 +11,7 @@ import time
 
 from gateway.config import GatewayConfig
 from gateway.metrics import GatewayMetrics
-from gateway.replicas import Replica
+from gateway.replica import Replica
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from gateway.errors import GatewayError
 from gateway.fetch import image_options
 from gateway.images import pin_images
 from gateway.protocol import _Request
-from gateway.replicas import Replica
+from gateway.replica import Replica
 from gateway.request import ProxyRequest
 
 # OpenAI's limit on the inputs of one request (the worker enforces the same).

@@ -13,7 +13,7 @@ log = logging.getLogger(__name__)
 
 
 class Checked(Protocol):
-    """What parity reads and sets on a replica (gateway.replicas.Replica)."""
+    """What parity reads and sets on a replica (gateway.replica.Replica)."""
 
     id: str
     instance_id: str | None

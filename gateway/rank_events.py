@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 
 class Replica(Protocol):
-    """What following a replica's events reads and sets (gateway.replicas.Replica)."""
+    """What following a replica's events reads and sets (gateway.replica.Replica)."""
 
     id: ReplicaId
     url: str

@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from cachekey.documents import KVEventsEndpoint, RankInfo, WorkerInfo
+from cachekey.documents import KVEventsEndpoint, LoRAAdapters, RankInfo, WorkerInfo
 from gateway.endpoints import WorkerEndpoint, format_topic
 
 _LOAD_GAUGES = {
@@ -127,3 +127,19 @@ def _url_port(url: str) -> int | None:
         return urlsplit(url).port
     except ValueError:
         return None
+
+
+def worker_layout(info: WorkerInfo | None) -> tuple | None:
+    """What, besides the instance id, makes a worker a new one to the index: its block size
+    and where each rank publishes (a vLLM worker restarted with other ranks keeps its id)."""
+    if info is None:
+        return None
+    ranks = tuple((r.rank, r.kv_events) for r in info.data_parallel_ranks)  # not their LoRA
+    return (info.block_size, info.kv_events, ranks)
+
+
+def rank_loras(info: WorkerInfo) -> list[LoRAAdapters | None]:
+    """Each rank's LoRA adapters, in header order: its own slots where it reports them."""
+    if not info.data_parallel_ranks:
+        return [info.lora]
+    return [r.lora or info.lora for r in info.data_parallel_ranks]

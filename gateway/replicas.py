@@ -18,110 +18,28 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass, field
 
 import httpx
 import zmq.asyncio
 
-from cachekey.documents import DocumentError, LoRAAdapters, WorkerInfo, decode_document
-from cachekey.keys import HashNamespace
+from cachekey.documents import DocumentError, WorkerInfo, decode_document
 from cachekey.worker_auth import CurveKeys, bearer
 from gateway.config import GatewayConfig
 from gateway.endpoints import WorkerEndpoint
 from gateway.index import BlockIndex, ReplicaId
 from gateway.metrics import GatewayMetrics
 from gateway.parity import check_parity
-from gateway.prefill_rate import PrefillRate, parse_prefill_sums
+from gateway.prefill_rate import parse_prefill_sums
 from gateway.rank_events import EventFollowers
-from gateway.ranks import RankSlot, parse_engine_load, rank_slots
+from gateway.ranks import RankSlot, parse_engine_load, rank_loras, rank_slots, worker_layout
+from gateway.replica import Replica
 from gateway.replica_names import replica_name
-from gateway.subscriber import KVEventSubscriber
 from gateway.upstream import UpstreamPool
 from gateway.vllm_compat import vllm_info
 
 log = logging.getLogger(__name__)
 
 _REWARN_SECONDS = 30.0  # how often an unreachable worker is logged again
-
-
-@dataclass(slots=True)
-class Replica:
-    id: ReplicaId
-    url: str
-    name: str = ""  # what clients see (x-kvgate-replica): never the URL (replica_names.py)
-    dp_rank: int | None = None  # its global data-parallel rank (None: not data parallel)
-    rank_header: int | None = None  # the X-data-parallel-rank a request sends (None: none)
-    endpoint: WorkerEndpoint | None = None  # what discovery says about its URL
-    instance_id: str | None = None
-    model: str | None = None
-    fingerprint: str | None = None
-    namespace: HashNamespace | None = None
-    info: WorkerInfo | None = None
-    info_error: str | None = None  # why its last /kvgate/info was refused (logged once)
-    healthy: bool = False
-    parity_ok: bool = True
-    down_reason: str | None = "not polled yet"  # why it is not healthy (None when it is)
-    warned_at: float | None = None  # last time its being down was logged
-    # Load view: worker-reported (polled) and the gateway's own accounting.
-    waiting: float = 0.0
-    running: float = 0.0
-    kv_usage: float = 0.0
-    in_flight: int = 0
-    # Uncached prompt tokens of this gateway's requests here that have no first token yet.
-    in_flight_prefill_tokens: int = 0
-    prefill_rate: PrefillRate = field(default_factory=PrefillRate)  # from the worker's metrics
-    # LoRA adapters it serves (polled), and when the gateway last sent it each one (adapters.py).
-    lora: LoRAAdapters | None = None
-    lora_routed: dict[str, float] = field(default_factory=dict)
-    # Uncached prefill tokens routed here, exponentially decayed: spreads new prefix groups
-    # over replicas even when nothing is in flight (a sequential trace).
-    recent_prefill: float = 0.0
-    recent_at: float = 0.0
-    # Circuit breaker (gateway/breaker.py).
-    failures: int = 0
-    ejected_until: float = 0.0
-    # Keep-alive connections for requests; the pollers' traffic goes through httpx.
-    pool: UpstreamPool | None = field(default=None, repr=False)
-    subscriber: KVEventSubscriber | None = field(default=None, repr=False)
-    poll_task: asyncio.Task | None = field(default=None, repr=False)
-    sub_task: asyncio.Task | None = field(default=None, repr=False)
-    # On the head replica of a URL: its other ranks (polled with it, sharing its pool).
-    siblings: list[Replica] = field(default_factory=list, repr=False)
-    slot: RankSlot | None = field(default=None, repr=False)
-
-    @property
-    def ranks(self) -> list[Replica]:
-        """This head and its siblings: every rank behind its URL."""
-        return [self, *self.siblings]
-
-    def __post_init__(self) -> None:
-        if not self.name:  # ReplicaSet names its replicas with the worker token as key
-            self.name = replica_name(self.id, None)
-
-    def available(self, now: float) -> bool:
-        return self.healthy and now >= self.ejected_until
-
-    def recent_prefill_at(self, now: float, half_life: float) -> float:
-        return self.recent_prefill * 0.5 ** ((now - self.recent_at) / half_life)
-
-    def add_recent_prefill(self, tokens: int, now: float, half_life: float) -> None:
-        self.recent_prefill = self.recent_prefill_at(now, half_life) + tokens
-        self.recent_at = now
-
-    def describe(self, now: float) -> str:
-        """`name (why it takes no traffic)`, or `name (healthy...)`: for clients, so no URL."""
-        if self.available(now):
-            state = "healthy" if self.parity_ok else "healthy, parity mismatch: routed by load only"
-        elif now < self.ejected_until:
-            state = self.down_reason or "ejected"
-        else:
-            state = self.down_reason or "unhealthy"
-        return f"{self.name} ({state})"
-
-
-def parse_load(text: str) -> dict[str, float]:
-    """The three load gauges from a vLLM-style /metrics page (summed over label sets)."""
-    return parse_engine_load(text)[None]
 
 
 def _reason(resp: httpx.Response) -> str:
@@ -278,7 +196,7 @@ class ReplicaSet:
             reason = rep.info_error or _refusal(info_r)
             await self._mark_down(rep, reason)
             return
-        if info.instance_id != rep.instance_id or _layout(info) != _layout(rep.info):
+        if info.instance_id != rep.instance_id or worker_layout(info) != worker_layout(rep.info):
             await self._new_instance(rep, info)
         for r, lora in zip(rep.ranks, rank_loras(info), strict=False):
             r.lora = lora  # adapters come and go without a restart
@@ -394,19 +312,3 @@ class ReplicaSet:
 
     async def _stop_subscriber(self, rep: Replica) -> None:
         await self.events.stop(rep)
-
-
-def _layout(info: WorkerInfo | None) -> tuple | None:
-    """What, besides the instance id, makes a worker a new one to the index: its block size
-    and where each rank publishes (a vLLM worker restarted with other ranks keeps its id)."""
-    if info is None:
-        return None
-    ranks = tuple((r.rank, r.kv_events) for r in info.data_parallel_ranks)  # not their LoRA
-    return (info.block_size, info.kv_events, ranks)
-
-
-def rank_loras(info: WorkerInfo) -> list[LoRAAdapters | None]:
-    """Each rank's LoRA adapters, in header order: its own slots where it reports them."""
-    if not info.data_parallel_ranks:
-        return [info.lora]
-    return [r.lora or info.lora for r in info.data_parallel_ranks]

@@ -25,7 +25,7 @@ from gateway.index import ReplicaId
 from gateway.limits import default_max_tokens
 from gateway.policies import Policy, RouteContext
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
-from gateway.replicas import Replica
+from gateway.replica import Replica
 from gateway.speculative import Guess
 from gateway.state import GatewayState
 

@@ -20,7 +20,8 @@ from gateway.image_fetch import AllowList, FetchPolicy
 from gateway.index import BlockIndex
 from gateway.metrics import GatewayMetrics
 from gateway.policies import POLICIES, Policy
-from gateway.replicas import Replica, ReplicaSet
+from gateway.replica import Replica
+from gateway.replicas import ReplicaSet
 from gateway.tenants import TenantRegistry
 
 log = logging.getLogger(__name__)

@@ -31,7 +31,8 @@ from cachekey.keys import block_extra_keys
 from gateway.config import GatewayConfig
 from gateway.index import BlockIndex, ReplicaId
 from gateway.metrics import GatewayMetrics
-from gateway.replicas import Replica, ReplicaSet
+from gateway.replica import Replica
+from gateway.replicas import ReplicaSet
 from gateway.subscriber import EventSource, KVEventSubscriber
 
 INFO = {

@@ -11,7 +11,7 @@ from gateway.adapters import FULL, RESIDENT, ROOM, adapter_miss, note_routed
 from gateway.config import GatewayConfig
 from gateway.index import ReplicaId
 from gateway.policies import POLICIES, RouteContext
-from gateway.replicas import Replica
+from gateway.replica import Replica
 from gateway.vllm_compat import lora_adapters, parse_lora_info, parse_models
 
 NS = HashNamespace("demo", 16)

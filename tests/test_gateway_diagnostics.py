@@ -13,8 +13,9 @@ import pytest
 from gateway.config import GatewayConfig
 from gateway.index import BlockIndex
 from gateway.metrics import GatewayMetrics
+from gateway.replica import Replica
 from gateway.replica_names import replica_name
-from gateway.replicas import Replica, ReplicaSet
+from gateway.replicas import ReplicaSet
 from harness.cluster import HOST, Cluster, ClusterSpec, Proc, free_port
 
 

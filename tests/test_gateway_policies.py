@@ -13,7 +13,7 @@ from gateway.index import ReplicaId
 from gateway.policies import POLICIES, RouteContext
 from gateway.policies.cache_aware import fleet_rate
 from gateway.proxy import SSERelay
-from gateway.replicas import Replica, parse_load
+from gateway.replica import Replica, parse_load
 
 NS = HashNamespace("demo", 16)
 

@@ -117,7 +117,7 @@ def test_admission_unit_bounds_and_handoff() -> None:
     from gateway.config import GatewayConfig
     from gateway.errors import Overloaded
     from gateway.index import ReplicaId
-    from gateway.replicas import Replica
+    from gateway.replica import Replica
 
     async def scenario() -> None:
         cfg = GatewayConfig(max_inflight_per_replica=1, max_queue=1, queue_timeout=5.0)
@@ -153,7 +153,7 @@ def test_claims_count_against_free_slots() -> None:
     from gateway.config import GatewayConfig
     from gateway.errors import Overloaded
     from gateway.index import ReplicaId
-    from gateway.replicas import Replica
+    from gateway.replica import Replica
 
     async def scenario() -> None:
         cfg = GatewayConfig(max_inflight_per_replica=2, max_queue=0, queue_timeout=1.0)

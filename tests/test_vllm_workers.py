@@ -29,8 +29,9 @@ from gateway.config import GatewayConfig
 from gateway.endpoints import parse_worker
 from gateway.index import BlockIndex, ReplicaId
 from gateway.metrics import GatewayMetrics
+from gateway.replica import Replica
 from gateway.replica_names import replica_name
-from gateway.replicas import Replica, ReplicaSet
+from gateway.replicas import ReplicaSet
 from harness.cluster import Proc
 
 DP = {r: load(f"data_parallel/rank{r}") for r in (0, 1)}

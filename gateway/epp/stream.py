@@ -27,7 +27,7 @@ from gateway.index import ReplicaId
 from gateway.policies import RouteContext
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.proxy import SSERelay
-from gateway.replicas import Replica
+from gateway.replica import Replica
 from gateway.request import ProxyRequest
 from gateway.serving import read_request, read_usage, replica_headers, status_label
 from gateway.state import GatewayState

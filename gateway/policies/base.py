@@ -10,7 +10,7 @@ import xxhash
 
 from cachekey.types import BlockKey
 from gateway.index import ReplicaId
-from gateway.replicas import Replica
+from gateway.replica import Replica
 
 
 @dataclass(slots=True)

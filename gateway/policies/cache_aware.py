@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from gateway.adapters import adapter_miss
 from gateway.config import GatewayConfig
 from gateway.policies.base import RouteContext, tie_order
-from gateway.replicas import Replica
+from gateway.replica import Replica
 
 
 @dataclass(slots=True)

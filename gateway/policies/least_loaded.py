@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gateway.config import GatewayConfig
 from gateway.policies.base import RouteContext, tie_order
-from gateway.replicas import Replica
+from gateway.replica import Replica
 
 
 class LeastLoadedPolicy:

@@ -6,7 +6,7 @@ import itertools
 
 from gateway.config import GatewayConfig
 from gateway.policies.base import RouteContext
-from gateway.replicas import Replica
+from gateway.replica import Replica
 
 
 class RoundRobinPolicy:

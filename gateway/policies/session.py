@@ -10,7 +10,7 @@ import xxhash
 from gateway.config import GatewayConfig
 from gateway.policies.base import RouteContext
 from gateway.policies.cache_aware import CacheAwarePolicy
-from gateway.replicas import Replica
+from gateway.replica import Replica
 
 
 class SessionPolicy:
