@@ -34,9 +34,9 @@ from itertools import islice
 from typing import NewType
 
 from cachekey.events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
-from cachekey.keys import HashNamespace, chain_keys, lookahead_key, request_lookahead_keys
+from cachekey.keys import HashNamespace, chain_keys, lookahead_key
 from cachekey.types import BlockKey, MMItem
-from gateway.index_replica import ReplicaState, split_lookahead_extra, window_hit
+from gateway.index_replica import ReplicaState, split_lookahead_extra
 from gateway.speculative import Guess, SpeculativeEntries
 
 ReplicaId = NewType("ReplicaId", str)
@@ -318,7 +318,6 @@ class BlockIndex:
         for rep in reps:
             if rep is not None:
                 alive |= rep.full_bits
-        n = len(keys)
         stops: dict[int, int] = {}
         held = self._held
         for i, key in enumerate(keys):
@@ -334,37 +333,10 @@ class BlockIndex:
                     bit = gone & -gone
                     gone ^= bit
                     stops[bit] = i
-        result = {}
-        for r, rep in zip(replicas, reps, strict=True):
-            if rep is None:
-                result[r] = 0
-            elif rep.lookahead:
-                result[r] = self._match_lookahead(rep, keys, tokens, mm_items)
-            else:
-                hit = min(stops.get(b, n) for b in rep.full_bit_list)
-                if rep.sliding and tokens and rep.block_size:
-                    hit = min(hit, (len(tokens) - 1) // rep.block_size)  # vLLM's cap first
-                for bit, need in rep.sliding:
-                    hit = window_hit(held, keys, hit, bit, need)
-                result[r] = hit
-        return result
-
-    def _match_lookahead(
-        self,
-        rep: ReplicaState,
-        keys: Sequence[BlockKey],
-        tokens: Sequence[int] | None,
-        mm_items: Sequence[MMItem],
-    ) -> int:
-        if tokens is None or not keys or not rep.block_size:
-            return 0
-        n = 0
-        held, bits = self._held, rep.full_bits
-        for lk in request_lookahead_keys(keys, tokens, rep.block_size, rep.lookahead, mm_items):
-            if held.get(lk, 0) & bits != bits:
-                break
-            n += 1
-        return n
+        return {
+            r: 0 if rep is None else rep.hit(held, keys, stops, tokens, mm_items)
+            for r, rep in zip(replicas, reps, strict=True)
+        }
 
     def holds(self, replica: ReplicaId, key: BlockKey) -> bool:
         rep = self._replicas.get(replica)

@@ -7,7 +7,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from cachekey.events import EngineHash
-from cachekey.types import BlockKey
+from cachekey.keys import request_lookahead_keys
+from cachekey.types import BlockKey, MMItem
 
 _SLIDING = ("sliding_window", "sliding_window_mla")
 
@@ -86,6 +87,42 @@ class ReplicaState:
 
     def blocks(self) -> int:
         return sum(g.blocks for g in self.groups.values())
+
+    def hit(
+        self,
+        held: dict[BlockKey, int],
+        keys: Sequence[BlockKey],
+        stops: dict[int, int],
+        tokens: Sequence[int] | None,
+        mm_items: Sequence[MMItem],
+    ) -> int:
+        """Blocks of `keys` this replica would hit, given where the index's one pass over the
+        keys stopped for each full-attention slot (`stops`: slot bit -> first miss)."""
+        if self.lookahead:
+            return self._lookahead_hit(held, keys, tokens, mm_items)
+        hit = min(stops.get(b, len(keys)) for b in self.full_bit_list)
+        if self.sliding and tokens and self.block_size:
+            hit = min(hit, (len(tokens) - 1) // self.block_size)  # vLLM's cap first
+        for bit, need in self.sliding:
+            hit = window_hit(held, keys, hit, bit, need)
+        return hit
+
+    def _lookahead_hit(
+        self,
+        held: dict[BlockKey, int],
+        keys: Sequence[BlockKey],
+        tokens: Sequence[int] | None,
+        mm_items: Sequence[MMItem],
+    ) -> int:
+        """Lookahead keys (EAGLE/MTP) need the request's tokens: without them, no hit."""
+        if tokens is None or not keys or not self.block_size:
+            return 0
+        n, bits, size = 0, self.full_bits, self.block_size
+        for lk in request_lookahead_keys(keys, tokens, size, self.lookahead, mm_items):
+            if held.get(lk, 0) & bits != bits:
+                break
+            n += 1
+        return n
 
     def sweep_engine(self, held: dict[BlockKey, int]) -> None:
         """Drop engine-map entries of keys the LRU cap evicted (removals drop their own)."""

@@ -13,53 +13,24 @@ from dataclasses import dataclass, field
 
 import xxhash
 
-from cachekey.keys import HashNamespace, block_keys, clamp_match
-from cachekey.render import ImageOptions
+from cachekey.keys import HashNamespace, clamp_match
 from cachekey.types import BlockKey, Prompt
 from gateway import accounting
-from gateway.adapters import note_routed, serves_adapter
+from gateway.adapters import note_routed
+from gateway.candidates import candidates_for
 from gateway.errors import GatewayError
 from gateway.fetch import image_options
 from gateway.images import pin_images
 from gateway.index import ReplicaId
 from gateway.limits import default_max_tokens
 from gateway.policies import Policy, RouteContext
-from gateway.protocol import ChatCompletionRequest, CompletionRequest
+from gateway.protocol import ChatCompletionRequest
 from gateway.replica import Replica
+from gateway.request_render import OpenAIRequest, is_small_text, render_request
 from gateway.speculative import Guess
 from gateway.state import GatewayState
 
 POLICY_HEADER = "x-kvgate-routing-policy"
-# A text-only request up to this many characters (or token ids) renders on the event loop: it
-# costs less than the hop to a render thread and back (docs/benchmarks.md, Gateway overhead).
-INLINE_RENDER_CHARS = 4096
-
-OpenAIRequest = ChatCompletionRequest | CompletionRequest
-
-
-def render_request(
-    renderer,
-    req: OpenAIRequest,
-    ns: HashNamespace,
-    images: ImageOptions,
-    lora_name: str | None = None,
-) -> tuple[Prompt, list]:
-    """Prompt and block keys of a request (runs in the render thread pool); a LoRA adapter's
-    name is in every block key, as the worker keys it."""
-    if isinstance(req, ChatCompletionRequest):
-        prompt = renderer.render_chat(
-            req.messages,
-            add_generation_prompt=req.add_generation_prompt,
-            tools=req.tools,
-            chat_template_kwargs=req.chat_template_kwargs,
-            images=images,
-        )
-    else:
-        p = req.prompt
-        if isinstance(p, list) and p and not isinstance(p[0], int):
-            p = p[0]  # a batch is routed by its first prompt
-        prompt = renderer.render_completion(p)
-    return prompt, block_keys(prompt.token_ids, ns, prompt.mm_items, lora_name, req.cache_salt)
 
 
 @dataclass(slots=True, eq=False)
@@ -105,7 +76,7 @@ class ProxyRequest:
         policy = state.policies.get(name)
         if policy is None:
             raise GatewayError(400, f"unknown routing policy {name!r}", param=POLICY_HEADER)
-        candidates, lora_name = _candidates(state, body.model)
+        candidates, lora_name = candidates_for(state, body.model)
         if subset is not None:
             candidates = [r for r in candidates if r.id in subset]
         ns = state.namespace_for(candidates)
@@ -161,7 +132,7 @@ class ProxyRequest:
             raise GatewayError(503, str(e), code="assets_unavailable") from e
         # One time and byte budget for all the request's remote images (docs/security.md).
         images = image_options(st.fetcher, st.config.allow_image_uuids, self.tenant)
-        if _is_small_text(self.body):
+        if is_small_text(self.body):
             self.prompt, self.keys = render_request(
                 renderer, self.body, self.ns, images, self.lora_name
             )
@@ -337,62 +308,3 @@ class ProxyRequest:
         if self.prefilling:
             self.prefilling = False
             rep.in_flight_prefill_tokens -= self.num_prompt_tokens - self.predicted
-
-
-def _is_small_text(req: OpenAIRequest) -> bool:
-    """Text only (no images, no tools) and at most INLINE_RENDER_CHARS characters in all."""
-    budget = INLINE_RENDER_CHARS
-    if isinstance(req, CompletionRequest):
-        p = req.prompt
-        if isinstance(p, list) and p and not isinstance(p[0], int):
-            p = p[0]
-        return len(p) <= budget
-    if req.tools:
-        return False
-    for msg in req.messages:
-        content = msg.get("content")
-        if isinstance(content, str):
-            budget -= len(content)
-        elif isinstance(content, list):
-            for part in content:
-                if not isinstance(part, dict) or part.get("type") != "text":
-                    return False
-                text = part.get("text")
-                budget -= len(text) if isinstance(text, str) else 0
-        if budget < 0:
-            return False
-    return True
-
-
-def _candidates(state: GatewayState, model: str | None) -> tuple[list[Replica], str | None]:
-    """The available replicas serving `model`, and the LoRA adapter it names if it names one
-    (404 for a model no known worker serves)."""
-    candidates = state.replicas.available()
-    if model:
-        serving = [r for r in candidates if r.model == model]
-        if serving or not candidates:
-            return serving, None
-        adapter = [r for r in candidates if serves_adapter(r, model)]
-        if adapter:
-            return adapter, model
-        everyone = state.replicas.replicas.values()
-        known = sorted({r.model for r in everyone if r.model})
-        adapters = sorted({a for r in everyone if r.lora is not None for a in r.lora.adapters})
-        if model not in known and model not in adapters:
-            raise GatewayError(
-                404,
-                f"The model `{model}` does not exist. Served models: "
-                + ", ".join(f"`{m}`" for m in known + adapters),
-                param="model",
-                code="model_not_found",
-            )
-        return serving, None
-    served = {r.model for r in candidates}
-    if len(served) > 1:
-        raise GatewayError(
-            400,
-            "`model` is required: this gateway serves "
-            + ", ".join(f"`{m}`" for m in sorted(m for m in served if m)),
-            param="model",
-        )
-    return candidates, None

@@ -22,7 +22,8 @@ from gateway.errors import Overloaded, UpstreamFailed, error_response
 from gateway.limits import check_body, read_json
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.proxy import RelayResponse, SSERelay, relay_stream
-from gateway.request import OpenAIRequest, ProxyRequest
+from gateway.request import ProxyRequest
+from gateway.request_render import OpenAIRequest
 from gateway.retry import send_with_retries
 from gateway.state import GatewayState
 from gateway.upstream import UpstreamResponse
