@@ -26,7 +26,6 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from array import array
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -34,9 +33,9 @@ from itertools import islice
 from typing import NewType
 
 from cachekey.events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
-from cachekey.keys import HashNamespace, chain_keys, lookahead_key
+from cachekey.keys import HashNamespace
 from cachekey.types import BlockKey, MMItem
-from gateway.index_replica import ReplicaState, split_lookahead_extra
+from gateway.index_replica import ReplicaState, stored_keys
 from gateway.speculative import Guess, SpeculativeEntries
 
 ReplicaId = NewType("ReplicaId", str)
@@ -126,20 +125,10 @@ class BlockIndex:
                 return False
             parent = known if type(known) is bytes else known[0]
         try:
-            packed = array("I", ev.token_ids).tobytes()
+            keys, held_as = stored_keys(ev, parent)
         except (OverflowError, TypeError):
             self.errors["bad_token_ids"] += 1
             return False
-        extras, held_as = ev.extra_keys, None
-        if ev.lookahead_token_ids is not None:
-            extras, pairs = split_lookahead_extra(extras, len(ev.block_hashes), bs)
-            keys = chain_keys(parent, packed, bs, extras)
-            held_as = [
-                lookahead_key(k, t, p)
-                for k, t, p in zip(keys, ev.lookahead_token_ids, pairs, strict=True)
-            ]
-        else:
-            keys = chain_keys(parent, packed, bs, extras)
         with self._lock:
             if self._replicas.get(replica) is not rep:
                 return False  # dropped while we hashed

@@ -3,11 +3,12 @@ the rules that differ from plain prefix matching (sliding-window groups, lookahe
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from cachekey.events import EngineHash
-from cachekey.keys import request_lookahead_keys
+from cachekey.events import BlockStored, EngineHash
+from cachekey.keys import chain_keys, lookahead_key, request_lookahead_keys
 from cachekey.types import BlockKey, MMItem
 
 _SLIDING = ("sliding_window", "sliding_window_mla")
@@ -165,3 +166,17 @@ def split_lookahead_extra(
         plain.append(tuple(x for x in entry if x not in late) or None)
         ahead.append(late)
     return plain, ahead
+
+
+def stored_keys(ev: BlockStored, parent: BlockKey) -> tuple[list[BlockKey], list[BlockKey] | None]:
+    """The gateway keys of a stored event's blocks, chained from `parent` (recomputed from its
+    token ids and extra keys), and for a lookahead (EAGLE/MTP) event the keys the blocks are
+    held as. Raises OverflowError/TypeError for token ids that are not uint32."""
+    bs = ev.block_size
+    packed = array("I", ev.token_ids).tobytes()
+    if ev.lookahead_token_ids is None:
+        return chain_keys(parent, packed, bs, ev.extra_keys), None
+    extras, pairs = split_lookahead_extra(ev.extra_keys, len(ev.block_hashes), bs)
+    keys = chain_keys(parent, packed, bs, extras)
+    ahead = zip(keys, ev.lookahead_token_ids, pairs, strict=True)
+    return keys, [lookahead_key(k, t, p) for k, t, p in ahead]
