@@ -1,11 +1,11 @@
-"""What the gateway costs: added latency, routing decision time, index ingestion and memory.
+"""What the gateway costs a request: added latency and routing decision time.
 
 1. Added latency: p50/p99 of requests through the gateway vs straight to the workers, on sim
    workers with zero compute time, at 1 and 32 concurrent clients.
 2. Routing decision: block keys + index match over 4 replicas + cache_aware ranking for
    1k/8k/32k-token prompts (in process; the prefix is indexed on one replica). Render time of a
    chat with a long shared system prompt, cold and warm (segment cache), for reference.
-3. Index ingestion: BlockStored events applied per second (blocks/s) and bytes per block.
+Index ingestion and memory have their own entry point, `python -m bench.index_ingest`.
 
     python -m bench.gateway_overhead            # tables + bench/results/gateway_overhead.json
 """
@@ -17,7 +17,6 @@ import asyncio
 import random
 import statistics
 import time
-import tracemalloc
 from pathlib import Path
 
 import httpx
@@ -158,35 +157,10 @@ def render_times(system_words: int) -> dict:
     }
 
 
-def ingestion(num_blocks: int) -> dict:
-    ns = HashNamespace("demo", 16)
-    rng = random.Random(2)
-    events = []
-    for g in range(num_blocks // 64):
-        tokens = [rng.randrange(32_000) for _ in range(64 * 16)]
-        events.append(_stored_chain(tokens, 16, g + 1))
-    tracemalloc.start()
-    index = BlockIndex(max_blocks=num_blocks * 2)
-    t0 = time.perf_counter()
-    for ev in events:
-        index.store(ReplicaId("http://w0"), ns, ev)
-    elapsed = time.perf_counter() - t0
-    measured, _ = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
-    blocks = len(index)
-    return {
-        "blocks": blocks,
-        "blocks_per_s": blocks / elapsed,
-        "bytes_per_block_measured": measured / blocks,
-        "bytes_per_block_estimated": index.stats().bytes / blocks,
-    }
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--requests", type=int, default=400)
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--ingest-blocks", type=int, default=200_000)
     ap.add_argument("--skip-latency", action="store_true")
     ap.add_argument("--out", type=Path, default=Path("bench/results/gateway_overhead.json"))
     args = ap.parse_args()
@@ -212,13 +186,6 @@ def main() -> None:
     print(
         f"render chat ({r['prompt_tokens']} tokens): cold {r['cold_ms']:.2f} ms, "
         f"warm p50 {r['warm_ms_p50']:.2f} ms"
-    )
-    result["ingestion"] = ingestion(args.ingest_blocks)
-    r = result["ingestion"]
-    print(
-        f"index ingestion: {r['blocks_per_s']:,.0f} blocks/s; "
-        f"{r['bytes_per_block_measured']:.0f} B/block measured "
-        f"({r['bytes_per_block_estimated']:.0f} estimated by kvgate_index_bytes)"
     )
     write_json(args.out, result)
 
