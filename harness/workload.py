@@ -166,13 +166,14 @@ class Workload:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    d = WorkloadSpec()  # on a slots dataclass the class attributes are descriptors, not defaults
     ap.add_argument("--out", type=Path, default=Path("bench/results/trace.jsonl"))
-    ap.add_argument("--tenants", type=int, default=WorkloadSpec.tenants)
-    ap.add_argument("--users-per-tenant", type=int, default=WorkloadSpec.users_per_tenant)
-    ap.add_argument("--turns", type=int, default=WorkloadSpec.turns)
-    ap.add_argument("--system-words", type=int, default=WorkloadSpec.system_words)
-    ap.add_argument("--image-prob", type=float, default=WorkloadSpec.image_prob)
-    ap.add_argument("--seed", type=int, default=WorkloadSpec.seed)
+    ap.add_argument("--tenants", type=int, default=d.tenants)
+    ap.add_argument("--users-per-tenant", type=int, default=d.users_per_tenant)
+    ap.add_argument("--turns", type=int, default=d.turns)
+    ap.add_argument("--system-words", type=int, default=d.system_words)
+    ap.add_argument("--image-prob", type=float, default=d.image_prob)
+    ap.add_argument("--seed", type=int, default=d.seed)
     args = ap.parse_args()
     spec = WorkloadSpec(
         tenants=args.tenants,
