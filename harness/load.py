@@ -95,8 +95,11 @@ async def run_load(
     groups: int = 6,
     timeout: float = 30.0,
     headers: dict[str, str] | None = None,
+    max_tokens: int | None = None,
 ) -> Tally:
-    """Send n requests (a fixed count, for the fault tests) and account for every one."""
+    """Send n requests (a fixed count, for the fault tests) and account for every one.
+
+    `max_tokens` fixes every request's length (default: 1 to 24, drawn per request)."""
     tally = Tally()
     url = f"{gateway_url}/v1/chat/completions"
     rng = random.Random(seed)
@@ -104,6 +107,8 @@ async def run_load(
     for _ in range(n):
         body = make_body(rng, groups)
         body["stream"] = rng.random() < stream_fraction
+        if max_tokens is not None:
+            body["max_tokens"] = max_tokens
         bodies.append(body)
     sem = asyncio.Semaphore(concurrency)
     async with httpx.AsyncClient(timeout=timeout, headers=headers) as client:

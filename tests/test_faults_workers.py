@@ -37,6 +37,19 @@ def _all_synced(gateway: str) -> bool:
     return all(r["synced"] for r in _index(gateway).values())
 
 
+# 300 sim decode steps of >= 10 ms: still running seconds after it is seen running.
+_HELD = dict(
+    stream_fraction=0.0,
+    seed=7,
+    max_tokens=300,
+    headers={"x-kvgate-routing-policy": "round_robin"},
+)
+
+
+def _running(worker: str) -> float:
+    return metric_total(worker, "vllm:num_requests_running")
+
+
 def _assert_accounted(tally: Tally, *, max_latency: float) -> None:
     """Nothing lost; the only failures are clear in-band stream errors (ended by [DONE])."""
     assert tally.lost == 0, tally.lost_reasons
@@ -59,15 +72,23 @@ def test_sigkill_worker_under_load(tmp_path):
         gw, victim = c.gateway_url, c.workers[0]
         wait_until(lambda: _all_synced(gw), 15, "subscribers synced")
 
-        async def scenario() -> Tally:
+        async def scenario() -> tuple[Tally, Tally]:
+            # One long non-streamed request held on every worker (round robin places three
+            # concurrent ones on three replicas), so the kill always catches one before its
+            # first byte: that one must be retried elsewhere. Background load alone may leave
+            # the victim idle at the moment of the kill.
+            held = asyncio.create_task(run_load(gw, 3, concurrency=3, **_HELD))
+            running = lambda: all(_running(w.url) >= 1 for w in c.workers)  # noqa: E731
+            await asyncio.to_thread(wait_until, running, 15, "a held request on every worker")
             load = asyncio.create_task(run_load(gw, 90, concurrency=12, stream_fraction=0.3))
             await asyncio.sleep(0.8)
             victim.kill(signal.SIGKILL)
-            return await load
+            return await held, await load
 
-        tally = asyncio.run(scenario())
+        held, tally = asyncio.run(scenario())
+        assert held.ok == 3, (held.failed_reasons, held.lost_reasons)
         _assert_accounted(tally, max_latency=20)
-        assert metric_total(gw, "kvgate_retries_total") >= 1  # some hit the dead worker
+        assert metric_total(gw, "kvgate_retries_total") >= 1  # the victim's held request
         # The dead worker's entries vanish; the others equal their snapshots.
         wait_until(lambda: _index(gw)[victim.url]["blocks"] == 0, 10, "victim entries dropped")
         assert not _index(gw)[victim.url]["healthy"]
