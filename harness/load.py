@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from harness.cluster import metric_total, wait_until
+
 _WORDS = (
     "cache block prefix route model token replica gateway worker latency memory tenant answer "
     "policy system prompt scheduler batch decode prefill event index hash layer attention queue"
@@ -119,3 +121,32 @@ async def run_load(
 
         await asyncio.gather(*(one(b) for b in bodies))
     return tally
+
+
+async def hold_one_per_worker(
+    gateway_url: str, worker_urls: list[str], *, max_tokens: int = 300
+) -> asyncio.Task[Tally]:
+    """Start one long non-streamed request per worker; return once every worker is running one.
+
+    Round robin places concurrent requests on distinct replicas, so a fault injected next is
+    sure to catch one of them in flight on its victim (background load alone may leave the
+    victim idle at that moment). With the sim's >= 10 ms decode steps, 300 tokens run for
+    seconds. Nothing else may use round robin meanwhile.
+    """
+    held = asyncio.create_task(
+        run_load(
+            gateway_url,
+            len(worker_urls),
+            concurrency=len(worker_urls),
+            stream_fraction=0.0,
+            seed=7,
+            max_tokens=max_tokens,
+            headers={"x-kvgate-routing-policy": "round_robin"},
+        )
+    )
+
+    def every_worker_running() -> bool:
+        return all(metric_total(w, "vllm:num_requests_running") >= 1 for w in worker_urls)
+
+    await asyncio.to_thread(wait_until, every_worker_running, 15, "a held request on every worker")
+    return held

@@ -22,7 +22,7 @@ from harness.cluster import (
     wait_index_converged,
     wait_until,
 )
-from harness.load import Tally, run_load
+from harness.load import Tally, hold_one_per_worker, run_load
 
 pytestmark = pytest.mark.slow
 
@@ -35,19 +35,6 @@ def _index(gateway: str) -> dict:
 
 def _all_synced(gateway: str) -> bool:
     return all(r["synced"] for r in _index(gateway).values())
-
-
-# 300 sim decode steps of >= 10 ms: still running seconds after it is seen running.
-_HELD = dict(
-    stream_fraction=0.0,
-    seed=7,
-    max_tokens=300,
-    headers={"x-kvgate-routing-policy": "round_robin"},
-)
-
-
-def _running(worker: str) -> float:
-    return metric_total(worker, "vllm:num_requests_running")
 
 
 def _assert_accounted(tally: Tally, *, max_latency: float) -> None:
@@ -73,13 +60,7 @@ def test_sigkill_worker_under_load(tmp_path):
         wait_until(lambda: _all_synced(gw), 15, "subscribers synced")
 
         async def scenario() -> tuple[Tally, Tally]:
-            # One long non-streamed request held on every worker (round robin places three
-            # concurrent ones on three replicas), so the kill always catches one before its
-            # first byte: that one must be retried elsewhere. Background load alone may leave
-            # the victim idle at the moment of the kill.
-            held = asyncio.create_task(run_load(gw, 3, concurrency=3, **_HELD))
-            running = lambda: all(_running(w.url) >= 1 for w in c.workers)  # noqa: E731
-            await asyncio.to_thread(wait_until, running, 15, "a held request on every worker")
+            held = await hold_one_per_worker(gw, c.worker_urls)  # one is sure to need a retry
             load = asyncio.create_task(run_load(gw, 90, concurrency=12, stream_fraction=0.3))
             await asyncio.sleep(0.8)
             victim.kill(signal.SIGKILL)

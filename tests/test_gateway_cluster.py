@@ -12,6 +12,7 @@ import pytest
 from bench.hit_rate import parser, run_replicas
 from gateway.replica_names import replica_name
 from harness.cluster import Cluster, ClusterSpec
+from harness.load import Tally, hold_one_per_worker
 
 pytestmark = pytest.mark.slow
 
@@ -82,13 +83,15 @@ def test_sigkill_worker_under_load_loses_nothing_and_restart_reloads(tmp_path):
         _wait(lambda: all(r["synced"] for r in _index(gw).values()))
         old_instance = _index(gw)[victim.url]["instance_id"]
 
-        async def run() -> list:
+        async def run() -> tuple[Tally, list]:
+            held = await hold_one_per_worker(gw, c.worker_urls)  # one is sure to need a retry
             load = asyncio.create_task(_load(gw, 60, 12))
             await asyncio.sleep(0.6)
             victim.kill(signal.SIGKILL)
-            return await load
+            return await held, await load
 
-        results = asyncio.run(run())
+        held, results = asyncio.run(run())
+        assert held.ok == 3, (held.failed_reasons, held.lost_reasons)
         bad = [r for r in results if isinstance(r, Exception) or r.status_code != 200]
         assert not bad, bad[:3]
         served = {r.headers["x-kvgate-replica"] for r in results}

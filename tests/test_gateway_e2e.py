@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import subprocess
 import sys
@@ -12,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from harness.cluster import Cluster, ClusterSpec
+from harness.cluster import Cluster, ClusterSpec, wait_index_converged
 from harness.workload import Workload, WorkloadSpec
 
 GATEWAY_ARGS = ("--poll-interval", "0.2", "--image-fetch-allow", "127.0.0.1/32")
@@ -69,7 +68,7 @@ def test_predicted_cached_tokens_equal_reported(cluster):
         hits += cached > 0
         n += 1
         msgs.append({"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]})
-        time.sleep(0.05)  # let the worker's events land
+        wait_index_converged(gw, cluster.worker_urls)  # the next turn sees this one's blocks
     assert exact / n >= 0.99, (exact, n)
     assert hits >= n // 2  # the workload does reuse prefixes: the equality is not vacuous
     metrics = httpx.get(f"{gw}/metrics").text
@@ -81,27 +80,9 @@ def test_two_gateways_hold_the_same_index_and_choose_alike(cluster):
     system = {"role": "system", "content": "You review pull requests. " * 60}
     first = _chat(g0, [system, {"role": "user", "content": "first question"}])
     assert first.status_code == 200
-    deadline = time.monotonic() + 10
-    while True:
-        a, b = (httpx.get(f"{g}/kvgate/index").json()["replicas"] for g in (g0, g1))
-        same = {k: v["digest"] for k, v in a.items()} == {k: v["digest"] for k, v in b.items()}
-        if same and a[cluster.served_by(first)]["blocks"] > 0:
-            break
-        assert time.monotonic() < deadline, (a, b)
-        time.sleep(0.1)
-
-    # The gateways' recomputed keys are exactly the keys in each worker's own snapshot.
-    def snapshot_digest(url: str) -> str:
-        blocks = httpx.get(f"{url}/kv/snapshot").json()["blocks"]
-        return hashlib.sha256(b"".join(sorted(bytes.fromhex(b["key"]) for b in blocks))).hexdigest()
-
-    deadline = time.monotonic() + 5
-    while True:
-        ours = httpx.get(f"{g0}/kvgate/index").json()["replicas"]
-        if all(snapshot_digest(u) == ours[u]["digest"] for u in cluster.worker_urls):
-            break
-        assert time.monotonic() < deadline, ours
-        time.sleep(0.1)
+    # Both gateways' recomputed keys are exactly the keys in each worker's own snapshot.
+    for g in (g0, g1):
+        wait_index_converged(g, cluster.worker_urls)
     follow = [system, {"role": "user", "content": "second question"}]
     c0 = _chat(g0, follow).headers["x-kvgate-replica"]
     c1 = _chat(g1, follow).headers["x-kvgate-replica"]
@@ -261,7 +242,7 @@ def test_remote_image_fetched_once_inlined_and_keyed_alike(cluster):
         first = _chat(cluster.gateway_url, msgs)
         assert first.status_code == 200, first.text
         assert images.hits == 1  # the gateway fetched it; the worker got it inline
-        time.sleep(0.3)
+        wait_index_converged(cluster.gateway_url, cluster.worker_urls)
         second = _chat(cluster.gateway_url, msgs)
         assert second.status_code == 200
         assert images.hits == 2

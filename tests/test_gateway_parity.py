@@ -7,7 +7,7 @@ import time
 import httpx
 
 from gateway.replica_names import replica_name
-from harness.cluster import Cluster, ClusterSpec, Proc, free_port
+from harness.cluster import Cluster, ClusterSpec, Proc, free_port, wait_index_converged
 
 
 def test_mismatching_worker_is_flagged_and_routed_by_load_only(tmp_path):
@@ -65,7 +65,7 @@ def test_local_model_dir_assets_match_the_workers(tmp_path):
         body = {"model": "demo", "prompt": "a local tokenizer " * 30, "max_tokens": 2}
         first = httpx.post(f"{c.gateway_url}/v1/completions", json=body, timeout=30)
         assert first.status_code == 200, first.text
-        time.sleep(0.3)
+        wait_index_converged(c.gateway_url, c.worker_urls)
         second = httpx.post(f"{c.gateway_url}/v1/completions", json=body, timeout=30)
         cached = second.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
         assert cached > 0

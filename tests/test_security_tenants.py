@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from gateway.tenants import AuthError, TenantRegistry, parse_keys
-from harness.cluster import Cluster, ClusterSpec
+from harness.cluster import Cluster, ClusterSpec, wait_index_converged
 
 KEY_A = "sk-alice-7f3c9a1e5b2d4c6e8a0b"
 KEY_B = "sk-bob-2e4d6f8a0c1b3d5e7f9a"
@@ -127,7 +127,7 @@ def test_tenants_never_share_blocks(cluster) -> None:
     gw = cluster.gateway_url
     first = _chat(gw, KEY_A, "What were Q3 revenues?")
     assert _cached(first) == (0, 0)
-    time.sleep(0.3)  # let the worker's events reach the index
+    wait_index_converged(gw, cluster.worker_urls)  # the worker's events reached the index
     again = _cached(_chat(gw, KEY_A, "What were Q3 revenues?"))
     assert again[0] > 0 and again[0] == again[1]  # a tenant still hits its own cache
     assert _cached(_chat(gw, KEY_B, "What were Q3 revenues?")) == (0, 0)
@@ -135,7 +135,7 @@ def test_tenants_never_share_blocks(cluster) -> None:
     alice_salt = TenantRegistry(cluster.keys_path, SECRET).salt_for("alice", None)
     r = _chat(gw, KEY_B, "What were Q3 revenues?", cache_salt=alice_salt)
     assert _cached(r) == (0, 0)
-    time.sleep(0.3)
+    wait_index_converged(gw, cluster.worker_urls)
     # Bob's own repeat hits bob's blocks.
     bob_again = _cached(_chat(gw, KEY_B, "What were Q3 revenues?"))
     assert bob_again[0] > 0 and bob_again[0] == bob_again[1]
