@@ -57,3 +57,19 @@ def test_streaming_driver_measures_ttft_and_cached_tokens(tmp_path: Path):
     assert counters.requests == 2
     assert counters.hit_tokens == second.cached_tokens
     assert counters.prompt_tokens == first.prompt_tokens + second.prompt_tokens
+
+
+def test_after_burst_p99_leaves_out_the_opening_burst():
+    from bench.lib.load_runs import summarize
+    from bench.lib.runs import Measured
+    from harness.driver import Result
+
+    def result(i: int, latency: float, sent: float) -> Result:
+        return Result(f"c{i}", 0, "r", 100, 0, 0, latency, latency / 2, True, sent_at=sent)
+
+    burst = [result(i, 9.0, 0.001 * i) for i in range(4)]  # sent together on cold caches
+    later = [result(4 + i, 1.0 + i / 100, 1.0 + i) for i in range(20)]
+    row = summarize("uniform", 4, "cache_aware", Measured(later + burst, {}, 30.0), 0)
+    assert row.latency_p99_ms == 9000.0
+    assert row.after_burst_p99_ms == pytest.approx(1190.0)  # the slowest request after it
+    assert row.requests == 24 and row.exact == 1.0
