@@ -11,7 +11,7 @@ from cachekey.keys import HashNamespace, block_keys
 from gateway.config import CostWeights, GatewayConfig
 from gateway.index import ReplicaId
 from gateway.policies import POLICIES, RouteContext
-from gateway.policies.cache_aware import fleet_rate
+from gateway.policies.cache_aware import explain, fleet_rate
 from gateway.proxy import SSERelay
 from gateway.replica import Replica, parse_load
 
@@ -60,6 +60,25 @@ def test_cache_aware_cost_is_seconds_at_the_candidates_median_rate():
     assert cost.prefill == pytest.approx(160 * 2e-4) and cost.queue == 0.0
     assert cost.total == pytest.approx(cost.queue + cost.prefill + cost.interference + cost.spread)
     assert fleet_rate(_reps(2)) == 1.0  # none measured: costs in tokens
+
+
+def test_cache_aware_explains_each_decision_at_debug_level(caplog):
+    reps = _reps(2)
+    for r in reps:
+        r.prefill_rate.seconds_per_token = 1e-3
+    reps[1].in_flight, reps[1].in_flight_prefill_tokens = 1, 100
+    ctx = _ctx(reps, list(range(64)), {reps[0].id: 2})
+    policy = POLICIES["cache_aware"](GatewayConfig())
+    text = explain(policy, ctx)
+    # Cheapest first, in milliseconds: 32 uncached tokens (+32 interference) against 100
+    # queued, 64 uncached and 128 interference.
+    first, second = text.split("; ")
+    assert first.startswith("http://w0 total=64 queue=0 prefill=32 interference=32 ")
+    assert second.startswith("http://w1 total=292 queue=100 prefill=64 interference=128 ")
+    assert "in_flight=1" in second
+    with caplog.at_level("DEBUG", logger="gateway.policies.cache_aware"):
+        asyncio.run(policy.rank(ctx))
+    assert text in caplog.text
 
 
 def test_cache_aware_keeps_cold_prefills_off_busy_replicas():

@@ -22,6 +22,7 @@ prefix wins until the queue behind it costs more than recomputing it elsewhere: 
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 import statistics
@@ -32,6 +33,8 @@ from gateway.adapters import adapter_miss
 from gateway.config import GatewayConfig
 from gateway.policies.base import RouteContext, tie_order
 from gateway.replica import Replica
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -88,12 +91,29 @@ class CacheAwarePolicy:
             key=lambda t: (t[0], t[1]),
         )
         ranked = [r for _, _, r in scored]
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("cache_aware %d prompt tokens: %s", ctx.num_prompt_tokens, explain(self, ctx))
         if self.temperature > 0 and len(ranked) > 1:
             best = scored[0][0]
             weights = [math.exp(-(c - best) / self.temperature) for c, _, _ in scored]
             first = self._rng.choices(range(len(ranked)), weights=weights)[0]
             ranked.insert(0, ranked.pop(first))
         return ranked
+
+
+def explain(policy: CacheAwarePolicy, ctx: RouteContext) -> str:
+    """Each candidate's cost terms in milliseconds, cheapest first (for `--log-level debug`)."""
+    now, rate = time.monotonic(), fleet_rate(ctx.candidates)
+    costs = sorted(
+        ((policy.cost(ctx, r, now, rate), r) for r in ctx.candidates), key=lambda t: t[0].total
+    )
+    return "; ".join(
+        f"{r.id} total={c.total * 1e3:.0f} queue={c.queue * 1e3:.0f} prefill={c.prefill * 1e3:.0f}"
+        f" interference={c.interference * 1e3:.0f} spread={c.spread * 1e3:.0f}"
+        f" adapter={c.adapter * 1e3:.0f} in_flight={r.in_flight} running={r.running}"
+        f" waiting={r.waiting}"
+        for c, r in costs
+    )
 
 
 def fleet_rate(replicas: list[Replica]) -> float:
