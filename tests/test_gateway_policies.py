@@ -73,12 +73,15 @@ def test_cache_aware_explains_each_decision_at_debug_level(caplog):
     # Cheapest first, in milliseconds: 32 uncached tokens (+32 interference) against 100
     # queued, 64 uncached and 128 interference.
     first, second = text.split("; ")
-    assert first.startswith("http://w0 total=64 queue=0 prefill=32 interference=32 ")
+    assert first.startswith("(ms) http://w0 total=64 queue=0 prefill=32 interference=32 ")
     assert second.startswith("http://w1 total=292 queue=100 prefill=64 interference=128 ")
     assert "in_flight=1" in second
     with caplog.at_level("DEBUG", logger="gateway.policies.cache_aware"):
         asyncio.run(policy.rank(ctx))
     assert text in caplog.text
+    for r in reps:  # no rate measured yet: the same decision, in tokens
+        r.prefill_rate.seconds_per_token = None
+    assert explain(policy, ctx).startswith("(tokens) http://w0 total=64 queue=0 prefill=32 ")
 
 
 def test_cache_aware_keeps_cold_prefills_off_busy_replicas():

@@ -102,16 +102,19 @@ class CacheAwarePolicy:
 
 
 def explain(policy: CacheAwarePolicy, ctx: RouteContext) -> str:
-    """Each candidate's cost terms in milliseconds, cheapest first (for `--log-level debug`)."""
+    """Each candidate's cost terms, cheapest first (for `--log-level debug`): in milliseconds,
+    or in tokens while no replica's prefill rate is measured yet."""
     now, rate = time.monotonic(), fleet_rate(ctx.candidates)
+    measured = any(r.prefill_rate.seconds_per_token for r in ctx.candidates)
+    unit, scale = ("ms", 1e3) if measured else ("tokens", 1.0)
     costs = sorted(
         ((policy.cost(ctx, r, now, rate), r) for r in ctx.candidates), key=lambda t: t[0].total
     )
-    return "; ".join(
-        f"{r.id} total={c.total * 1e3:.0f} queue={c.queue * 1e3:.0f} prefill={c.prefill * 1e3:.0f}"
-        f" interference={c.interference * 1e3:.0f} spread={c.spread * 1e3:.0f}"
-        f" adapter={c.adapter * 1e3:.0f} in_flight={r.in_flight} running={r.running}"
-        f" waiting={r.waiting}"
+    return f"({unit}) " + "; ".join(
+        f"{r.id} total={c.total * scale:.0f} queue={c.queue * scale:.0f}"
+        f" prefill={c.prefill * scale:.0f} interference={c.interference * scale:.0f}"
+        f" spread={c.spread * scale:.0f} adapter={c.adapter * scale:.0f}"
+        f" in_flight={r.in_flight} running={r.running} waiting={r.waiting}"
         for c, r in costs
     )
 
