@@ -71,8 +71,8 @@ def ratios(rows: list[LoadRow]) -> dict[str, dict[str, float]]:
         if ll is not None:
             best_p99 = min(rr.latency_p99_ms, ll.latency_p99_ms)
             entry["p99_over_best_of_rr_ll"] = ca.latency_p99_ms / best_p99
-            best = min(rr.after_burst_p99_ms, ll.after_burst_p99_ms)
-            entry["after_burst_p99_over_best"] = ca.after_burst_p99_ms / best
+            best = min(rr.warm_p99_ms, ll.warm_p99_ms)
+            entry["warm_p99_over_best"] = ca.warm_p99_ms / best if best else 0.0
         seq = next(
             (r for r in rows if (r.label, r.concurrency, r.policy) == (key[0], 1, ca.policy)),
             None,

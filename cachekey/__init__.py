@@ -24,12 +24,14 @@ from cachekey.images import (
 )
 from cachekey.keys import (
     DEFAULT_HASH_SEED,
+    PREFIX_HEADER,
     HashNamespace,
     block_extra_keys,
     block_keys,
     clamp_match,
     encode_extra_keys,
     hash_block,
+    parse_prefix_header,
     root_key,
 )
 from cachekey.render import ImageOptions, Renderer, RenderLimits
@@ -38,6 +40,7 @@ from cachekey.types import BlockKey, ExtraKey, MMItem, Prompt
 __all__ = [
     "DEFAULT_HASH_SEED",
     "IGNORE_UUIDS",
+    "PREFIX_HEADER",
     "AssetError",
     "BlockKey",
     "ClientUuids",
@@ -64,6 +67,7 @@ __all__ = [
     "encode_extra_keys",
     "hash_block",
     "image_identifier",
+    "parse_prefix_header",
     "probe_image",
     "root_key",
     "scoped_uuid_identifier",

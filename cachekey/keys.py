@@ -226,3 +226,21 @@ def clamp_match(
                 n = (item.offset // block_size) * block_size
                 changed = True
     return n
+
+
+# The gateway's hint to the worker it sends a request to: the key, in hex, of the last block it
+# predicts the request to hit. The worker keeps that chain cached from the moment the request
+# arrives (worker/engine/block_manager.py, refresh_chain), not only once it is rendered.
+PREFIX_HEADER = "x-kvgate-prefix"
+_KEY_HEX_CHARS = 32  # xxh3_128
+
+
+def parse_prefix_header(value: str) -> BlockKey | None:
+    """The block key a prefix header names; None for anything but 16 bytes in hex (a hint is
+    never an error)."""
+    if len(value) != _KEY_HEX_CHARS:
+        return None
+    try:
+        return BlockKey(bytes.fromhex(value))
+    except ValueError:
+        return None

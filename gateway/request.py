@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import xxhash
 
-from cachekey.keys import HashNamespace, clamp_match
+from cachekey.keys import PREFIX_HEADER, HashNamespace, clamp_match
 from cachekey.types import BlockKey, Prompt
 from gateway import accounting
 from gateway.adapters import note_routed
@@ -295,6 +295,16 @@ class ProxyRequest:
     def speculative_keys(self) -> list[BlockKey]:
         """The keys the replica will hold once it has prefilled the request."""
         return self.keys
+
+    def prefix_header(self) -> bytes:
+        """The `x-kvgate-prefix` header line for the replica holding the slot: the last block
+        of the hit predicted there, which a kvgate worker keeps cached while it renders the
+        request (docs/gateway.md); empty when no hit is predicted, and for plain vLLM."""
+        n = self.predicted // self.ns.block_size
+        info = self.replica.info if self.replica is not None else None
+        if n == 0 or n > len(self.keys) or info is None or info.engine == "vllm":
+            return b""
+        return b"%s: %s\r\n" % (PREFIX_HEADER.encode(), self.keys[n - 1].hex().encode())
 
     def first_token(self) -> None:
         """Its prefill finished (the first bytes of its stream arrived): it queues no prefill

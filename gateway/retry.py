@@ -25,7 +25,7 @@ async def send_with_retries(px: ProxyRequest, payload: bytes) -> UpstreamRespons
         n = rep.rank_header
         rank = b"" if n is None else b"X-data-parallel-rank: %d\r\n" % n
         try:
-            resp = await rep.pool.post(px.endpoint, payload, rank)
+            resp = await rep.pool.post(px.endpoint, payload, rank + px.prefix_header())
         except UpstreamError as e:
             reason = str(e)
             failed = UpstreamFailed(f"{rep.id}: {reason}")

@@ -129,3 +129,13 @@ def test_clamp_match(matched, n_tokens, spans, expected):
     assert got == expected
     assert (got % BS == 0 and got < n_tokens) or n_tokens == 0
     assert not any(it.offset < got < it.end for it in items)
+
+
+def test_prefix_header_parses_only_a_whole_key_in_hex() -> None:
+    from cachekey import parse_prefix_header
+
+    key = block_keys(list(range(32)), HashNamespace("m", 16))[-1]
+    assert parse_prefix_header(key.hex()) == key
+    assert parse_prefix_header(key.hex().upper()) == key
+    for bad in ("", key.hex()[:-2], key.hex() + "00", "zz" * 16, " " + key.hex()[1:]):
+        assert parse_prefix_header(bad) is None

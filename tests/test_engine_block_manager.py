@@ -127,6 +127,44 @@ def test_lru_evicts_oldest_and_tail_first() -> None:
     assert prefill(bm, seq_of("b2", list(range(100, 109)))) == 8
 
 
+def test_refresh_chain_keeps_a_named_prefix_cached_through_the_next_evictions() -> None:
+    # The x-kvgate-prefix hint: a's chain, older than b's, is named before c allocates.
+    bm = BlockManager(6, BS, True)
+    a, b = seq_of("a", list(range(1, 10))), seq_of("b", list(range(100, 109)))
+    prefill(bm, a)
+    prefill(bm, b)
+    a_keys, b_keys = list(a.block_keys), list(b.block_keys)
+    bm.free(a)
+    bm.free(b)
+    assert bm.refresh_chain(a_keys[-1]) == 2
+    bm.drain_events()
+    # c takes 3 blocks: the two partial ones and b's tail, where without the refresh it
+    # takes a's blocks (test_lru_evicts_oldest_and_tail_first).
+    prefill(bm, seq_of("c", list(range(200, 209))))
+    removed = [
+        h for ev in bm.drain_events() if isinstance(ev, BlockRemoved) for h in ev.block_hashes
+    ]
+    assert removed == [b_keys[1]]
+    assert prefill(bm, seq_of("a2", list(range(1, 10)))) == 8
+
+
+def test_refresh_chain_ignores_unknown_keys_and_broken_chains() -> None:
+    bm = BlockManager(5, BS, True)
+    a = seq_of("a", list(range(1, 13)))  # 3 full blocks
+    prefill(bm, a)
+    keys = list(a.block_keys)
+    a0, a1, a2 = (bm.pool.blocks[i] for i in a.block_table)
+    bm.free(a)
+    assert bm.refresh_chain(BlockKey(b"\x00" * 16)) == 0
+    # Blocks 1 and 2 newest, then evict up to block 0: a chain with its head gone.
+    bm.pool.refresh([a1, a2])
+    bm.pool.take(3)
+    assert a0.key is None and a1.key == keys[1] and a2.key == keys[2]
+    order = [blk.block_id for blk in bm.pool.free_queue]
+    assert bm.refresh_chain(keys[2]) == 0
+    assert [blk.block_id for blk in bm.pool.free_queue] == order  # nothing moved
+
+
 def test_events_describe_stored_blocks() -> None:
     bm = BlockManager(16, BS, True)
     img = MMItem("pic", "image", offset=3, length=2)

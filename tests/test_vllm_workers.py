@@ -304,6 +304,7 @@ def test_gateway_sends_each_request_to_the_rank_holding_its_prefix(tmp_path, dem
             assert resp.headers["x-kvgate-replica"] == replica_name(rank1, None)
             assert resp.headers["x-kvgate-predicted-cached-tokens"] == "8"
         assert vllm.rank_headers == ["1", "1"]
+        assert vllm.prefix_headers == [None, None]  # predicted hits, but vLLM has no use for it
         chat = {"model": "demo", "messages": [{"role": "user", "content": "hi"}]}
         resp = httpx.post(f"{gw.url}/v1/chat/completions", json=chat, timeout=30)
         assert resp.status_code == 200, resp.text

@@ -76,6 +76,7 @@ class VllmLike:
         self.published = dict.fromkeys(self.ranks, 0)
         self.waiting = dict.fromkeys(self.ranks, 0.0)  # each engine's vllm:num_requests_waiting
         self.rank_headers: list[str | None] = []
+        self.prefix_headers: list[str | None] = []  # kvgate workers only get one
         self.bodies: list[dict] = []  # the request bodies the gateway forwarded
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -161,6 +162,7 @@ class VllmLike:
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["content-length"])))
                 outer.rank_headers.append(self.headers.get("X-data-parallel-rank"))
+                outer.prefix_headers.append(self.headers.get("x-kvgate-prefix"))
                 outer.bodies.append(body)
                 usage = {"prompt_tokens": 1, "completion_tokens": 1}
                 resp = {"choices": [{"text": "x", "index": 0}], "usage": usage}

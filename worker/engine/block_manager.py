@@ -7,7 +7,7 @@ serves another request's K/V. Matches are clamped so they never end inside an im
 
 from __future__ import annotations
 
-from cachekey import clamp_match
+from cachekey import BlockKey, clamp_match
 from cachekey.events import BlockStored, KVEvent
 from worker.engine.block_pool import BlockPool
 from worker.engine.free_queue import Block
@@ -60,6 +60,28 @@ class BlockManager:
             and block.extra_keys == seq.block_extra[index]
             and block.token_ids == seq.block_tokens(index, self.block_size)
         )
+
+    def refresh_chain(self, last: BlockKey) -> int:
+        """Make the cached chain that ends at block `last` the newest in the LRU; returns its
+        length (0 when a block of it is gone: the blocks after a gap are no prefix).
+
+        The gateway names the last block it predicted a request to hit (the request's
+        `X-kvgate-prefix` header) as soon as the request arrives. Rendering comes later, and
+        only then does `refresh_cached_prefix` know the request's keys; a burst of work
+        admitted meanwhile would otherwise evict that prefix from the LRU head first."""
+        if not self.enable_prefix_caching:
+            return 0
+        chain: list[Block] = []
+        key: BlockKey | None = last
+        while key is not None and len(chain) < self.pool.num_blocks:
+            block = self.pool.lookup(key)
+            if block is None:
+                return 0
+            chain.append(block)
+            key = block.parent
+        chain.reverse()
+        self.pool.refresh(chain)
+        return len(chain)
 
     def refresh_cached_prefix(self, seq: Sequence) -> None:
         """A queued request will hit its cached prefix: keep it from being evicted first by the

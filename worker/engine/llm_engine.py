@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from cachekey import HashNamespace, Prompt
+from cachekey import BlockKey, HashNamespace, Prompt
 from cachekey.assets import ModelAssets
 from cachekey.errors import PromptTooLongError
 from cachekey.events import KVEvent
@@ -61,6 +61,7 @@ class LLMEngine:
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._prompt_tokens_total = 0
         self._generation_tokens_total = 0
+        self._prefix_hint_blocks = 0
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -197,6 +198,13 @@ class LLMEngine:
     def snapshot_blocks(self) -> list[CachedBlock]:
         return self.block_manager.snapshot()
 
+    def refresh_prefix(self, last: BlockKey) -> int:
+        """A request predicted to hit the cached chain ending at `last` is on its way: keep that
+        chain from being evicted first (BlockManager.refresh_chain)."""
+        n = self.block_manager.refresh_chain(last)
+        self._prefix_hint_blocks += n
+        return n
+
     def reset_prefix_cache(self) -> bool:
         return self.block_manager.reset()
 
@@ -219,6 +227,7 @@ class LLMEngine:
             hidden_cache_bytes=self.runner.hidden.cache_bytes,
             hidden_queries_tokens=self.runner.hidden.counters.queries_tokens,
             hidden_hits_tokens=self.runner.hidden.counters.hits_tokens,
+            prefix_hint_blocks=self._prefix_hint_blocks,
             lora=None if self.loras is None else self._lora_stats(self.loras),
         )
 

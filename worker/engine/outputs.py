@@ -45,6 +45,7 @@ class EngineStats:
     hidden_cache_bytes: int = 0
     hidden_queries_tokens: int = 0  # prompt tokens of requests that wanted hidden states
     hidden_hits_tokens: int = 0  # of those, served from the prefix cache
+    prefix_hint_blocks: int = 0  # cached blocks the gateway's x-kvgate-prefix hints refreshed
     lora: LoRAStats | None = None  # None: LoRA is not enabled
 
 

@@ -110,6 +110,12 @@ class _EngineCollector(Collector):
         yield counter("vllm:prompt_tokens", "Prompt tokens processed.", "prompt_tokens_total")
         yield counter("vllm:generation_tokens", "Tokens generated.", "generation_tokens_total")
         yield counter(
+            "kvgate_worker_prefix_hint_blocks",
+            "Cached blocks kept from eviction on a request's arrival, named by the gateway's "
+            "x-kvgate-prefix header (the hit it predicted).",
+            "prefix_hint_blocks",
+        )
+        yield counter(
             "kvgate_worker_encoder_cache_hits",
             "Images whose embeddings came from the encoder cache.",
             "encoder_cache_hits",
