@@ -107,21 +107,28 @@ def test_ref_counts_with_shared_prefix() -> None:
     assert bm.num_free_blocks == 16 and len(bm.pool.cached) == 2  # cached, evictable
 
 
-def test_lru_evicts_oldest_and_tail_first() -> None:
-    bm = BlockManager(6, BS, True)
+def _cache_a_then_b(bm: BlockManager) -> tuple[list[BlockKey], list[BlockKey]]:
+    """Cache two 9-token sequences, a then b, and free them: a's blocks are the older ones."""
     a, b = seq_of("a", list(range(1, 10))), seq_of("b", list(range(100, 109)))
     prefill(bm, a)
     prefill(bm, b)
-    a_keys, b_keys = list(a.block_keys), list(b.block_keys)
     bm.free(a)
     bm.free(b)
+    return list(a.block_keys), list(b.block_keys)
+
+
+def _removed(bm: BlockManager) -> list:
+    """The keys BlockRemoved events reported since the last drain."""
+    return [h for ev in bm.drain_events() if isinstance(ev, BlockRemoved) for h in ev.block_hashes]
+
+
+def test_lru_evicts_oldest_and_tail_first() -> None:
+    bm = BlockManager(6, BS, True)
+    a_keys, b_keys = _cache_a_then_b(bm)
     bm.drain_events()
     c = seq_of("c", list(range(200, 209)))  # needs 3 blocks: a's tail first, then a's head
     prefill(bm, c)
-    removed = [
-        h for ev in bm.drain_events() if isinstance(ev, BlockRemoved) for h in ev.block_hashes
-    ]
-    assert removed == [a_keys[1], a_keys[0]]
+    assert _removed(bm) == [a_keys[1], a_keys[0]]
     assert set(bm.pool.cached) == set(b_keys) | set(c.block_keys)
     # A hit on b pulls its blocks out of the LRU, so the next eviction takes c's.
     assert prefill(bm, seq_of("b2", list(range(100, 109)))) == 8
@@ -130,21 +137,13 @@ def test_lru_evicts_oldest_and_tail_first() -> None:
 def test_refresh_chain_keeps_a_named_prefix_cached_through_the_next_evictions() -> None:
     # The x-kvgate-prefix hint: a's chain, older than b's, is named before c allocates.
     bm = BlockManager(6, BS, True)
-    a, b = seq_of("a", list(range(1, 10))), seq_of("b", list(range(100, 109)))
-    prefill(bm, a)
-    prefill(bm, b)
-    a_keys, b_keys = list(a.block_keys), list(b.block_keys)
-    bm.free(a)
-    bm.free(b)
+    a_keys, b_keys = _cache_a_then_b(bm)
     assert bm.refresh_chain(a_keys[-1]) == 2
     bm.drain_events()
     # c takes 3 blocks: the two partial ones and b's tail, where without the refresh it
     # takes a's blocks (test_lru_evicts_oldest_and_tail_first).
     prefill(bm, seq_of("c", list(range(200, 209))))
-    removed = [
-        h for ev in bm.drain_events() if isinstance(ev, BlockRemoved) for h in ev.block_hashes
-    ]
-    assert removed == [b_keys[1]]
+    assert _removed(bm) == [b_keys[1]]
     assert prefill(bm, seq_of("a2", list(range(1, 10)))) == 8
 
 
