@@ -122,8 +122,8 @@ class EmbeddingProxyRequest(ProxyRequest):
             total += clamp_match(blocks * bs, len(prompt), bs, prompt.mm_items)
         return total
 
-    def prefix_header(self) -> bytes:
-        return b""  # several inputs, and `predicted` adds up all their hits
+    def prefix_hint(self) -> str | None:
+        return None  # several inputs, and `predicted` adds up all their hits
 
     def speculative_keys(self) -> list[BlockKey]:
         """Every input's keys, in one guess that lives as long as the request."""

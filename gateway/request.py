@@ -296,15 +296,20 @@ class ProxyRequest:
         """The keys the replica will hold once it has prefilled the request."""
         return self.keys
 
-    def prefix_header(self) -> bytes:
-        """The `x-kvgate-prefix` header line for the replica holding the slot: the last block
-        of the hit predicted there, which a kvgate worker keeps cached while it renders the
-        request (docs/gateway.md); empty when no hit is predicted, and for plain vLLM."""
+    def prefix_hint(self) -> str | None:
+        """The `x-kvgate-prefix` value for the replica holding the slot: the hex key of the last
+        block of the hit predicted there, which a kvgate worker keeps cached while it renders
+        the request (docs/gateway.md); None when no hit is predicted, and for plain vLLM."""
         n = self.predicted // self.ns.block_size
         info = self.replica.info if self.replica is not None else None
         if n == 0 or n > len(self.keys) or info is None or info.engine == "vllm":
-            return b""
-        return b"%s: %s\r\n" % (PREFIX_HEADER.encode(), self.keys[n - 1].hex().encode())
+            return None
+        return self.keys[n - 1].hex()
+
+    def prefix_header(self) -> bytes:
+        """`prefix_hint` as a raw header line for the HTTP proxy; empty when there is none."""
+        hint = self.prefix_hint()
+        return b"" if hint is None else b"%s: %s\r\n" % (PREFIX_HEADER.encode(), hint.encode())
 
     def first_token(self) -> None:
         """Its prefill finished (the first bytes of its stream arrived): it queues no prefill

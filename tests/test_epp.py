@@ -17,12 +17,22 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from PIL import Image
 
+from cachekey.keys import PREFIX_HEADER
 from gateway.epp.wire import BODY_CHUNK_BYTES
-from harness.cluster import HOST, Cluster, ClusterSpec, Proc, free_port, wait_index_converged
+from harness.cluster import (
+    HOST,
+    Cluster,
+    ClusterSpec,
+    Proc,
+    free_port,
+    metric_total,
+    wait_index_converged,
+)
 from harness.extproc_client import ExtProcClient, forward
 from harness.workload import Workload, WorkloadSpec, data_url, make_image
 
 CHAT = "/v1/chat/completions"
+HINT_BLOCKS = "kvgate_worker_prefix_hint_blocks_total"
 # The recent-prefill term decays with wall time: zeroed here so that two processes holding the
 # same index must make the same decision (cost: the match, in-flight and the workers' counts).
 GATEWAY_ARGS = (
@@ -119,8 +129,11 @@ def test_health_follows_the_protocol(cluster) -> None:
 
 def test_picks_and_predicts_as_the_http_gateway(cluster, client) -> None:
     """Multi-turn multimodal chats: for each request, with both indexes equal to the workers'
-    caches, the EPP's pick and predicted cached tokens equal the HTTP gateway's."""
+    caches, the EPP's pick and predicted cached tokens equal the HTTP gateway's, and both name
+    the predicted hit to the worker, which finds that whole chain cached."""
     c, epp = cluster
+    hinted = sum(metric_total(u, HINT_BLOCKS) for u in c.worker_urls)
+    predicted_blocks = 0
     wl = Workload(WorkloadSpec(tenants=2, users_per_tenant=2, turns=3, system_words=150,
                                image_prob=0.5, seed=5))  # fmt: skip
     histories: dict[str, list[dict]] = {}
@@ -144,8 +157,13 @@ def test_picks_and_predicts_as_the_http_gateway(cluster, client) -> None:
         predicted = relayed.set_headers["x-kvgate-predicted-cached-tokens"]
         assert predicted == r.headers["x-kvgate-predicted-cached-tokens"]
         hits += int(predicted) > 0
+        predicted_blocks += int(predicted) // 16
+        assert (PREFIX_HEADER in ans.set_headers) == (int(predicted) >= 16)
         msgs.append({"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]})
     assert hits >= len(wl) // 2 and images > 0  # prefixes and images do recur: not vacuous
+    # Each prediction was sent twice, by the EPP and by the HTTP gateway.
+    hinted = sum(metric_total(u, HINT_BLOCKS) for u in c.worker_urls) - hinted
+    assert hinted == 2 * predicted_blocks > 0
 
 
 def test_answer_follows_the_protocol(cluster, client) -> None:

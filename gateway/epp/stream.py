@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Mapping
 
 import grpc
 
+from cachekey.keys import PREFIX_HEADER
 from cachekey.worker_auth import bearer
 from gateway.errors import GatewayError, as_gateway_error
 from gateway.index import ReplicaId
@@ -132,6 +133,9 @@ class ExtProcStream:
         extra = {"content-length": str(len(payload)), **_to_worker(st)}
         if rank is not None:
             extra["x-data-parallel-rank"] = str(rank)
+        # The pick's predicted hit; a fallback endpoint refreshes that chain only if it holds it.
+        if (hint := px.prefix_hint()) is not None:
+            extra[PREFIX_HEADER] = hint
         yield wire.route_response(endpoints, extra)
         for out in wire.body_responses(payload, end=not source.trailers, response=False):
             yield out
