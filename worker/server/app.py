@@ -20,6 +20,7 @@ from worker.server.body_guard import BodyGuard
 from worker.server.config import ServerConfig
 from worker.server.engine_client import AsyncEngine
 from worker.server.errors import install_error_handlers
+from worker.server.prefix_hint import PrefixHint
 from worker.server.routers import debug, embeddings, kvgate, lora, openai, ops, peers
 
 _WATCHDOG_S = 0.5
@@ -51,13 +52,15 @@ def create_app(
         app.include_router(lora.router)
     if config.enable_fault_injection:
         app.include_router(debug.router)
-    # Added last is outermost: the token is checked before a body is read.
+    # Added last is outermost: the token is checked before the prefix hint is acted on, and
+    # both before a body is read.
     app.add_middleware(
         BodyGuard,
         max_bytes=config.max_body_bytes,
         max_depth=config.max_json_depth,
         max_elements=config.max_json_elements,
     )
+    app.add_middleware(PrefixHint)
     if config.worker_token is not None:
         app.add_middleware(WorkerAuth, token=config.worker_token, open_paths=config.open_paths)
     return app

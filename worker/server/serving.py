@@ -14,7 +14,6 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from cachekey.errors import PromptTooLongError
-from cachekey.keys import PREFIX_HEADER, parse_prefix_header
 from cachekey.render import Renderer
 from cachekey.types import Prompt
 from worker.engine.sampling_params import SamplingParams
@@ -117,14 +116,6 @@ class OpenAIServing:
             )
             for i in range(body.n)
         ]
-
-    def hold_prefix(self, raw: Request) -> None:
-        """Keep the cached chain the gateway predicts this request to hit (its `x-kvgate-prefix`
-        header) from being evicted while the request renders: a hint, so a bad one is ignored."""
-        value = raw.headers.get(PREFIX_HEADER)
-        key = parse_prefix_header(value) if value is not None else None
-        if key is not None:
-            self.ctx.engine.post(lambda engine: engine.refresh_prefix(key))
 
     # -- running -------------------------------------------------------------------------------
 

@@ -21,7 +21,6 @@ class ServingChat(OpenAIServing):
     async def create(self, raw: Request, body: ChatCompletionRequest) -> Response:
         arrived = time.perf_counter()
         turn = self.ctx.order.take()
-        self.hold_prefix(raw)
         try:
             lora = self.check_request(raw, body)
             prompt = await self.render(

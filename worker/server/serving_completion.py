@@ -17,7 +17,6 @@ class ServingCompletion(OpenAIServing):
     async def create(self, raw: Request, body: CompletionRequest) -> Response:
         arrived = time.perf_counter()
         turn = self.ctx.order.take()
-        self.hold_prefix(raw)
         try:
             lora = self.check_request(raw, body)
             prompt = await self.render(body.single_prompt())

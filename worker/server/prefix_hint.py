@@ -1,0 +1,53 @@
+"""The gateway's prefix hint, acted on as soon as a request's headers arrive.
+
+The gateway names (`x-kvgate-prefix`) the last block of the cached chain it predicts a request to
+hit. Until the engine sees that request, other requests' admissions evict from the LRU head, which
+is where a conversation's blocks wait between its turns. Reading a body, checking its shape and
+validating it can take tens of milliseconds on a busy worker, so the chain is refreshed before
+any of that (BlockManager.refresh_chain), between the engine's next steps. A hint is never an
+error: a malformed one, or one naming a chain the engine does not hold, changes nothing.
+
+Inside the token check (only an authenticated request reaches the engine), outside the body guard.
+"""
+
+from __future__ import annotations
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from cachekey.keys import PREFIX_HEADER, parse_prefix_header
+
+_HINT = PREFIX_HEADER.encode()
+_RANK = b"x-data-parallel-rank"
+
+
+class PrefixHint:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            hint = rank = None
+            for name, value in scope["headers"]:
+                if name == _HINT:
+                    hint = value
+                elif name == _RANK:
+                    rank = value
+            if hint is not None:
+                _refresh(scope["app"].state.ranks, hint, rank)
+        await self.app(scope, receive, send)
+
+
+def _refresh(ranks: list, hint: bytes, rank: bytes | None) -> None:
+    key = parse_prefix_header(hint.decode("latin-1"))
+    if key is None:
+        return
+    if rank is None:
+        if len(ranks) != 1:
+            return  # the route picks the least loaded rank later: which one is not known yet
+        state = ranks[0]
+    else:
+        i = int(rank) if rank.isdigit() else -1
+        if not 0 <= i < len(ranks):
+            return  # the route answers the bad rank with a 400
+        state = ranks[i]
+    state.engine.post(lambda engine: engine.refresh_prefix(key))
