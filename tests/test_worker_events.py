@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 import time
 from collections import Counter
 
@@ -213,3 +214,41 @@ def test_replay_of_everything_from_zero_matches(worker):
         assert sub.keys == _snapshot_keys(snap)
     finally:
         ctx.destroy(linger=0)
+
+
+def test_a_steps_evictions_are_announced_before_its_forward_pass(demo_model_dir):
+    """Evictions are final once a step is scheduled, so the worker publishes them before the
+    step runs: a gateway routing during a long prefill must not count the blocks it took."""
+    args = (
+        "--num-blocks", "8", "--max-num-seqs", "2", "--max-model-len", "256",
+        "--sim-prefill-s-per-token", "0.02",
+    )  # fmt: skip
+    with WorkerProcess(demo_model_dir, *args, engine="sim") as w:
+        ctx = zmq.Context()
+        try:
+            sub = Subscriber(ctx, w)
+            body = {"model": "demo", "max_tokens": 1, "temperature": 0}
+            # 4 cached blocks, free once it ends; the next prompt needs 7 of the 8 blocks.
+            r = httpx.post(f"{w.url}/v1/completions", json={**body, "prompt": [7] * 64}, timeout=30)
+            assert r.status_code == 200, r.text
+            done: list[float] = []
+
+            def second() -> None:
+                r = httpx.post(
+                    f"{w.url}/v1/completions", json={**body, "prompt": [9] * 96}, timeout=30
+                )
+                assert r.status_code == 200, r.text
+                done.append(time.monotonic())
+
+            thread = threading.Thread(target=second)
+            thread.start()
+            deadline = time.monotonic() + 10
+            while sub.removed == 0 and time.monotonic() < deadline:
+                sub.pump(10)
+            announced = time.monotonic()
+            thread.join(30)
+            assert sub.removed > 0 and done
+            # Its prefill (96 tokens at 20 ms) runs after the announcement, not before it.
+            assert done[0] - announced > 1.0, done[0] - announced
+        finally:
+            ctx.destroy(linger=0)

@@ -20,7 +20,7 @@ from worker.engine.lora_manager import LoRAManager, lora_manager
 from worker.engine.outputs import CachedBlock, EngineStats, LoRAStats, RequestOutput
 from worker.engine.request_checks import check_prompt
 from worker.engine.sampling_params import SamplingParams
-from worker.engine.scheduler import Scheduler
+from worker.engine.scheduler import ScheduledSeq, Scheduler
 from worker.engine.sequence import Sequence
 from worker.engine.sim_runner import SimRunner
 
@@ -121,7 +121,15 @@ class LLMEngine:
     # -- the step loop -----------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        batch = self.scheduler.schedule()
+        return self.execute(self.schedule())
+
+    def schedule(self) -> list[ScheduledSeq]:
+        """The step's batch. Admissions allocate here, evicting cached blocks: those evictions
+        are final, so a caller may publish them before the forward pass (engine_client)."""
+        return self.scheduler.schedule()
+
+    def execute(self, batch: list[ScheduledSeq]) -> list[RequestOutput]:
+        """Run a scheduled batch: the forward pass, then its tokens and its newly full blocks."""
         if not batch:
             return []
         tokens = self.runner.execute(batch)

@@ -2,10 +2,10 @@
 
 The engine thread takes commands (add, abort, snapshot, reset), steps while there is work,
 hands each RequestOutput to its request's asyncio queue with one `call_soon_threadsafe` per
-step, and publishes the events it drains from the engine as one batch per iteration. Because
-batches get their seq in this thread, a snapshot taken here between steps knows exactly which
-seq it reflects. If anything escapes `step()`, the engine is dead: pending requests fail,
-`/health` turns 503 and new requests are refused at once."""
+step, and publishes the events it drains from the engine: the evictions once the step is
+scheduled, the stores once it has run. Because batches get their seq in this thread, a snapshot
+taken here between steps knows exactly which seq it reflects. If anything escapes a step, the
+engine is dead: pending requests fail, `/health` turns 503 and new requests are refused at once."""
 
 from __future__ import annotations
 
@@ -209,7 +209,11 @@ class AsyncEngine:
             busy = engine.has_unfinished_requests()
             changed = self._run_commands(block=not busy)
             if engine.has_unfinished_requests():
-                outputs = engine.step()
+                batch = engine.schedule()
+                # Its evictions, announced before the forward pass: a gateway routing meanwhile
+                # must not predict a hit on blocks this step already took (stores come after).
+                self._publish_events()
+                outputs = engine.execute(batch)
                 self._deliver(outputs)
                 changed = changed or any(o.finished for o in outputs)
             self._publish_events()
