@@ -9,6 +9,7 @@ policy, cache_aware first, every cache reset in between; requests stream, so TTF
 
     python -m bench.under_load                    # table + bench/results/under_load.json
     python -m bench.under_load --variants uniform --concurrency 16 --seed 0
+    python -m bench.under_load --variants hot --concurrency 4 --policies cache_aware --repeat 6
 """
 
 from __future__ import annotations
@@ -48,11 +49,13 @@ def run_variant(variant: str, args: argparse.Namespace) -> list[LoadRow]:
             log_dir=args.log_dir / f"{variant}-c{conc}",
         )
         with Cluster(spec) as c:
-            for policy in args.policies:
-                urls = [g.url for g in c.gateways]
-                row = run_once(c.gateway_url, urls, c.worker_urls, workload, policy, conc, variant)
-                rows.append(row)
-                print_table([row], COLUMNS, header=len(rows) == 1)
+            urls, workers = [g.url for g in c.gateways], c.worker_urls
+            for i in range(args.repeat):
+                label = variant if args.repeat == 1 else f"{variant}.{i}"
+                for policy in args.policies:
+                    row = run_once(c.gateway_url, urls, workers, workload, policy, conc, label)
+                    rows.append(row)
+                    print_table([row], COLUMNS, header=len(rows) == 1)
     return rows
 
 
@@ -89,11 +92,18 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,4,16,64")
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--seed", type=int, default=SEED)
+    ap.add_argument(
+        "--repeat", type=int, default=1,
+        help="serve the trace this many times per policy on the same cluster (rows labelled"
+        " variant.i): the spread of single runs",
+    )  # fmt: skip
     ap.add_argument("--log-dir", type=Path, default=Path("bench/results/logs/under_load"))
     ap.add_argument("--out", type=Path, default=Path("bench/results/under_load.json"))
     args = ap.parse_args()
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     args.policies = [p for p in args.policies.split(",") if p]
+    if args.repeat < 1:
+        ap.error("--repeat must be at least 1")
     rows: list[LoadRow] = []
     for variant in args.variants.split(","):
         if variant not in ("uniform", "hot"):
