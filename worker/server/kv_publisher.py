@@ -1,15 +1,19 @@
 """KV-event publisher: ZMQ PUB for live batches, ROUTER for replay from a bounded buffer.
 
-The engine thread calls `publish()`, which only assigns the sequence number and enqueues the
-encoded batch; one publisher thread owns both sockets (ZMQ sockets are not thread-safe), sends
-on PUB without blocking and answers replay requests. The engine thread is never blocked by a
-slow or absent subscriber. With events disabled the worker holds a `NullEventPublisher`, so no
-caller ever checks whether there is a publisher.
+The engine thread calls `publish()`, which only assigns the sequence number, enqueues the
+encoded batch and wakes the publisher thread; that one thread owns both sockets (ZMQ sockets are
+not thread-safe), sends on PUB without blocking and answers replay requests. It sleeps in one
+poll on the replay socket and a wake-up pipe, so a batch leaves as soon as it is published: a
+gateway routing before an eviction reaches it predicts a hit that is gone. The engine thread is
+never blocked by a slow or absent subscriber. With events disabled the worker holds a
+`NullEventPublisher`, so no caller ever checks whether there is a publisher.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import queue
 import threading
 from collections import deque
@@ -31,8 +35,6 @@ from cachekey.worker_auth import CurveKeys
 from worker.server.curve_auth import CurveGuard
 
 logger = logging.getLogger(__name__)
-
-_POLL_MS = 5
 
 
 @dataclass(slots=True)
@@ -104,6 +106,9 @@ class KVEventPublisher:
             self._stop_guard()
             self._ctx.destroy(linger=0)
             raise
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
         self._thread = threading.Thread(target=self._run, name="kv-publisher", daemon=True)
         self._stopped = False
 
@@ -132,13 +137,22 @@ class KVEventPublisher:
         seq = self._next_seq
         self._next_seq += 1
         self._outbox.put((seq, encode_batch(events, self.config.data_parallel_rank)))
+        self._wake()
         return seq
+
+    def _wake(self) -> None:
+        if self._stopped:
+            return  # closed: the pipe may be gone (an engine thread that outlived its join)
+        # A full pipe holds wake-ups enough: the thread is bound to drain the outbox.
+        with contextlib.suppress(BlockingIOError):
+            os.write(self._wake_w, b"\0")
 
     def close(self) -> None:
         if self._stopped:
             return
-        self._stopped = True
         self._outbox.put(None)
+        self._wake()
+        self._stopped = True
         if self._thread.is_alive():
             self._thread.join(timeout=2)
         self._pub.close(0)
@@ -146,6 +160,9 @@ class KVEventPublisher:
             self._router.close(0)
         self._stop_guard()
         self._ctx.term()
+        if not self._thread.is_alive():
+            os.close(self._wake_r)
+            os.close(self._wake_w)
 
     def _stop_guard(self) -> None:
         if self._guard is not None:
@@ -156,19 +173,20 @@ class KVEventPublisher:
 
     def _run(self) -> None:
         poller = zmq.Poller()
+        poller.register(self._wake_r, zmq.POLLIN)
         if self._router is not None:
             poller.register(self._router, zmq.POLLIN)
-        while True:
-            if not self._flush_outbox():
-                return
-            if self._router is None:
-                item = self._outbox.get()
-                if item is None:
-                    return
-                self._send(*item)
-                continue
-            if dict(poller.poll(_POLL_MS)):
+        while self._flush_outbox():
+            ready = dict(poller.poll())
+            if self._wake_r in ready:
+                self._drain_wakes()  # before the next flush: a later publish wakes it again
+            if self._router is not None and self._router in ready:
                 self._answer_replay()
+
+    def _drain_wakes(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self._wake_r, 4096):
+                pass
 
     def _flush_outbox(self) -> bool:
         while True:
