@@ -38,10 +38,10 @@ LEGEND = """\
   reported cached  cached tokens the worker reported (usage.prompt_tokens_details.cached_tokens)
   predicted        cached tokens the gateway expected (x-kvgate-predicted-cached-tokens header)
   exact            requests whose predicted count equals the reported one. With several chats
-                   in flight a prediction can be off: a block the gateway counts may still be
-                   computing for a request routed just before (a worker shares only finished
-                   blocks), or be evicted before the request runs. With --concurrency 1 they
-                   matched on every request in our runs."""
+                   in flight a prediction can be off: the worker may evict a block the gateway
+                   counts in the milliseconds before it hears of that, or two requests may reach
+                   the worker in another order than the gateway sent them. With --concurrency 1
+                   they matched on every request in our runs."""
 
 
 def reset_caches(cluster: Cluster) -> None:
