@@ -4,8 +4,6 @@ match the workers' blocks, the model list."""
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import pytest
 from conftest import free_port
@@ -113,7 +111,7 @@ def test_plain_vllm_adapter_is_keyed_with_its_name(tmp_path, demo_model_dir):
         gw.wait_healthy(60)
         index = f"{gw.url}/kvgate/index"
         wait_until(lambda: httpx.get(index).json()["replicas"][fake.url]["synced"], 10, "sync")
-        time.sleep(0.3)  # the SUB subscription reaches the publisher
+        fake.subscribed()
         assert models(gw.url) == {"demo": None, "sql": "demo"}
         prompt = list(range(100, 150))  # 3 full blocks + 2 tokens
         body = {"model": "sql", "prompt": prompt, "max_tokens": 1}

@@ -31,7 +31,7 @@ class FakeVllm:
         self.lora_seen: list[str] = []  # the adapter of each request that named one
         self.events_port = free_port()
         self._ctx = zmq.Context()
-        self._pub = self._ctx.socket(zmq.PUB)
+        self._pub = self._ctx.socket(zmq.XPUB)  # tells the test when a subscription arrived
         self._pub.bind(f"tcp://127.0.0.1:{self.events_port}")
         self._lock = threading.Lock()
         self._seq = 0
@@ -88,6 +88,13 @@ class FakeVllm:
         self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def subscribed(self, timeout_ms: int = 10_000) -> None:
+        """Until a subscription has reached the PUB. This server keeps no replay buffer, so a
+        batch published before that is lost for good."""
+        with self._lock:
+            assert self._pub.poll(timeout_ms), "no subscriber"
+            self._pub.recv()
 
     def serve(self, tokens: list[int], lora: str | None = None) -> int:
         """Cache the prompt's full blocks and publish what was new, as vLLM would (a LoRA
@@ -160,7 +167,7 @@ def test_plain_vllm_worker_is_indexed_from_its_events(tmp_path, demo_model_dir, 
         while not httpx.get(f"{gw.url}/kvgate/index").json()["replicas"][fake_vllm.url]["synced"]:
             assert time.monotonic() < deadline
             time.sleep(0.1)
-        time.sleep(0.3)  # the SUB subscription reaches the publisher
+        fake_vllm.subscribed()
         prompt = list(range(100, 150))  # 3 full blocks + 2 tokens
         body = {"model": "demo", "prompt": prompt, "max_tokens": 1}
         first = httpx.post(f"{gw.url}/v1/completions", json=body, timeout=30)
