@@ -337,10 +337,11 @@ def wait_index_converged(
         time.sleep(0.2)
 
 
-def metric_total(url: str, name: str) -> float:
-    """Sum of every sample of one Prometheus metric at `url`/metrics (0 when absent)."""
+def metric_total(url: str, name: str, headers: dict[str, str] | None = None) -> float:
+    """Sum of every sample of one Prometheus metric at `url`/metrics (0 when absent);
+    `headers` for a worker that wants its token."""
     total = 0.0
-    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+    for line in httpx.get(f"{url}/metrics", headers=headers, timeout=10).text.splitlines():
         if line.split("{")[0].split(" ")[0] == name:
             total += float(line.rsplit(" ", 1)[1])
     return total

@@ -214,14 +214,14 @@ def test_streamed_unstreamed_and_large_bodies(cluster, client) -> None:
     assert len(b.body_chunks) > 1 and max(b.body_chunks) <= BODY_CHUNK_BYTES
     # The client's stream options are forwarded as they were (the EPP relays nothing).
     assert json.loads(b.body)["stream_options"] == {"include_usage": True}
-    before = _metric(epp.url, "kvgate_prediction_error_tokens_count")
+    before = metric_total(epp.url, "kvgate_prediction_error_tokens_count")
     status, chunks, relayed = forward(chunked, b, CHAT)
     assert status == 200 and b"data: [DONE]" in relayed.body
     assert relayed.body == b"".join(chunks)
     assert relayed.set_headers["x-kvgate-predicted-cached-tokens"].isdigit()
     # The usage chunk was read from the relayed stream: predicted vs reported is recorded.
     deadline = time.monotonic() + 5
-    while _metric(epp.url, "kvgate_prediction_error_tokens_count") <= before:
+    while metric_total(epp.url, "kvgate_prediction_error_tokens_count") <= before:
         assert time.monotonic() < deadline, "the streamed usage was not recorded"
         time.sleep(0.05)
 
@@ -233,14 +233,6 @@ def noise_image(size: int) -> str:
     buf = io.BytesIO()
     img.save(buf, format="PNG")
     return data_url(buf.getvalue())
-
-
-def _metric(url: str, name: str) -> float:
-    total = 0.0
-    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
-        if line.split("{")[0].split(" ")[0] == name:
-            total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 def test_refusals_are_immediate_responses(cluster, client) -> None:

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from cachekey.keys import PREFIX_HEADER
-from harness.cluster import Cluster, ClusterSpec, wait_until
+from harness.cluster import Cluster, ClusterSpec, metric_total, wait_until
 
 TOKEN = "prefix-hint-test-token"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
@@ -46,12 +46,7 @@ def _last_key(url: str) -> str:
 
 
 def _hinted(url: str) -> float:
-    text = httpx.get(f"{url}/metrics", headers=AUTH, timeout=10).text
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.split("{")[0].split(" ")[0] == HINT_BLOCKS
-    )
+    return metric_total(url, HINT_BLOCKS, headers=AUTH)
 
 
 def _head(url: str, body: bytes, headers: dict[str, str]) -> bytes:

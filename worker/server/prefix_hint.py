@@ -12,12 +12,14 @@ Inside the token check (only an authenticated request reaches the engine), outsi
 
 from __future__ import annotations
 
+from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from cachekey.keys import PREFIX_HEADER, parse_prefix_header
+from worker.server.errors import APIError
+from worker.server.serving import rank_index
 
 _HINT = PREFIX_HEADER.encode()
-_RANK = b"x-data-parallel-rank"
 
 
 class PrefixHint:
@@ -26,28 +28,23 @@ class PrefixHint:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
-            hint = rank = None
-            for name, value in scope["headers"]:
-                if name == _HINT:
-                    hint = value
-                elif name == _RANK:
-                    rank = value
+            hint = next((v for k, v in scope["headers"] if k == _HINT), None)
             if hint is not None:
-                _refresh(scope["app"].state.ranks, hint, rank)
+                _refresh(scope, hint)
         await self.app(scope, receive, send)
 
 
-def _refresh(ranks: list, hint: bytes, rank: bytes | None) -> None:
+def _refresh(scope: Scope, hint: bytes) -> None:
     key = parse_prefix_header(hint.decode("latin-1"))
     if key is None:
         return
-    if rank is None:
+    ranks = scope["app"].state.ranks
+    try:
+        i = rank_index(Request(scope), len(ranks))  # the rank the route will serve it on
+    except APIError:
+        return  # the route answers the bad rank with a 400
+    if i is None:
         if len(ranks) != 1:
             return  # the route picks the least loaded rank later: which one is not known yet
-        state = ranks[0]
-    else:
-        i = int(rank) if rank.isdigit() else -1
-        if not 0 <= i < len(ranks):
-            return  # the route answers the bad rank with a 400
-        state = ranks[i]
-    state.engine.post(lambda engine: engine.refresh_prefix(key))
+        i = 0
+    ranks[i].engine.post(lambda engine: engine.refresh_prefix(key))
