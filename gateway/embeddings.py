@@ -15,6 +15,13 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
+from cachekey.embeddings_request import (
+    MAX_INPUTS,
+    EmbeddingInput,
+    check_one_source,
+    not_streamed,
+    split_inputs,
+)
 from cachekey.keys import HashNamespace, block_keys, clamp_match
 from cachekey.render import ImageOptions
 from cachekey.types import BlockKey, Prompt
@@ -25,12 +32,11 @@ from gateway.protocol import _Request
 from gateway.replica import Replica
 from gateway.request import ProxyRequest
 
-# OpenAI's limit on the inputs of one request (the worker enforces the same).
-MAX_INPUTS = 2048
-
 
 class EmbeddingRequest(_Request):
-    input: str | list[str] | list[int] | list[list[int]] | None = None
+    """The rules shared with the worker are in cachekey/embeddings_request.py."""
+
+    input: EmbeddingInput | None = None
     messages: list[dict[str, Any]] | None = Field(None, min_length=1)
     add_generation_prompt: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
@@ -38,25 +44,18 @@ class EmbeddingRequest(_Request):
     @field_validator("stream")
     @classmethod
     def _no_stream(cls, v: bool) -> bool:
-        if v:
-            raise ValueError("embeddings are not streamed")
-        return v
+        return not_streamed(v)
 
     @model_validator(mode="after")
     def _one_source(self) -> EmbeddingRequest:
-        if (self.input is None) == (self.messages is None):
-            raise ValueError("give exactly one of `input` and `messages`")
+        check_one_source(self.input, self.messages)
+        # Refused here, before rendering; the worker counts its split inputs again.
         if isinstance(self.input, list) and len(self.input) > MAX_INPUTS:
             raise ValueError(f"input has {len(self.input)} items; at most {MAX_INPUTS} allowed")
         return self
 
     def inputs(self) -> list[str | list[int]]:
-        raw = self.input
-        if raw is None:
-            return []
-        if isinstance(raw, str) or (raw and isinstance(raw[0], int)):
-            return [raw]
-        return list(raw)
+        return [] if self.input is None else split_inputs(self.input)
 
 
 Rendered = list[tuple[Prompt, list[BlockKey]]]

@@ -10,15 +10,19 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from cachekey.embeddings_request import (
+    MAX_INPUTS,
+    EmbeddingInput,
+    check_one_source,
+    not_streamed,
+    split_inputs,
+)
 from worker.server.protocol import _Request
-
-# OpenAI's own limit on the inputs of one embeddings request.
-MAX_INPUTS = 2048
-
-EmbeddingInput = str | list[str] | list[int] | list[list[int]]
 
 
 class EmbeddingRequest(_Request):
+    """The rules shared with the gateway are in cachekey/embeddings_request.py."""
+
     model: str | None = None
     input: EmbeddingInput | None = None
     messages: list[dict[str, Any]] | None = Field(None, min_length=1)
@@ -35,9 +39,7 @@ class EmbeddingRequest(_Request):
     @field_validator("stream")
     @classmethod
     def _no_stream(cls, v: bool) -> bool:
-        if v:
-            raise ValueError("embeddings are not streamed")
-        return v
+        return not_streamed(v)
 
     @field_validator("cache_salt")
     @classmethod
@@ -48,18 +50,13 @@ class EmbeddingRequest(_Request):
 
     @model_validator(mode="after")
     def _one_source(self) -> EmbeddingRequest:
-        if (self.input is None) == (self.messages is None):
-            raise ValueError("give exactly one of `input` and `messages`")
+        check_one_source(self.input, self.messages)
         return self
 
     def inputs(self) -> list[str | list[int]]:
         """The prompts to embed, one per output vector (empty ones refused)."""
-        raw = self.input
-        assert raw is not None
-        if isinstance(raw, str) or (raw and isinstance(raw[0], int)):
-            items: list = [raw]
-        else:
-            items = list(raw)
+        assert self.input is not None
+        items = split_inputs(self.input)
         if not items:
             raise ValueError("input must not be an empty list")
         if len(items) > MAX_INPUTS:
