@@ -34,3 +34,10 @@ def split_inputs(raw: EmbeddingInput) -> list[str | list[int]]:
     if isinstance(raw, str) or (raw and isinstance(raw[0], int)):
         return [raw]
     return list(raw)
+
+
+def check_count(items: list[str | list[int]]) -> None:
+    """At most MAX_INPUTS prompts; counted after `split_inputs`, so one prompt of many token
+    ids is one input."""
+    if len(items) > MAX_INPUTS:
+        raise ValueError(f"input has {len(items)} items; at most {MAX_INPUTS} are allowed")

@@ -16,8 +16,8 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from cachekey.embeddings_request import (
-    MAX_INPUTS,
     EmbeddingInput,
+    check_count,
     check_one_source,
     not_streamed,
     split_inputs,
@@ -49,9 +49,7 @@ class EmbeddingRequest(_Request):
     @model_validator(mode="after")
     def _one_source(self) -> EmbeddingRequest:
         check_one_source(self.input, self.messages)
-        # Refused here, before rendering; the worker counts its split inputs again.
-        if isinstance(self.input, list) and len(self.input) > MAX_INPUTS:
-            raise ValueError(f"input has {len(self.input)} items; at most {MAX_INPUTS} allowed")
+        check_count(self.inputs())  # before rendering any of them
         return self
 
     def inputs(self) -> list[str | list[int]]:

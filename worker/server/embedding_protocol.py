@@ -11,8 +11,8 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from cachekey.embeddings_request import (
-    MAX_INPUTS,
     EmbeddingInput,
+    check_count,
     check_one_source,
     not_streamed,
     split_inputs,
@@ -59,8 +59,7 @@ class EmbeddingRequest(_Request):
         items = split_inputs(self.input)
         if not items:
             raise ValueError("input must not be an empty list")
-        if len(items) > MAX_INPUTS:
-            raise ValueError(f"input has {len(items)} items; at most {MAX_INPUTS} are allowed")
+        check_count(items)
         for i, item in enumerate(items):
             if not item:
                 raise ValueError(f"input[{i}] is empty")
