@@ -14,6 +14,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator
 
+from cachekey.openai_errors import clean_message
+
 Int = Annotated[int, Strict()]
 Number = Annotated[float, Strict()]  # strict float still takes a JSON integer
 Bool = Annotated[bool, Strict()]
@@ -132,11 +134,17 @@ def invalid_request(exc: ValidationError) -> tuple[str, str | None, str]:
     return _describe(first, loc)
 
 
+# What pydantic says when the body is not an object at all.
+_NOT_AN_OBJECT = frozenset({"model_type", "model_attributes_type", "dict_type"})
+
+
 def _describe(error: Any, loc: tuple[Any, ...]) -> tuple[str, str | None, str]:
     kind, value = error.get("type", ""), error.get("input")
-    if not loc:
+    if not loc and kind in _NOT_AN_OBJECT:
         got = json_kind(value)
         return f"The request body must be a JSON object, not {got}.", None, "invalid_type"
+    if not loc:  # a rule over several fields (a model validator)
+        return clean_message(error.get("msg", "invalid request")), None, "invalid_value"
     param = _param(loc)
     if kind in _EXPECTED:
         expected, got = _EXPECTED[kind], json_kind(value)

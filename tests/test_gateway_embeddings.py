@@ -111,14 +111,31 @@ def test_return_hidden_states_through_the_gateway(cluster: Cluster) -> None:
 
 
 @pytest.mark.parametrize(
-    ("body", "param"),
+    ("body", "param", "says"),
     [
-        ({"input": "x", "stream": True}, "stream"),
-        ({"input": "x", "messages": [{"role": "user", "content": "y"}]}, None),
-        ({"input": ["x"] * 2049}, None),
+        ({"input": "x", "stream": True}, "stream", "embeddings are not streamed"),
+        (
+            {"input": "x", "messages": [{"role": "user", "content": "y"}]},
+            None,
+            "give exactly one of `input` and `messages`",
+        ),
+        ({"input": ["x"] * 2049}, None, "input has 2049 items; at most 2048 are allowed"),
+        ({"input": [[7]] * 2049}, None, "input has 2049 items; at most 2048 are allowed"),
+        ([{"input": "x"}], None, "The request body must be a JSON object, not an array."),
     ],
 )
-def test_refused_at_the_gateway(cluster: Cluster, body: dict, param: str | None) -> None:
+def test_refused_at_the_gateway(cluster: Cluster, body: dict, param: str | None, says: str) -> None:
     r = httpx.post(f"{cluster.gateway_url}/v1/embeddings", json=body, timeout=30)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
+    assert says in r.json()["error"]["message"]
+
+
+def test_one_prompt_of_many_token_ids_is_one_input(cluster: Cluster) -> None:
+    """OpenAI's 2,048-input limit counts prompts: a single prompt given as 3,000 token ids is
+    one input (the gateway once refused it as 3,000 items)."""
+    body = {"input": [7] * 3000}
+    r = httpx.post(f"{cluster.gateway_url}/v1/embeddings", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    assert len(r.json()["data"]) == 1
+    assert r.json()["usage"]["prompt_tokens"] == 3000
