@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 from conftest import free_port
-from test_gateway_vllm_compat import FakeVllm
+from vllm_like import VllmLike
 
 from cachekey.demo_lora import DEMO_ADAPTERS, write_demo_adapter
 from harness.cluster import Cluster, ClusterSpec, Proc, wait_until
@@ -101,7 +101,7 @@ def resident(url: str) -> list[str]:
 
 
 def test_plain_vllm_adapter_is_keyed_with_its_name(tmp_path, demo_model_dir):
-    fake = FakeVllm(adapters=["sql"], lora_metric=True)
+    fake = VllmLike(adapters=["sql"])  # lists it, and writes vLLM's lora metric
     port = free_port()
     args = ["-m", "gateway", "--workers", fake.url, "--port", str(port), "--model-dir"]
     args += [str(demo_model_dir), "--vllm-kv-events-port", str(fake.events_port)]
