@@ -10,6 +10,10 @@ policy, cache_aware first, every cache reset in between; requests stream, so TTF
     python -m bench.under_load                    # table + bench/results/under_load.json
     python -m bench.under_load --variants uniform --concurrency 16 --seed 0
     python -m bench.under_load --variants hot --concurrency 4 --policies cache_aware --repeat 6
+    python -m bench.under_load --variants uniform --concurrency 16 --tenants 12 --users-per-tenant 8
+
+After each set of policies it prints the run's start-up floor (bench/lib/floor.py): the p99
+that no router sending each request on arrival can beat, and how many requests ended above it.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import argparse
 from dataclasses import asdict
 from pathlib import Path
 
+from bench.lib.floor import startup_floor
 from bench.lib.load_runs import (
     COLUMNS,
     GATEWAY_ARGS,
@@ -30,18 +35,21 @@ from bench.lib.load_runs import (
 )
 from bench.lib.report import args_dict, print_table, write_json
 from harness.cluster import Cluster, ClusterSpec
+from harness.workload import WorkloadSpec
 
 POLICIES = ("cache_aware", "least_loaded", "round_robin")
+WORKERS = 4
+STEP_TOKENS = 2048  # the sim workers' --max-num-batched-tokens (the engine's default)
 
 
 def run_variant(variant: str, args: argparse.Namespace) -> list[LoadRow]:
-    workload = trace(variant == "hot", args.seed)
+    workload = trace(variant == "hot", args.seed, args.tenants, args.users_per_tenant)
     blocks = blocks_per_worker(workload)
     print(f"{variant}: {len(workload)} requests, {blocks} blocks per worker", flush=True)
     rows: list[LoadRow] = []
     for conc in args.concurrency:
         spec = ClusterSpec(
-            workers=4,
+            workers=WORKERS,
             engine="sim",
             num_blocks=blocks,
             worker_args=SIM_COST,
@@ -52,10 +60,14 @@ def run_variant(variant: str, args: argparse.Namespace) -> list[LoadRow]:
             urls, workers = [g.url for g in c.gateways], c.worker_urls
             for i in range(args.repeat):
                 label = variant if args.repeat == 1 else f"{variant}.{i}"
+                block = []
                 for policy in args.policies:
                     row = run_once(c.gateway_url, urls, workers, workload, policy, conc, label)
-                    rows.append(row)
-                    print_table([row], COLUMNS, header=len(rows) == 1)
+                    block.append(row)
+                    print_table([row], COLUMNS, header=len(rows) + len(block) == 1)
+                rows += block
+                if line := explain_floor(block):
+                    print(line, flush=True)
     return rows
 
 
@@ -74,6 +86,8 @@ def ratios(rows: list[LoadRow]) -> dict[str, dict[str, float]]:
         if ll is not None:
             best_p99 = min(rr.latency_p99_ms, ll.latency_p99_ms)
             entry["p99_over_best_of_rr_ll"] = ca.latency_p99_ms / best_p99
+            entry["p99_target_ms"] = 0.8 * best_p99
+            entry["startup_floor_ms"] = floor_of(ca).seconds * 1000
             best = min(rr.warm_p99_ms, ll.warm_p99_ms)
             entry["warm_p99_over_best"] = ca.warm_p99_ms / best if best else 0.0
         seq = next(
@@ -86,12 +100,43 @@ def ratios(rows: list[LoadRow]) -> dict[str, dict[str, float]]:
     return out
 
 
+def floor_of(row: LoadRow):
+    """The run's start-up floor (bench/lib/floor.py), from the requests it opened with."""
+    opening = sorted(row.detail, key=lambda d: d[8])[: row.concurrency]
+    tenants = [(conv.split("-")[0], prompt) for conv, _, _, prompt, *_ in opening]
+    s_per_token = float(SIM_COST[SIM_COST.index("--sim-prefill-s-per-token") + 1])
+    max_tokens = WorkloadSpec().max_tokens  # what trace() asks of every request
+    return startup_floor(tenants, row.requests, WORKERS, s_per_token, max_tokens, STEP_TOKENS)
+
+
+def explain_floor(rows: list[LoadRow]) -> str | None:
+    """One line: the floor of a (variant, concurrency) block, and who ended above it."""
+    fl = floor_of(rows[0])
+    if fl.per_replica < 2:
+        return None
+    late = ", ".join(
+        f"{r.policy} {sum(d[6] * 1000 >= fl.seconds * 1000 for d in r.detail)}" for r in rows
+    )
+    binds = "so no policy's p99 can be below it" if fl.binds_p99 else "too few to bind the p99"
+    return (
+        f"{rows[0].label} c{rows[0].concurrency}: start-up floor {fl.seconds * 1000:,.0f} ms:"
+        f" {fl.tenants} tenants in the opening {rows[0].concurrency} requests, so"
+        f" {fl.busiest} replica(s) take {fl.per_replica} full prefills each and"
+        f" {fl.requests} requests end after it, {binds}. Requests that ended after it: {late}"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--variants", default="uniform,hot")
     ap.add_argument("--concurrency", default="1,4,16,64")
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--seed", type=int, default=SEED)
+    ap.add_argument("--tenants", type=int, default=24, help="tenants in the trace (default 24)")
+    ap.add_argument(
+        "--users-per-tenant", type=int, default=None,
+        help="conversations per tenant (default 4; hot: 2, with half of all in one tenant)",
+    )  # fmt: skip
     ap.add_argument(
         "--repeat", type=int, default=1,
         help="serve the trace this many times per policy on the same cluster (rows labelled"

@@ -23,9 +23,10 @@ POLICY_HEADER = "x-kvgate-routing-policy"
 SEED = 1
 
 
-def trace(hot: bool, seed: int = SEED, tenants: int = 24) -> Workload:
-    """96 conversations of 3 turns in 24 tenants; hot: one tenant holds half of ~92 of them."""
-    users = 2 if hot else 4
+def trace(hot: bool, seed: int = SEED, tenants: int = 24, users: int | None = None) -> Workload:
+    """96 conversations of 3 turns in 24 tenants; hot: one tenant holds half of ~92 of them.
+    `tenants` and `users` (per tenant) change how many prefixes the conversations share."""
+    users = users if users is not None else 2 if hot else 4
     return Workload(
         WorkloadSpec(
             tenants=tenants,
