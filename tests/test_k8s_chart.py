@@ -138,6 +138,7 @@ def test_default_values(chart: Any) -> None:
             "ConfigMap",
             "Deployment",
             "NetworkPolicy",
+            "NetworkPolicy",  # the gateways' (their admin port), besides the workers'
             "PodDisruptionBudget",
             "PodDisruptionBudget",
             "Role",
@@ -322,7 +323,7 @@ def test_vllm_values(chart: Any, dp: int) -> None:
         (5557 + r, 5657 + r, published) for r in range(dp)
     ]
     assert format_topic(topic, "10.1.2.3", 8000, pod, "Qwen2.5-7B-Instruct") == published
-    policy = one(docs, "NetworkPolicy")["spec"]["ingress"][0]["ports"]
+    policy = one(docs, "NetworkPolicy", "worker")["spec"]["ingress"][0]["ports"]
     if dp == 1:
         assert {"port": "kv-events", "protocol": "TCP"} in policy
     else:

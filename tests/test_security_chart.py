@@ -1,5 +1,6 @@
-"""The chart's security values reach the gateway (its rendered args parse into the config), and
-its NetworkPolicy lets only the gateways and the metrics scraper reach the workers."""
+"""The chart's security values reach the gateway (its rendered args parse into the config), its
+NetworkPolicies let only the gateways and the metrics scraper reach the workers, and only the
+scraper reach the gateways' admin port."""
 
 from __future__ import annotations
 
@@ -91,6 +92,16 @@ def _kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [d for d in docs if d["kind"] == kind]
 
 
+def _policy(docs: list[dict[str, Any]], component: str) -> dict[str, Any]:
+    """The NetworkPolicy on one component's pods (the workers' or the gateways')."""
+    (found,) = [
+        d
+        for d in _kind(docs, "NetworkPolicy")
+        if d["metadata"]["labels"]["app.kubernetes.io/component"] == component
+    ]
+    return found
+
+
 def _pod_labels(docs: list[dict[str, Any]], kind: str) -> dict[str, str]:
     (workload,) = _kind(docs, kind)
     return workload["spec"]["template"]["metadata"]["labels"]
@@ -103,7 +114,7 @@ def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
 
 def test_only_gateways_and_the_scraper_reach_the_workers() -> None:
     docs = _render(None)
-    (policy,) = _kind(docs, "NetworkPolicy")
+    policy = _policy(docs, "worker")
     kubernetes_validate.validate(policy, kubernetes_validate.latest_version(), strict=True)
     workers, gateways = _pod_labels(docs, "StatefulSet"), _pod_labels(docs, "Deployment")
     spec = policy["spec"]
@@ -143,14 +154,14 @@ def test_network_policy_switches() -> None:
             "extraIngress": [{"from": [{"podSelector": {"matchLabels": {"app": "debug"}}}]}],
         }
     }
-    (policy,) = _kind(_render(values), "NetworkPolicy")
+    policy = _policy(_render(values), "worker")
     kubernetes_validate.validate(policy, kubernetes_validate.latest_version(), strict=True)
     _, scraper, extra = policy["spec"]["ingress"]
     assert scraper["from"][0]["podSelector"] == {"matchLabels": {"app": "vmagent"}}
     assert scraper["from"][0]["namespaceSelector"] == {"matchLabels": {"team": "obs"}}
     assert extra == {"from": [{"podSelector": {"matchLabels": {"app": "debug"}}}]}
     off = {"networkPolicy": {"metricsScraper": {"enabled": False}}}
-    (policy,) = _kind(_render(off), "NetworkPolicy")
+    policy = _policy(_render(off), "worker")
     assert len(policy["spec"]["ingress"]) == 1
 
 
@@ -281,6 +292,128 @@ def test_admin_port_is_scraped_but_not_in_the_clients_service() -> None:
     assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["http"]
 
 
+ANYONE = "any source"
+DEFAULT_SCRAPER = {
+    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+}
+
+
+def _admitted(policy: dict[str, Any], port: dict[str, Any]) -> str | list[dict[str, Any]]:
+    """Whom a policy's ingress rules admit to one container port, as Kubernetes reads them: a
+    rule without `ports` covers every port, one without `from` every source."""
+    peers: list[dict[str, Any]] = []
+    for rule in policy["spec"].get("ingress") or []:
+        covers = not rule.get("ports") or any(
+            p.get("port") in (None, port["name"], port["containerPort"])
+            and p.get("protocol", "TCP") == port["protocol"]
+            for p in rule["ports"]
+        )
+        if not covers:
+            continue
+        if not rule.get("from"):
+            return ANYONE
+        peers.extend(rule["from"])
+    return peers
+
+
+def _gateway_ports(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    (c,) = _one(docs, "Deployment", "gateway")["spec"]["template"]["spec"]["containers"]
+    return {p["name"]: p for p in c["ports"]}
+
+
+def test_only_the_scraper_reaches_the_gateways_admin_port() -> None:
+    """A pod that skips the Services still reaches a gateway pod's IP: the gateways' own
+    NetworkPolicy keeps the public port open to all and the admin port to the scraper."""
+    docs = _render({"metrics": {"serviceMonitor": {"enabled": True}}})
+    policy = _policy(docs, "gateway")
+    kubernetes_validate.validate(policy, kubernetes_validate.latest_version(), strict=True)
+    spec = policy["spec"]
+    assert spec["policyTypes"] == ["Ingress"]  # egress (workers, API server, images) untouched
+    gateway = _one(docs, "Deployment", "gateway")["spec"]["template"]["metadata"]["labels"]
+    assert _selects(spec["podSelector"], gateway)
+    assert not _selects(spec["podSelector"], _pod_labels(docs, "StatefulSet"))
+
+    ports = _gateway_ports(docs)
+    assert set(ports) == {"http", "admin"} and ports["admin"]["containerPort"] == 9090
+    assert _admitted(policy, ports["http"]) == ANYONE  # clients, Ingress controllers, LBs
+    # The admin port: the scraper alone, by the same selectors as on the workers' HTTP port.
+    assert _admitted(policy, ports["admin"]) == [DEFAULT_SCRAPER]
+    worker_http = {"name": "http", "containerPort": 8000, "protocol": "TCP"}
+    assert _admitted(_policy(docs, "worker"), worker_http)[-1] == DEFAULT_SCRAPER
+    # ... which are the ports the clients' Service and the scraper's Service send to.
+    public, admin = _one(docs, "Service", "gateway"), _one(docs, "Service", "gateway-admin")
+    assert [p["targetPort"] for p in public["spec"]["ports"]] == ["http"]
+    assert [p["targetPort"] for p in admin["spec"]["ports"]] == ["admin"]
+    monitor = next(
+        m for m in _kind(docs, "ServiceMonitor") if m["metadata"]["name"].endswith("gateway")
+    )
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["admin"]
+    # The kubelet's probes use the public port, so the policy never stands in their way.
+    (c,) = _one(docs, "Deployment", "gateway")["spec"]["template"]["spec"]["containers"]
+    assert c["readinessProbe"]["httpGet"]["port"] == "http"
+    assert c["livenessProbe"]["tcpSocket"]["port"] == "http"
+
+
+def test_gateway_policy_switches() -> None:
+    # No admin port: /metrics is on the public port, which must stay open; no gateway policy.
+    docs = _render({"gateway": {"adminPort": None}})
+    assert _kind(docs, "NetworkPolicy") == [_policy(docs, "worker")]
+    assert _kind(_render({"networkPolicy": {"enabled": False}}), "NetworkPolicy") == []
+
+    # No scraper: the admin port takes no pod at all (no peerless rule that would admit all).
+    docs = _render({"networkPolicy": {"metricsScraper": {"enabled": False}}})
+    policy, ports = _policy(docs, "gateway"), _gateway_ports(docs)
+    kubernetes_validate.validate(policy, kubernetes_validate.latest_version(), strict=True)
+    assert _admitted(policy, ports["admin"]) == []
+    assert _admitted(policy, ports["http"]) == ANYONE
+    assert policy["spec"]["ingress"] == [{"ports": [{"port": "http", "protocol": "TCP"}]}]
+
+    # Extra peers, alone or besides the scraper (whose selectors merge as on the workers).
+    extra = [
+        {"namespaceSelector": {"matchLabels": {"team": "obs"}}},
+        {"ipBlock": {"cidr": "10.20.0.0/16"}},
+    ]
+    values = {
+        "networkPolicy": {"metricsScraper": {"enabled": False}, "gatewayAdminExtraFrom": extra}
+    }
+    docs = _render(values)
+    policy = _policy(docs, "gateway")
+    kubernetes_validate.validate(policy, kubernetes_validate.latest_version(), strict=True)
+    assert _admitted(policy, _gateway_ports(docs)["admin"]) == extra
+    vmagent = {"matchLabels": {"app.kubernetes.io/name": None, "app": "vmagent"}}
+    values = {
+        "networkPolicy": {
+            "metricsScraper": {"podSelector": vmagent},
+            "gatewayAdminExtraFrom": extra[:1],
+        }
+    }
+    docs = _render(values)
+    scraper = {**DEFAULT_SCRAPER, "podSelector": {"matchLabels": {"app": "vmagent"}}}
+    admitted = _admitted(_policy(docs, "gateway"), _gateway_ports(docs)["admin"])
+    assert admitted == [scraper, extra[0]]
+
+    # Another admin port number: the rule names the port, so it follows.
+    docs = _render({"gateway": {"adminPort": 9100}})
+    ports = _gateway_ports(docs)
+    assert ports["admin"]["containerPort"] == 9100
+    assert _admitted(_policy(docs, "gateway"), ports["admin"]) == [DEFAULT_SCRAPER]
+
+    with pytest.raises(helm.HelmValuesError):
+        _render({"networkPolicy": {"gatewayAdminExtraFrom": {"podSelector": {}}}})
+
+
+def test_gateway_policy_in_epp_mode_selects_no_epp_pod() -> None:
+    """EPP mode still runs the gateway Deployment with its admin port: it gets the same policy.
+    The EPP pods (their gRPC port is the Gateway proxy's) are in no policy."""
+    docs = _render({"epp": {"enabled": True}})
+    policy = _policy(docs, "gateway")
+    kubernetes_validate.validate(policy, kubernetes_validate.latest_version(), strict=True)
+    assert _admitted(policy, _gateway_ports(docs)["admin"]) == [DEFAULT_SCRAPER]
+    epp = _one(docs, "Deployment", "epp")["spec"]["template"]["metadata"]["labels"]
+    assert not [p for p in _kind(docs, "NetworkPolicy") if _selects(p["spec"]["podSelector"], epp)]
+
+
 def test_worker_auth_values_are_checked() -> None:
     with pytest.raises(helm.HelmValuesError):
         _render({"workerAuth": {"enabled": "yes"}})
@@ -294,7 +427,7 @@ def test_epp_mode_lets_the_epp_and_the_proxy_reach_the_workers() -> None:
     """With kvgate as an InferencePool's EPP, the EPP pods poll and subscribe like gateways, and
     the Gateway's proxy forwards requests to the workers itself: both must get through."""
     docs = _render({"epp": {"enabled": True}})
-    (policy,) = _kind(docs, "NetworkPolicy")
+    policy = _policy(docs, "worker")
     kubernetes_validate.validate(policy, kubernetes_validate.latest_version(), strict=True)
     gateway_rule, _, proxy_rule = policy["spec"]["ingress"]
     epp_labels = _one(docs, "Deployment", "epp")["spec"]["template"]["metadata"]["labels"]
@@ -324,7 +457,7 @@ def test_epp_mode_lets_the_epp_and_the_proxy_reach_the_workers() -> None:
             }
         },
     }
-    (policy,) = _kind(_render(values), "NetworkPolicy")
+    policy = _policy(_render(values), "worker")
     (proxy,) = policy["spec"]["ingress"][2]["from"]
     assert proxy["podSelector"] == values["networkPolicy"]["proxy"]["podSelector"]
     assert proxy["namespaceSelector"] == values["networkPolicy"]["proxy"]["namespaceSelector"]
