@@ -220,6 +220,10 @@ def test_epp_mode_renders_valid_objects(chart: Any, values: str) -> None:
     assert config.epp and config.discovery == "inferencepool"
     assert config.inference_pool == pool["metadata"]["name"]
     assert config.k8s_namespace == "inference"
+    # /metrics and /kvgate/index on the admin port, off the EPP Service (its NetworkPolicy and
+    # scrape: tests/test_security_chart.py).
+    assert config.admin_port == next(p["containerPort"] for p in c["ports"] if p["name"] == "admin")
+    assert "admin" not in {p["targetPort"] for p in svc["spec"]["ports"]}
     # ... with the HTTP gateway's own front-door flags (limits, overload, API keys).
     (gw,) = one(docs, "Deployment", "gateway")["spec"]["template"]["spec"]["containers"]
     front = [a for a in gw["args"] if a.startswith(("--max-", "--api-keys", "--queue"))]

@@ -1,6 +1,6 @@
 """The chart's security values reach the gateway (its rendered args parse into the config), its
 NetworkPolicies let only the gateways and the metrics scraper reach the workers, and only the
-scraper reach the gateways' admin port."""
+scraper reach the admin port of the gateways and the EPPs."""
 
 from __future__ import annotations
 
@@ -403,15 +403,96 @@ def test_gateway_policy_switches() -> None:
         _render({"networkPolicy": {"gatewayAdminExtraFrom": {"podSelector": {}}}})
 
 
-def test_gateway_policy_in_epp_mode_selects_no_epp_pod() -> None:
-    """EPP mode still runs the gateway Deployment with its admin port: it gets the same policy.
-    The EPP pods (their gRPC port is the Gateway proxy's) are in no policy."""
-    docs = _render({"epp": {"enabled": True}})
-    policy = _policy(docs, "gateway")
+def _epp_ports(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    (c,) = _one(docs, "Deployment", "epp")["spec"]["template"]["spec"]["containers"]
+    return {p["name"]: p for p in c["ports"]}
+
+
+def _policies_on(docs: list[dict[str, Any]], workload: dict[str, Any]) -> list[dict[str, Any]]:
+    labels = workload["spec"]["template"]["metadata"]["labels"]
+    return [p for p in _kind(docs, "NetworkPolicy") if _selects(p["spec"]["podSelector"], labels)]
+
+
+def test_the_epps_admin_port_is_the_scrapers_alone() -> None:
+    """The EPP runs the gateway program: with gateway.adminPort it serves /metrics and
+    /kvgate/index on its own admin port, which the scraper scrapes and its NetworkPolicy keeps
+    from every other pod; gRPC (the Gateway's proxy may be no pod) and http stay open to all."""
+    docs = _render({"epp": {"enabled": True}, "metrics": {"serviceMonitor": {"enabled": True}}})
+    epp = _one(docs, "Deployment", "epp")
+    c, cfg = _config(epp)
+    assert cfg.epp and cfg.admin_port == 9090 and "--admin-port=9090" in c["args"]
+    ports = _epp_ports(docs)
+    assert set(ports) == {"grpc", "http", "admin"}
+    assert ports["admin"] == {"name": "admin", "containerPort": 9090, "protocol": "TCP"}
+
+    # Scraped on the admin port, through a headless Service of its own; the EPP Service (the
+    # InferencePool's endpointPickerRef) does not carry it.
+    service = _one(docs, "Service", "epp")
+    assert [p["targetPort"] for p in service["spec"]["ports"]] == ["grpc", "http"]
+    admin = _one(docs, "Service", "epp-admin")
+    kubernetes_validate.validate(admin, kubernetes_validate.latest_version(), strict=True)
+    assert admin["spec"]["clusterIP"] == "None"
+    assert [p["targetPort"] for p in admin["spec"]["ports"]] == ["admin"]
+    pod_labels = epp["spec"]["template"]["metadata"]["labels"]
+    assert admin["spec"]["selector"].items() <= pod_labels.items()
+    monitor = _one(docs, "ServiceMonitor", "epp")
+    assert _selects(monitor["spec"]["selector"], admin["metadata"]["labels"])
+    assert not _selects(monitor["spec"]["selector"], service["metadata"]["labels"])
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["admin"]
+    assert "authorization" not in monitor["spec"]["endpoints"][0]  # no worker token to the EPP
+
+    # One policy on the EPP pods, and on nothing else.
+    (policy,) = _policies_on(docs, epp)
+    assert policy is _policy(docs, "epp")
     kubernetes_validate.validate(policy, kubernetes_validate.latest_version(), strict=True)
-    assert _admitted(policy, _gateway_ports(docs)["admin"]) == [DEFAULT_SCRAPER]
-    epp = _one(docs, "Deployment", "epp")["spec"]["template"]["metadata"]["labels"]
-    assert not [p for p in _kind(docs, "NetworkPolicy") if _selects(p["spec"]["podSelector"], epp)]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    for other in (_one(docs, "Deployment", "gateway"), _one(docs, "StatefulSet", "worker")):
+        assert policy not in _policies_on(docs, other)
+    assert _admitted(policy, ports["grpc"]) == ANYONE  # the Gateway's proxy, wherever it runs
+    assert _admitted(policy, ports["http"]) == ANYONE
+    assert _admitted(policy, ports["admin"]) == [DEFAULT_SCRAPER]
+    # The gateways keep theirs; the probes use the gRPC port, open to all.
+    assert _admitted(_policy(docs, "gateway"), _gateway_ports(docs)["admin"]) == [DEFAULT_SCRAPER]
+    assert c["readinessProbe"]["grpc"]["port"] == ports["grpc"]["containerPort"]
+    assert c["livenessProbe"]["tcpSocket"]["port"] == "grpc"
+
+    # The same extra peers as the gateways' admin port, and none when neither is set.
+    extra = [{"ipBlock": {"cidr": "10.20.0.0/16"}}]
+    values = {
+        "epp": {"enabled": True},
+        "networkPolicy": {"metricsScraper": {"enabled": False}, "gatewayAdminExtraFrom": extra},
+    }
+    docs = _render(values)
+    policy = _policy(docs, "epp")
+    kubernetes_validate.validate(policy, kubernetes_validate.latest_version(), strict=True)
+    assert _admitted(policy, _epp_ports(docs)["admin"]) == extra
+    values = {"epp": {"enabled": True}, "networkPolicy": {"metricsScraper": {"enabled": False}}}
+    docs = _render(values)
+    ports = _epp_ports(docs)
+    assert _admitted(_policy(docs, "epp"), ports["admin"]) == []
+    assert _admitted(_policy(docs, "epp"), ports["grpc"]) == ANYONE
+
+
+def test_epp_without_admin_port_serves_metrics_on_http_and_has_no_policy() -> None:
+    values = {
+        "epp": {"enabled": True},
+        "gateway": {"adminPort": None},
+        "metrics": {"serviceMonitor": {"enabled": True}},
+    }
+    docs = _render(values)
+    epp = _one(docs, "Deployment", "epp")
+    c, cfg = _config(epp)
+    assert cfg.admin_port is None and not [a for a in c["args"] if "admin" in a]
+    assert set(_epp_ports(docs)) == {"grpc", "http"}
+    assert _policies_on(docs, epp) == []
+    assert _kind(docs, "NetworkPolicy") == [_policy(docs, "worker")]
+    assert not [d for d in _kind(docs, "Service") if "admin" in d["metadata"]["name"]]
+    monitor = _one(docs, "ServiceMonitor", "epp")
+    assert _selects(monitor["spec"]["selector"], _one(docs, "Service", "epp")["metadata"]["labels"])
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["http"]
+    # networkPolicy off: no policy on the EPP either, admin port or not.
+    docs = _render({"epp": {"enabled": True}, "networkPolicy": {"enabled": False}})
+    assert _kind(docs, "NetworkPolicy") == []
 
 
 def test_worker_auth_values_are_checked() -> None:
