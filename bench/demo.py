@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from cachekey.demo import default_cache_dir, ensure_demo_model
 from cachekey.demo_lora import DEMO_ADAPTERS, ensure_demo_adapters, lora_modules_arg
-from harness.cluster import Cluster, ClusterSpec
+from harness.cluster import Cluster, ClusterSpec, wait_index_converged
 from harness.driver import Result, hit_rate, run_workload, summarize
 from harness.workload import Workload, WorkloadSpec
 
@@ -45,10 +45,11 @@ LEGEND = """\
 
 
 def reset_caches(cluster: Cluster) -> None:
-    """Start each policy's run from cold caches (the gateway sees AllBlocksCleared events)."""
+    """Start each policy's run from cold caches, once the gateway's index shows them empty
+    (it hears of the reset through the workers' AllBlocksCleared events)."""
     for url in cluster.worker_urls:
         httpx.post(f"{url}/reset_prefix_cache", timeout=10.0).raise_for_status()
-    time.sleep(0.5)
+    wait_index_converged(cluster.gateway_url, cluster.worker_urls)
 
 
 def run_policy(cluster: Cluster, workload: Workload, policy: str, concurrency: int) -> list[Result]:

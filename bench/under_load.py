@@ -87,7 +87,9 @@ def ratios(rows: list[LoadRow]) -> dict[str, dict[str, float]]:
             best_p99 = min(rr.latency_p99_ms, ll.latency_p99_ms)
             entry["p99_over_best_of_rr_ll"] = ca.latency_p99_ms / best_p99
             entry["p99_target_ms"] = 0.8 * best_p99
-            entry["startup_floor_ms"] = floor_of(ca).seconds * 1000
+            fl = floor_of(ca)
+            if fl.per_replica > 1 and fl.binds_p99:
+                entry["startup_floor_ms"] = fl.seconds * 1000
             best = min(rr.warm_p99_ms, ll.warm_p99_ms)
             entry["warm_p99_over_best"] = ca.warm_p99_ms / best if best else 0.0
         seq = next(
