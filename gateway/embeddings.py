@@ -60,9 +60,14 @@ Rendered = list[tuple[Prompt, list[BlockKey]]]
 
 
 def render_embedding(
-    renderer, req: EmbeddingRequest, ns: HashNamespace, images: ImageOptions
+    renderer,
+    req: EmbeddingRequest,
+    ns: HashNamespace,
+    images: ImageOptions,
+    lora_name: str | None = None,
 ) -> Rendered:
-    """Prompt and block keys of every input (runs in the render thread pool)."""
+    """Prompt and block keys of every input (runs in the render thread pool); a LoRA adapter's
+    name is in every block key, as the worker keys it."""
     if req.messages is not None:
         prompts = [
             renderer.render_chat(
@@ -76,7 +81,8 @@ def render_embedding(
         prompts = [renderer.render_completion(p) for p in req.inputs()]
     if not prompts:
         raise GatewayError(400, "input must not be an empty list", param="input")
-    return [(p, block_keys(p.token_ids, ns, p.mm_items, None, req.cache_salt)) for p in prompts]
+    salt = req.cache_salt
+    return [(p, block_keys(p.token_ids, ns, p.mm_items, lora_name, salt)) for p in prompts]
 
 
 @dataclass(slots=True, eq=False)
@@ -97,7 +103,9 @@ class EmbeddingProxyRequest(ProxyRequest):
         assert isinstance(self.body, EmbeddingRequest)
         # One time and byte budget for all the request's remote images (docs/security.md).
         images = image_options(st.fetcher, st.config.allow_image_uuids, self.tenant)
-        rendered = await st.render_queue.run(render_embedding, renderer, self.body, self.ns, images)
+        rendered = await st.render_queue.run(
+            render_embedding, renderer, self.body, self.ns, images, self.lora_name
+        )
         (self.prompt, self.keys), *self.rest = rendered
         st.metrics.render_seconds.observe(time.perf_counter() - t0)
 

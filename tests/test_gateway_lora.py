@@ -1,6 +1,6 @@
 """LoRA adapters through a real gateway: kvgate workers (sim engine, real slots and prefix caches)
 and a plain vLLM-shaped worker; routing to the replicas that list an adapter, affinity, keys that
-match the workers' blocks, the model list."""
+match the workers' blocks (completions and embeddings), the model list."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from conftest import free_port
 from vllm_like import VllmLike
 
 from cachekey.demo_lora import DEMO_ADAPTERS, write_demo_adapter
-from harness.cluster import Cluster, ClusterSpec, Proc, wait_until
+from harness.cluster import Cluster, ClusterSpec, Proc, wait_index_converged, wait_until
 
 PROMPT = "Adapters route to the replicas that hold them, like prefixes do. " * 4
 
@@ -85,6 +85,50 @@ def test_affinity_keeps_an_adapter_on_the_replica_with_a_free_slot(cluster):
         for i in range(6)
     ]
     assert served == [w1] * 6, served  # never evicting alpha on worker 0
+
+
+def embed(url: str, model: str, text: str) -> httpx.Response:
+    resp = httpx.post(f"{url}/v1/embeddings", json={"model": model, "input": text}, timeout=30)
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["model"] == model
+    return resp
+
+
+def predicted_and_cached(resp: httpx.Response) -> tuple[int, int]:
+    cached = resp.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+    return int(resp.headers["x-kvgate-predicted-cached-tokens"]), cached
+
+
+def test_adapter_embeddings_are_keyed_and_routed_like_completions(cluster):
+    gw, (w0, w1) = cluster.gateway_url, cluster.worker_urls
+    text = "Embeddings for an adapter are keyed with its name, as its completions are. " * 4
+    complete(w0, "beta", "beta takes worker 0's one slot")  # straight to the worker
+    wait_until(lambda: resident(w0) == ["beta"], 10, "beta resident on worker 0")
+    first = embed(gw, "alpha", text)
+    assert cluster.served_by(first) == w0  # the only worker serving alpha
+    assert predicted_and_cached(first) == (0, 0)
+    # The worker ran the embedding with the adapter: alpha took the slot from beta.
+    wait_until(lambda: resident(w0) == ["alpha"], 10, "alpha resident on worker 0")
+    wait_index_converged(gw, cluster.worker_urls)
+    second = embed(gw, "alpha", text)
+    predicted, cached = predicted_and_cached(second)
+    assert predicted == cached > 0  # the gateway keyed it with the adapter, as the worker did
+    vector = second.json()["data"][0]["embedding"]
+    assert vector == first.json()["data"][0]["embedding"]
+    # The same input for the base model and for beta: alpha's blocks are neither predicted nor
+    # hit, and the vectors differ.
+    base = embed(gw, "demo", text)
+    assert predicted_and_cached(base) == (0, 0)
+    wait_index_converged(gw, cluster.worker_urls)
+    beta = embed(gw, "beta", text)
+    assert predicted_and_cached(beta) == (0, 0)
+    # Affinity: alpha holds worker 0's one slot, so beta goes to worker 1 rather than evict it.
+    assert cluster.served_by(beta) == w1
+    others = [r.json()["data"][0]["embedding"] for r in (base, beta)]
+    assert len({tuple(v) for v in [vector, *others]}) == 3
+    unknown = httpx.post(f"{gw}/v1/embeddings", json={"model": "gamma", "input": text}, timeout=30)
+    assert unknown.status_code == 404, unknown.text
+    assert unknown.json()["error"]["code"] == "model_not_found"
 
 
 def test_unknown_model_is_404_naming_adapters(cluster):

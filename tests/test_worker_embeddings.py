@@ -1,18 +1,25 @@
 """/v1/embeddings and return_hidden_states over real HTTP: a worker with prefix caching answers
-what a worker without it answers (1e-4), in the compact encodings, and bad input gets a 4xx."""
+what a worker without it answers (1e-4), in the compact encodings, and bad input gets a 4xx; a
+LoRA adapter named in `model` changes the embeddings and keys its own blocks and events."""
 
 from __future__ import annotations
 
 import base64
 import json
 import shutil
+import time
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
+import zmq
 from test_engine_utils import png_bytes
 from worker_harness import WorkerProcess
+
+from cachekey.demo_lora import DEMO_ADAPTERS, lora_modules_arg, write_demo_adapter
+from cachekey.events import BlockStored, decode_batch, parse_replay_reply, seq_bytes
+from cachekey.keys import HashNamespace, block_keys
 
 TEXT = "The quick brown fox jumps over the lazy dog while the cat watches. " * 5
 FLOAT32 = ("--dtype", "float32", "--device", "cpu", "--num-blocks", "256")
@@ -29,6 +36,17 @@ def cold(demo_model_dir: Path):
     args = ("--hidden-state-cache", "--no-prefix-caching", *FLOAT32)
     with WorkerProcess(demo_model_dir, *args, engine="torch") as w:
         yield httpx.Client(base_url=w.url, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def lora_worker(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """A torch worker with the hidden-state cache and both demo adapters in device slots."""
+    root = tmp_path_factory.mktemp("embed-lora")
+    adapters = {name: write_demo_adapter(root / name, name) for name in DEMO_ADAPTERS}
+    args = ("--hidden-state-cache", "--max-loras", "2")
+    args += ("--lora-modules", lora_modules_arg(adapters))
+    with WorkerProcess(demo_model_dir, *args, *FLOAT32, engine="torch") as w:
+        yield w
 
 
 @pytest.fixture(scope="module")
@@ -209,3 +227,93 @@ def test_metrics(hot) -> None:
         values["kvgate_worker_hidden_state_queries_total"]
         > values["kvgate_worker_hidden_state_hits_total"]
     )
+
+
+def _differ(a: np.ndarray, b: np.ndarray) -> bool:
+    return float(np.max(np.abs(a - b))) > 1e-2 * float(np.max(np.abs(a)))
+
+
+@pytest.mark.parametrize("pooling", ["last", "mean"])
+def test_adapter_embeddings_use_its_weights_and_hit_only_its_own_blocks(
+    lora_worker, pooling: str
+) -> None:
+    client = httpx.Client(base_url=lora_worker.url, timeout=120)
+
+    def one(model: str, text: str) -> tuple[np.ndarray, int, dict]:
+        payload = embed(client, model=model, input=text, pooling=pooling, normalize=False)
+        assert payload["model"] == model
+        return vectors(payload)[0], cached(payload), payload
+
+    text = f"Adapters, {pooling} pooling. " + TEXT  # no prefix shared with other requests
+    base, base_hit, _ = one("demo", text)
+    alpha, alpha_hit, payload = one("alpha", text)  # the base model's blocks are no hit
+    beta, beta_hit, _ = one("beta", text)  # nor alpha's
+    again, again_hit, _ = one("alpha", text)
+    assert base_hit == alpha_hit == beta_hit == 0
+    p = payload["usage"]["prompt_tokens"]
+    assert again_hit == ((p - 1) // 16) * 16  # its own blocks (and hidden states, for mean)
+    np.testing.assert_allclose(again, alpha, atol=1e-4, rtol=1e-4)
+    assert _differ(alpha, base) and _differ(beta, base) and _differ(alpha, beta)
+
+    # The other way round: the adapter's blocks are no hit for the base model.
+    text = f"The base model after an adapter, {pooling} pooling. " + TEXT
+    one("alpha", text)
+    _, hit, payload = one("demo", text)
+    assert hit == 0
+    p = payload["usage"]["prompt_tokens"]
+    assert one("demo", text)[1] == ((p - 1) // 16) * 16  # its own blocks, once it has them
+
+    r = client.post("/v1/embeddings", json={"model": "gamma", "input": text})
+    assert r.status_code == 404, r.text
+    assert r.json()["error"]["message"] == (
+        "The model `gamma` does not exist; this worker serves `demo`, `alpha`, `beta`."
+    )
+
+
+def test_adapter_embedding_blocks_and_events_carry_its_name(lora_worker) -> None:
+    client = httpx.Client(base_url=lora_worker.url, timeout=120)
+    ids = list(range(300, 349))  # 3 full blocks and 1 token
+    first = embed(client, model="alpha", input=ids)
+    base = embed(client, model="demo", input=ids)
+    # A repeat computes only the last token (a decode-shaped step), with the adapter too.
+    again = embed(client, model="alpha", input=ids)
+    assert (cached(first), cached(base), cached(again)) == (0, 0, 48)
+    np.testing.assert_allclose(vectors(again)[0], vectors(first)[0], atol=1e-4, rtol=1e-4)
+    assert _differ(vectors(first)[0], vectors(base)[0])
+    parts = client.get("/kvgate/info").json()["fingerprint_parts"]
+    ns = HashNamespace(parts["namespace_model"], parts["block_size"], parts["hash_seed"])
+    want = {name: block_keys(ids, ns, (), name) for name in ("alpha", None)}
+    blocks = {b["key"]: b for b in client.get("/kv/snapshot").json()["blocks"]}
+    for name, keys in want.items():
+        for key in keys:
+            assert key.hex() in blocks, name
+            assert blocks[key.hex()]["extra_keys"] == ([name] if name else [])
+
+    def stored() -> dict[bytes, str | None]:
+        return {h: ev.lora_name for ev in _replayed(lora_worker) for h in ev.block_hashes}
+
+    deadline = time.monotonic() + 10
+    while not all(k in stored() for keys in want.values() for k in keys):
+        assert time.monotonic() < deadline, "the blocks' BlockStored events never came"
+        time.sleep(0.1)
+    events = stored()
+    assert all(events[k] == "alpha" for k in want["alpha"])
+    assert all(events[k] is None for k in want[None])
+
+
+def _replayed(worker: WorkerProcess) -> list[BlockStored]:
+    """Every BlockStored event the worker published, replayed from seq 0."""
+    ctx = zmq.Context()
+    try:
+        dealer = ctx.socket(zmq.DEALER)
+        dealer.connect(f"tcp://127.0.0.1:{worker.replay_port}")
+        dealer.send_multipart([b"", seq_bytes(0)])
+        out = []
+        while True:
+            assert dealer.poll(5000), "no replay answer"
+            item = parse_replay_reply(dealer.recv_multipart())
+            if item is None:
+                return out
+            out += [ev for ev in decode_batch(item[1]).events if isinstance(ev, BlockStored)]
+    finally:
+        ctx.destroy(linger=0)

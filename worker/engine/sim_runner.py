@@ -105,8 +105,8 @@ def _text_config(assets: ModelAssets) -> dict:
 
 
 class SimHiddenReads(HiddenReads):
-    """Hidden states of the right shape whose values derive from the tokens (no model runs):
-    the API, the prefix cache and the routing behave as with the torch engine."""
+    """Hidden states of the right shape whose values derive from the tokens and the LoRA adapter
+    (no model runs): the API, the prefix cache and the routing behave as with the torch engine."""
 
     def __init__(self, has_cache: bool, text_config: dict) -> None:
         super().__init__(None)
@@ -132,7 +132,10 @@ class SimHiddenReads(HiddenReads):
 
     def read(self, seq: Sequence, pooling: str) -> np.ndarray:
         n = seq.num_prompt_tokens if pooling != "all" else seq.num_computed_tokens
-        seed = xxhash.xxh64_intdigest(pack_tokens(seq.token_ids[:n]))
+        digest = xxhash.xxh64(pack_tokens(seq.token_ids[:n]))
+        if seq.lora_name is not None:  # an adapter changes the hidden states, as with torch
+            digest.update(b"\x00lora\x00" + seq.lora_name.encode())
+        seed = digest.intdigest()
         rows = np.random.default_rng(seed).standard_normal((n, self.hidden_size), np.float32)
         if pooling == "all":
             return rows[None]

@@ -3,6 +3,8 @@
 Every input is a prefill-only request (one greedy token is sampled and dropped), so it uses
 and fills the prefix cache exactly as a completion with the same prompt would: the gateway
 routes it with the same keys, and `usage.prompt_tokens_details.cached_tokens` counts its hits.
+A `model` that names a LoRA adapter runs the forward pass with that adapter, and its blocks are
+keyed with the adapter's name, as a completion's are.
 `last` pooling needs only the last prompt token, which is always computed; `mean` needs every
 prompt token, so it needs the hidden-state cache (`--hidden-state-cache`).
 """
@@ -57,7 +59,7 @@ class ServingEmbedding(OpenAIServing):
 
     async def _add(self, raw: Request, body: EmbeddingRequest, turn: Turn) -> RequestStream:
         """Check and render the inputs, then add them to the engine in arrival order."""
-        self.check_request(raw, body)
+        lora_name = self.check_request(raw, body)
         if body.pooling == "mean":
             require_hidden_cache(self.ctx.hidden_layers, "pooling `mean`", "pooling")
         self.check_dimensions(body.dimensions)
@@ -78,6 +80,7 @@ class ServingEmbedding(OpenAIServing):
             [f"{rid}-{i}" for i in range(len(prompts))],
             prompts,
             [_PREFILL_ONLY] * len(prompts),
+            lora_name=lora_name,
             cache_salt=body.cache_salt,
             hidden_states=body.pooling,
         )
@@ -138,7 +141,7 @@ class ServingEmbedding(OpenAIServing):
             "id": f"{self.id_prefix}-{uuid.uuid4().hex}",
             "object": "list",
             "created": int(time.time()),
-            "model": self.ctx.model_name,
+            "model": body.model or self.ctx.model_name,  # an adapter answers with its name
             "data": data,
             "usage": {
                 "prompt_tokens": prompt_tokens,
