@@ -65,35 +65,32 @@ def _prompt(length: int, seed: int = 1, high: int = VOCAB) -> torch.Tensor:
     return torch.randint(0, high, (length,), generator=torch.Generator().manual_seed(seed))
 
 
+def _tiny_config(cls=transformers.LlamaConfig, **overrides) -> transformers.PretrainedConfig:
+    """A tiny two-layer text config over VOCAB; each case below names only what it changes."""
+    base = {
+        "vocab_size": VOCAB,
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+    }
+    return cls(**{**base, **overrides})
+
+
 TEXT_CONFIGS = {
-    "llama_gqa": lambda: transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-    ),
-    "llama_bias_headdim": lambda: transformers.LlamaConfig(
-        vocab_size=VOCAB,
+    "llama_gqa": lambda: _tiny_config(max_position_embeddings=256),
+    "llama_bias_headdim": lambda: _tiny_config(
         hidden_size=48,
         intermediate_size=80,
-        num_hidden_layers=2,
-        num_attention_heads=4,
         num_key_value_heads=1,
         head_dim=16,
         attention_bias=True,
         mlp_bias=True,
         rope_theta=500.0,
     ),
-    "llama3_rope": lambda: transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
+    "llama3_rope": lambda: _tiny_config(
         num_attention_heads=2,
-        num_key_value_heads=2,
         rope_theta=5000.0,
         rope_scaling={
             "rope_type": "llama3",
@@ -103,40 +100,20 @@ TEXT_CONFIGS = {
             "original_max_position_embeddings": 32,
         },
     ),
-    "llama_linear_rope": lambda: transformers.LlamaConfig(
-        vocab_size=VOCAB,
+    "llama_linear_rope": lambda: _tiny_config(
         hidden_size=32,
         intermediate_size=64,
-        num_hidden_layers=2,
         num_attention_heads=2,
         rope_scaling={"type": "linear", "factor": 4.0},
     ),
-    "llama_yarn_rope": lambda: transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
+    "llama_yarn_rope": lambda: _tiny_config(
         intermediate_size=64,
-        num_hidden_layers=2,
         num_attention_heads=2,
         max_position_embeddings=256,
         rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
     ),
-    "qwen2_tied": lambda: transformers.Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-    ),
-    "mistral": lambda: transformers.MistralConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=1,
-    ),
+    "qwen2_tied": lambda: _tiny_config(transformers.Qwen2Config, tie_word_embeddings=True),
+    "mistral": lambda: _tiny_config(transformers.MistralConfig, num_key_value_heads=1),
 }
 
 
@@ -218,17 +195,9 @@ def _llava_config(feature_layer=-2, strategy="default") -> transformers.LlavaCon
         patch_size=8,
         projection_dim=16,
     )
-    text = transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
     return transformers.LlavaConfig(
         vision_config=vision.to_dict(),
-        text_config=text.to_dict(),
+        text_config=_tiny_config().to_dict(),
         image_token_index=IMAGE_TOKEN,
         vision_feature_layer=feature_layer,
         vision_feature_select_strategy=strategy,

@@ -7,10 +7,10 @@ body, the gateway's memory flat, and the gateway still serving.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import httpx
 import pytest
+from json_bombs import many_keys, many_objects, reset_peak_rss, status_kib
 
 from harness.cluster import Cluster, ClusterSpec
 
@@ -169,33 +169,7 @@ def test_surrogate_pairs_are_fine(cluster) -> None:
     assert _post(cluster.workers[0].url, body).status_code == 200
 
 
-def _peak_rss_reset(pid: int) -> int:
-    """The process's current RSS, after resetting its peak (VmHWM) to it."""
-    Path(f"/proc/{pid}/clear_refs").write_text("5")
-    return _status_kib(pid, "VmRSS")
-
-
-def _status_kib(pid: int, field: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise AssertionError(f"no {field} for {pid}")
-
-
-def _many_keys(size: int) -> bytes:
-    """`{"k0000000": 0, ...}` of about `size` bytes (3 million keys at 32 MiB)."""
-    n = (size - 2) // 13
-    return b"{" + b",".join(b'"k%07d":0' % i for i in range(n)) + b"}"
-
-
-def _many_objects(size: int) -> bytes:
-    """`{"messages": [...], "x": [{}, {}, ...]}`: millions of empty objects."""
-    n = (size - 100) // 3
-    head = b'{"model": "demo", "messages": [{"role": "user", "content": "hi"}], "x": ['
-    return head + b",".join([b"{}"] * n) + b"]}"
-
-
-@pytest.mark.parametrize("make", [_many_keys, _many_objects])
+@pytest.mark.parametrize("make", [many_keys, many_objects])
 def test_32_mib_of_elements_leaves_memory_flat(cluster, make) -> None:
     """A 32 MiB `{...}` body under the size limit took the gateway from ~80 MB to 928 MB.
 
@@ -204,9 +178,9 @@ def test_32_mib_of_elements_leaves_memory_flat(cluster, make) -> None:
     """
     body = make(32 * 2**20 - 1024)
     pid = cluster.gateways[0].popen.pid
-    before = _peak_rss_reset(pid)
+    before = reset_peak_rss(pid)
     err = _error(_post(cluster.gateway_url, body))
-    peak = _status_kib(pid, "VmHWM")
+    peak = status_kib(pid, "VmHWM")
     assert err["code"] == "json_too_large" and "--max-json-elements" in err["message"]
     grew_mib = (peak - before) / 1024
     print(f"{make.__name__}: gateway RSS {before / 1024:.0f} MiB, peak {peak / 1024:.0f} MiB")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from json_bombs import many_keys, many_objects, reset_peak_rss, status_kib
 from worker_harness import WorkerProcess
 
 from cachekey.assets import ModelAssets
@@ -213,39 +214,20 @@ def test_a_weak_token_is_refused_at_start(command: str) -> None:
 # ---- the worker's request bodies (finding 5, sent to the worker itself) -----------------------
 
 
-def _status_kib(pid: int, field: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise AssertionError(f"no {field} for {pid}")
-
-
 def _post_worker(worker: str, body: bytes, path: str = "/v1/chat/completions") -> httpx.Response:
     headers = {"content-type": "application/json", **AS_GATEWAY}
     return httpx.post(f"{worker}{path}", content=body, headers=headers, timeout=120)
 
 
-def _many_keys(size: int) -> bytes:
-    n = (size - 2) // 13
-    return b"{" + b",".join(b'"k%07d":0' % i for i in range(n)) + b"}"
-
-
-def _many_objects(size: int) -> bytes:
-    n = (size - 100) // 3
-    head = b'{"model": "demo", "messages": [{"role": "user", "content": "hi"}], "x": ['
-    return head + b",".join([b"{}"] * n) + b"]}"
-
-
-@pytest.mark.parametrize("make", [_many_keys, _many_objects])
+@pytest.mark.parametrize("make", [many_keys, many_objects])
 def test_32_mib_of_elements_leaves_the_worker_flat(cluster, make) -> None:
     """A 32 MiB `{...}` body took a worker to 1.0 GB (json.loads, then pydantic): now the
     element bound refuses it on the raw bytes, at a few copies of the body."""
     worker = cluster.workers[0]
     pid = worker.popen.pid
-    Path(f"/proc/{pid}/clear_refs").write_text("5")  # reset the peak (VmHWM) to the RSS now
-    before = _status_kib(pid, "VmRSS")
+    before = reset_peak_rss(pid)
     r = _post_worker(worker.url, make(32 * 2**20 - 1024))
-    peak = _status_kib(pid, "VmHWM")
+    peak = status_kib(pid, "VmHWM")
     assert r.status_code == 400, r.text[:300]
     err = r.json()["error"]
     assert err["code"] == "json_too_large" and "--max-json-elements" in err["message"]
