@@ -22,7 +22,7 @@ import argparse
 from dataclasses import asdict
 from pathlib import Path
 
-from bench.lib.floor import startup_floor
+from bench.lib.floor import Floor, startup_floor
 from bench.lib.load_runs import (
     COLUMNS,
     GATEWAY_ARGS,
@@ -102,7 +102,7 @@ def ratios(rows: list[LoadRow]) -> dict[str, dict[str, float]]:
     return out
 
 
-def floor_of(row: LoadRow):
+def floor_of(row: LoadRow) -> Floor:
     """The run's start-up floor (bench/lib/floor.py), from the requests it opened with."""
     opening = sorted(row.detail, key=lambda d: d[8])[: row.concurrency]
     tenants = [(conv.split("-")[0], prompt) for conv, _, _, prompt, *_ in opening]
@@ -116,9 +116,7 @@ def explain_floor(rows: list[LoadRow]) -> str | None:
     fl = floor_of(rows[0])
     if fl.per_replica < 2:
         return None
-    late = ", ".join(
-        f"{r.policy} {sum(d[6] * 1000 >= fl.seconds * 1000 for d in r.detail)}" for r in rows
-    )
+    late = ", ".join(f"{r.policy} {sum(d[6] >= fl.seconds for d in r.detail)}" for r in rows)
     binds = "so no policy's p99 can be below it" if fl.binds_p99 else "too few to bind the p99"
     return (
         f"{rows[0].label} c{rows[0].concurrency}: start-up floor {fl.seconds * 1000:,.0f} ms:"
