@@ -26,6 +26,7 @@ from cachekey.keys import (
     DEFAULT_HASH_SEED,
     PREFIX_HEADER,
     HashNamespace,
+    MMMatchRule,
     block_extra_keys,
     block_keys,
     clamp_match,
@@ -33,6 +34,7 @@ from cachekey.keys import (
     hash_block,
     parse_prefix_header,
     root_key,
+    usable_match,
 )
 from cachekey.render import ImageOptions, Renderer, RenderLimits
 from cachekey.types import BlockKey, ExtraKey, MMItem, Prompt
@@ -52,6 +54,7 @@ __all__ = [
     "ImageTooLargeError",
     "InvalidImageError",
     "MMItem",
+    "MMMatchRule",
     "ModelAssets",
     "Prompt",
     "PromptTooLongError",
@@ -71,4 +74,5 @@ __all__ = [
     "probe_image",
     "root_key",
     "scoped_uuid_identifier",
+    "usable_match",
 ]

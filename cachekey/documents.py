@@ -17,7 +17,7 @@ import msgspec
 import xxhash
 
 from cachekey.events import BlockStored
-from cachekey.keys import HashNamespace
+from cachekey.keys import HashNamespace, MMMatchRule
 
 Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
 PositiveInt = Annotated[int, msgspec.Meta(gt=0)]
@@ -105,6 +105,8 @@ class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
     # it and hits it (kvgate's scheduler); False: it may compute it too (plain vLLM).
     defers_shared_prefill: bool = False
     lora: LoRAAdapters | None = None  # None: serves no LoRA adapter
+    # What the engine reuses of a match that ends inside an image (cachekey.keys.usable_match).
+    mm_match_rule: MMMatchRule = "clamp"
     # Several ranks behind this URL, in the order of their X-data-parallel-rank index; empty:
     # one engine, described by the fields above (data_parallel_rank, kv_events, lora).
     data_parallel_ranks: list[RankInfo] = []

@@ -13,6 +13,7 @@ import sys
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import xxhash
 
@@ -226,6 +227,28 @@ def clamp_match(
                 n = (item.offset // block_size) * block_size
                 changed = True
     return n
+
+
+# How an engine treats a prefix-cache match that ends inside a multimodal span:
+# - "clamp": rewind it to the span's start (LMDeploy #4618; kvgate's engine until it reuses partial
+#   images);
+# - "partial": keep it, the vision tower's output for the recomputed part coming from the encoder
+#   cache (vLLM v1).
+# Either way a match is whole blocks and leaves at least one prompt token to compute.
+MMMatchRule = Literal["clamp", "partial"]
+
+
+def usable_match(
+    num_matched_tokens: int,
+    num_tokens: int,
+    block_size: int,
+    mm_items: Sequence[MMItem],
+    rule: MMMatchRule,
+) -> int:
+    """The tokens an engine with `rule` reuses of a `num_matched_tokens` prefix match."""
+    return clamp_match(
+        num_matched_tokens, num_tokens, block_size, mm_items if rule == "clamp" else ()
+    )
 
 
 # The gateway's hint to the worker it sends a request to: the key, in hex, of the last block it

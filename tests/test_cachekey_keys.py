@@ -131,6 +131,24 @@ def test_clamp_match(matched, n_tokens, spans, expected):
     assert not any(it.offset < got < it.end for it in items)
 
 
+@pytest.mark.parametrize(
+    ("matched", "n_tokens", "spans", "clamped", "partial"),
+    [
+        (12, 20, [(10, 4)], 8, 12),  # span [10, 14) crosses the end: only "clamp" rewinds
+        (12, 20, [(5, 10)], 4, 12),  # span [5, 15) covers the end
+        (14, 20, [(10, 4)], 8, 12),  # both round down to whole blocks
+        (20, 20, [(14, 6)], 12, 16),  # both leave one token to compute
+        (12, 20, [], 12, 12),  # no spans: the rules agree
+    ],
+)
+def test_usable_match_rules(matched, n_tokens, spans, clamped, partial):
+    from cachekey import usable_match
+
+    items = [MMItem(f"i{k}", "image", off, ln) for k, (off, ln) in enumerate(spans)]
+    assert usable_match(matched, n_tokens, BS, items, "clamp") == clamped
+    assert usable_match(matched, n_tokens, BS, items, "partial") == partial
+
+
 def test_prefix_header_parses_only_a_whole_key_in_hex() -> None:
     from cachekey import parse_prefix_header
 
