@@ -84,6 +84,66 @@ async def _send(
     )
 
 
+async def send_turn(
+    client: AsyncOpenAI,
+    model: str,
+    messages: list[dict],
+    turn: Turn,
+    max_tokens: int,
+    headers: dict[str, str],
+    stream: bool,
+) -> tuple[Result, str]:
+    """One turn's request: its Result and the reply's text ("" when it failed)."""
+    sent_at = time.perf_counter()
+    try:
+        text, replica, pt, ct, pred, lat, ttft = await _send(
+            client, model, messages, max_tokens, headers, stream
+        )
+    except Exception as e:  # a failed request is a result too: it is counted, not hidden
+        error = f"{type(e).__name__}: {e}"
+        return Result(turn.conversation, turn.turn, "-", 0, 0, None, 0.0, None, False, error), ""
+    res = Result(turn.conversation, turn.turn, replica, pt, ct, pred, lat, ttft, True)
+    res.sent_at = sent_at
+    return res, text
+
+
+async def run_side_by_side(
+    base_urls: list[str],
+    workload: Workload,
+    *,
+    model: str = "demo",
+    timeout: float = 120.0,
+    stream: bool = False,
+) -> dict[str, list[Result]]:
+    """Send each turn to every endpoint at once and the next turn when all have answered: the
+    endpoints serve the same trace under the same load, step by step (benchmarks that compare
+    two engine settings). Each endpoint's conversations carry its own replies."""
+    clients = {
+        url: AsyncOpenAI(
+            base_url=f"{url}/v1", api_key="kvgate-demo", timeout=timeout, max_retries=0
+        )
+        for url in base_urls
+    }
+    histories: dict[str, dict[str, list[dict]]] = {url: {} for url in base_urls}
+    results: dict[str, list[Result]] = {url: [] for url in base_urls}
+
+    async def one(url: str, turn: Turn) -> None:
+        convs = histories[url]
+        msgs = convs.setdefault(turn.conversation, workload.initial_messages(turn.tenant))
+        msgs.append({"role": "user", "content": turn.content})
+        res, text = await send_turn(
+            clients[url], model, msgs, turn, workload.spec.max_tokens, {}, stream
+        )
+        msgs.append({"role": "assistant", "content": text})
+        results[url].append(res)
+
+    for turn in workload:
+        await asyncio.gather(*(one(url, turn) for url in base_urls))
+    for client in clients.values():
+        await client.close()
+    return results
+
+
 async def run_workload(
     base_url: str,
     workload: Workload,
@@ -114,29 +174,11 @@ async def run_workload(
         msgs = histories.setdefault(turn.conversation, workload.initial_messages(turn.tenant))
         msgs.append({"role": "user", "content": turn.content})
         async with sem:
-            sent_at = time.perf_counter()
-            try:
-                hdrs = {**(headers or {}), **(headers_for(turn) if headers_for else {})}
-                turn_model = model_for(turn) if model_for else model
-                text, replica, pt, ct, pred, lat, ttft = await _send(
-                    client, turn_model, msgs, workload.spec.max_tokens, hdrs, stream
-                )
-                res = Result(turn.conversation, turn.turn, replica, pt, ct, pred, lat, ttft, True)
-                res.sent_at = sent_at
-            except Exception as e:  # a failed request is a result too: it is counted, not hidden
-                text = ""
-                res = Result(
-                    turn.conversation,
-                    turn.turn,
-                    "-",
-                    0,
-                    0,
-                    None,
-                    0.0,
-                    None,
-                    False,
-                    f"{type(e).__name__}: {e}",
-                )
+            hdrs = {**(headers or {}), **(headers_for(turn) if headers_for else {})}
+            turn_model = model_for(turn) if model_for else model
+            res, text = await send_turn(
+                client, turn_model, msgs, turn, workload.spec.max_tokens, hdrs, stream
+            )
         msgs.append({"role": "assistant", "content": text})
         results.append(res)
         if on_result is not None:

@@ -45,6 +45,9 @@ class WorkloadSpec:
     seed: int = 0
     # Share of the conversations that tenant 0 holds (0: every tenant has users_per_tenant).
     hot_share: float = 0.0
+    # The image before the question in a turn (visual Q&A: one image, several questions);
+    # False: after it.
+    image_first: bool = False
 
     def __post_init__(self) -> None:
         for name in ("tenants", "users_per_tenant", "turns", "system_words"):
@@ -137,7 +140,8 @@ class Workload:
                 content: list[dict] = [{"type": "text", "text": _text(rng, s.user_words)}]
                 image = self._image(rng, t)
                 if image is not None:
-                    content.append({"type": "image_url", "image_url": {"url": image}})
+                    part = {"type": "image_url", "image_url": {"url": image}}
+                    content.insert(0 if s.image_first else 1, part)
                 turns.append(Turn(tenant=t, user=u, turn=k, content=content))
         return turns
 

@@ -12,7 +12,7 @@ from bench.hit_rate import parser, run_replicas
 from bench.lib.floor import startup_floor
 from harness import worker_metrics as wm
 from harness.cluster import Cluster, ClusterSpec
-from harness.driver import run_workload
+from harness.driver import run_side_by_side, run_workload
 from harness.workload import Workload, WorkloadSpec
 
 
@@ -58,6 +58,40 @@ def test_streaming_driver_measures_ttft_and_cached_tokens(tmp_path: Path):
     assert counters.requests == 2
     assert counters.hit_tokens == second.cached_tokens
     assert counters.prompt_tokens == first.prompt_tokens + second.prompt_tokens
+
+
+def test_side_by_side_driver_serves_every_turn_to_each_worker(tmp_path: Path):
+    """bench.image_reuse's plumbing: a clamp and a partial sim worker get the same visual-Q&A
+    trace turn by turn; partial reuse hits at least as much on every turn, more on some."""
+    rules = ("clamp", "partial")
+    spec = ClusterSpec(
+        workers=2,
+        engine="sim",
+        gateways=0,
+        per_worker_args=[("--mm-match-rule", r) for r in rules],
+        log_dir=tmp_path,
+    )
+    workload = Workload(
+        WorkloadSpec(
+            tenants=2,
+            users_per_tenant=4,
+            turns=1,
+            system_words=60,
+            image_prob=1.0,
+            shared_images=1,
+            images_per_tenant=0,
+            image_first=True,
+        )
+    )
+    assert all(turn.content[0]["type"] == "image_url" for turn in workload)
+    with Cluster(spec) as c:
+        results = asyncio.run(run_side_by_side(c.worker_urls, workload, stream=True))
+    clamp, partial = (results[u] for u in c.worker_urls)
+    assert [r.ok for r in clamp + partial] == [True] * 16
+    assert [r.conversation for r in clamp] == [t.conversation for t in workload]
+    assert [r.conversation for r in partial] == [t.conversation for t in workload]
+    assert all(p.cached_tokens >= c.cached_tokens for c, p in zip(clamp, partial, strict=True))
+    assert sum(p.cached_tokens for p in partial) > sum(c.cached_tokens for c in clamp)
 
 
 def test_warm_p99_counts_only_requests_sent_after_the_opening_burst_was_served():

@@ -1,8 +1,10 @@
-"""BlockManager unit tests: equality guard, LRU eviction, ref counts, clamping, abort."""
+"""BlockManager unit tests: equality guard, LRU eviction, ref counts, image-match rules, abort."""
 
 from __future__ import annotations
 
-from cachekey import BlockKey, HashNamespace, MMItem, Prompt
+import pytest
+
+from cachekey import BlockKey, HashNamespace, MMItem, MMMatchRule, Prompt
 from cachekey.events import BlockRemoved, BlockStored
 from gateway.index import BlockIndex, ReplicaId
 from worker.engine.block_manager import BlockManager
@@ -41,7 +43,7 @@ def test_free_queue_is_fifo_with_o1_removal() -> None:
 
 
 def test_hit_requires_same_tokens_and_extra_keys() -> None:
-    bm = BlockManager(16, BS, True)
+    bm = BlockManager(16, BS, True, "partial")
     a = seq_of("a", list(range(1, 14)))
     assert prefill(bm, a) == 0
     assert prefill(bm, seq_of("same", list(range(1, 14)))) == 12
@@ -60,7 +62,7 @@ def test_hit_requires_same_tokens_and_extra_keys() -> None:
 
 
 def test_lora_and_salt_separate_caches() -> None:
-    bm = BlockManager(32, BS, True)
+    bm = BlockManager(32, BS, True, "partial")
     ids = list(range(1, 14))
     prefill(bm, seq_of("a", ids))
     assert prefill(bm, seq_of("lora", ids, lora_name="adapter")) == 0
@@ -68,31 +70,45 @@ def test_lora_and_salt_separate_caches() -> None:
     assert prefill(bm, seq_of("salt2", ids, cache_salt="tenant")) == 12
 
 
-def test_match_never_ends_inside_image_and_leaves_one_token() -> None:
-    bm = BlockManager(32, BS, True)
+@pytest.mark.parametrize(("rule", "inside_hit"), [("partial", 8), ("clamp", 0)])
+def test_match_inside_image_follows_the_rule_and_leaves_one_token(
+    rule: MMMatchRule, inside_hit: int
+) -> None:
+    bm = BlockManager(32, BS, True, rule)
     img = MMItem("img", "image", offset=2, length=8)  # spans blocks 0..2
     ids = [1, 2] + [7] * 8 + [3, 4, 5, 6, 8, 9]
     first = seq_of("a", ids, (img,))
     prefill(bm, first)
     # Same image, same text: everything up to the last block boundary before the end.
     assert prefill(bm, seq_of("b", ids, (img,))) == 12
-    # Only the first two blocks (inside the image) cached: the hit is rewound to 0.
-    bm2 = BlockManager(32, BS, True)
+    # Only the first two blocks (inside the image) cached: "partial" reuses both, "clamp"
+    # rewinds to the block holding the image's start.
+    bm2 = BlockManager(32, BS, True, rule)
     short = seq_of("s", ids, (img,))
     hits = bm2.find_cached_prefix(short)
     bm2.allocate(short, hits, 8)
     short.num_computed_tokens = 8
     bm2.cache_full_blocks(short)
     assert len(bm2.pool.cached) == 2
-    assert bm2.find_cached_prefix(seq_of("t", ids, (img,))) == []
-    # An exact repeat of a block-aligned prompt still computes its last token.
+    assert len(bm2.find_cached_prefix(seq_of("t", ids, (img,)))) * BS == inside_hit
+    # Another image on the same placeholder tokens shares nothing from its first block on
+    # (ATOM #1358), whatever the rule.
+    other = MMItem("img-other", "image", offset=2, length=8)
+    assert bm.find_cached_prefix(seq_of("o", ids, (other,))) == []
+    # An exact repeat of a block-aligned prompt still computes its last token, also when the
+    # last token is an image's.
     exact = list(range(1, 9))
     prefill(bm, seq_of("e", exact))
     assert prefill(bm, seq_of("e2", exact)) == 4
+    tail = MMItem("tail", "image", offset=3, length=5)  # the image ends the prompt
+    prefill(bm, seq_of("i", [1, 2, 3, *[7] * 5], (tail,)))
+    assert prefill(bm, seq_of("i2", [1, 2, 3, *[7] * 5], (tail,))) == (
+        4 if rule == "partial" else 0
+    )
 
 
 def test_ref_counts_with_shared_prefix() -> None:
-    bm = BlockManager(16, BS, True)
+    bm = BlockManager(16, BS, True, "partial")
     a, b = seq_of("a", list(range(1, 11))), seq_of("b", [*list(range(1, 9)), 50, 51, 52])
     prefill(bm, a)
     assert prefill(bm, b) == 8
@@ -123,7 +139,7 @@ def _removed(bm: BlockManager) -> list:
 
 
 def test_lru_evicts_oldest_and_tail_first() -> None:
-    bm = BlockManager(6, BS, True)
+    bm = BlockManager(6, BS, True, "partial")
     a_keys, b_keys = _cache_a_then_b(bm)
     bm.drain_events()
     c = seq_of("c", list(range(200, 209)))  # needs 3 blocks: a's tail first, then a's head
@@ -136,7 +152,7 @@ def test_lru_evicts_oldest_and_tail_first() -> None:
 
 def test_refresh_chain_keeps_a_named_prefix_cached_through_the_next_evictions() -> None:
     # The x-kvgate-prefix hint: a's chain, older than b's, is named before c allocates.
-    bm = BlockManager(6, BS, True)
+    bm = BlockManager(6, BS, True, "partial")
     a_keys, b_keys = _cache_a_then_b(bm)
     assert bm.refresh_chain(a_keys[-1]) == 2
     bm.drain_events()
@@ -148,7 +164,7 @@ def test_refresh_chain_keeps_a_named_prefix_cached_through_the_next_evictions() 
 
 
 def test_refresh_chain_ignores_unknown_keys_and_broken_chains() -> None:
-    bm = BlockManager(5, BS, True)
+    bm = BlockManager(5, BS, True, "partial")
     a = seq_of("a", list(range(1, 13)))  # 3 full blocks
     prefill(bm, a)
     keys = list(a.block_keys)
@@ -165,7 +181,7 @@ def test_refresh_chain_ignores_unknown_keys_and_broken_chains() -> None:
 
 
 def test_events_describe_stored_blocks() -> None:
-    bm = BlockManager(16, BS, True)
+    bm = BlockManager(16, BS, True, "partial")
     img = MMItem("pic", "image", offset=3, length=2)
     s = seq_of("a", [1, 2, 3, 9, 9, 6, 7, 8, 10], (img,), lora_name="lo")
     prefill(bm, s)
@@ -181,14 +197,14 @@ def test_events_describe_stored_blocks() -> None:
 
 
 def test_no_prefix_caching_caches_and_publishes_nothing() -> None:
-    bm = BlockManager(16, BS, False)
+    bm = BlockManager(16, BS, False, "partial")
     prefill(bm, seq_of("a", list(range(1, 14))))
     assert prefill(bm, seq_of("b", list(range(1, 14)))) == 0
     assert bm.drain_events() == [] and bm.snapshot() == []
 
 
 def test_reset_clears_only_when_idle() -> None:
-    bm = BlockManager(16, BS, True)
+    bm = BlockManager(16, BS, True, "partial")
     a = seq_of("a", list(range(1, 14)))
     prefill(bm, a)
     assert not bm.reset()
@@ -199,7 +215,7 @@ def test_reset_clears_only_when_idle() -> None:
 
 
 def test_abort_frees_blocks_of_running_and_waiting() -> None:
-    bm = BlockManager(8, BS, True)
+    bm = BlockManager(8, BS, True, "partial")
     sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64)
     run, wait = seq_of("r", list(range(1, 20))), seq_of("w", list(range(30, 50)))
     sched.add(run)
@@ -214,7 +230,7 @@ def test_abort_frees_blocks_of_running_and_waiting() -> None:
 
 
 def test_preemption_keeps_generated_tokens() -> None:
-    bm = BlockManager(4, BS, True)
+    bm = BlockManager(4, BS, True, "partial")
     sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64)
     a, b = seq_of("a", list(range(1, 9))), seq_of("b", list(range(20, 28)))
     sched.add(a)
@@ -251,7 +267,7 @@ def test_concurrent_prefills_of_one_prefix_keep_the_chain_whole() -> None:
     """Two sequences prefilled in the same step both compute their shared prefix. When the first
     one's copy is evicted, the second one's later blocks still have a cached parent: the events
     describe exactly the cache (issue 11: the gateway was one block short after such a chain)."""
-    bm = BlockManager(8, BS, True)
+    bm = BlockManager(8, BS, True, "partial")
     a = seq_of("a", [*range(1, 9), 50])
     b = seq_of("b", [*range(1, 9), 60, 61, 62, 63, 64])
     # Same step: neither sees a hit, both allocate, a finishes its prefill first.
@@ -287,7 +303,7 @@ def test_concurrent_prefills_of_one_prefix_keep_the_chain_whole() -> None:
 
 
 def test_each_copy_is_stored_and_removed_once() -> None:
-    bm = BlockManager(8, BS, True)
+    bm = BlockManager(8, BS, True, "partial")
     a, b = seq_of("a", list(range(1, 10))), seq_of("b", list(range(1, 10)))
     for s in (a, b):
         bm.allocate(s, [], s.num_tokens)

@@ -1,4 +1,5 @@
-"""Prefix caching changes nothing but speed: text and image prompts, the ATOM #1358 regression."""
+"""Prefix caching changes nothing but speed: text and image prompts, the ATOM #1358 regression,
+under both rules for a match that ends inside an image (partial reuse, the default, and clamp)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,11 @@ LONG_TEXT = "The quick brown fox jumps over the lazy dog while the cat watches. 
 @pytest.fixture(scope="module")
 def cached(demo_model_dir: Path) -> LLMEngine:
     return make_engine(demo_model_dir, block_size=BS)
+
+
+@pytest.fixture(scope="module")
+def clamped(demo_model_dir: Path) -> LLMEngine:
+    return make_engine(demo_model_dir, block_size=BS, mm_match_rule="clamp")
 
 
 @pytest.fixture(scope="module")
@@ -61,16 +67,19 @@ def test_text_prefix_hit_is_exact(cached: LLMEngine, reference: LLMEngine) -> No
     assert hit == (shared // BS) * BS
 
 
+@pytest.mark.parametrize("rule", ["partial", "clamp"])
 @pytest.mark.parametrize("shared_after", [True, False])
 @pytest.mark.parametrize("pad", [0, 5, 11])
 def test_image_prefix_hit_is_exact(
-    cached: LLMEngine, reference: LLMEngine, pad: int, shared_after: bool
+    request: pytest.FixtureRequest, reference: LLMEngine, pad: int, shared_after: bool, rule: str
 ) -> None:
     """Block boundaries fall before, inside and after the image span depending on `pad`.
 
     With text shared after the image the hit covers the whole span; without, the match ends
-    inside the span's last block and is clamped back to the span start.
+    inside the span's last block: "partial" keeps it (the prefill starts mid-image), "clamp"
+    rewinds it to the block holding the span start.
     """
+    cached: LLMEngine = request.getfixturevalue("cached" if rule == "partial" else "clamped")
     image = png_bytes(seed=100 + pad)
     before = "Look" + " at this" * pad
     common = "Take your time and consider every part of the picture. " if shared_after else ""
@@ -85,14 +94,18 @@ def test_image_prefix_hit_is_exact(
         i for i, (a, b) in enumerate(zip(first.token_ids, second.token_ids, strict=False)) if a != b
     )
     matched = (shared // BS) * BS
-    # A match ending inside the span is rewound to the block holding the span start.
-    assert hit == (matched if matched <= item.offset or matched >= item.end else floor_start)
+    inside = item.offset < matched < item.end
+    assert inside == (not shared_after and pad < 11)  # pad 11 ends the match past the span
+    assert hit == (floor_start if inside and rule == "clamp" else matched)
     if shared_after:
         assert hit >= item.end
 
 
-def test_different_images_same_text_atom_1358(demo_model_dir: Path, reference: LLMEngine) -> None:
-    engine = make_engine(demo_model_dir, block_size=BS)
+@pytest.mark.parametrize("rule", ["partial", "clamp"])
+def test_different_images_same_text_atom_1358(
+    demo_model_dir: Path, reference: LLMEngine, rule: str
+) -> None:
+    engine = make_engine(demo_model_dir, block_size=BS, mm_match_rule=rule)
     text_before = "Please look carefully."
     # Long enough that whole blocks follow the image, so a repeat can hit past its span.
     text_after = "What is in this image? Answer in one short sentence and be precise about it."
@@ -102,7 +115,7 @@ def test_different_images_same_text_atom_1358(demo_model_dir: Path, reference: L
         prompt = image_chat(engine, text_before, image, text_after)
         (item,) = prompt.mm_items
         out = generate(engine, f"atom-{i}", prompt)
-        cold = generate(reference, f"atom-cold-{i}", prompt)
+        cold = generate(reference, f"atom-cold-{rule}-{i}", prompt)
         assert tokens(out) == tokens(cold), f"image {i} got another image's answer"
         assert out[-1].num_cached_tokens <= (item.offset // BS) * BS
         if i:
@@ -122,11 +135,15 @@ def test_different_images_same_text_atom_1358(demo_model_dir: Path, reference: L
     assert not engine.has_unfinished_requests()
 
 
-def test_chunked_prefill_aborted_inside_image_is_clamped(
-    demo_model_dir: Path, reference: LLMEngine
+@pytest.mark.parametrize("rule", ["partial", "clamp"])
+def test_chunked_prefill_aborted_inside_image(
+    demo_model_dir: Path, reference: LLMEngine, rule: str
 ) -> None:
-    """Blocks cached up to the middle of an image never serve a partial-image hit."""
-    engine = make_engine(demo_model_dir, block_size=BS, max_num_batched_tokens=BS * 2)
+    """Blocks cached up to the middle of an image: "partial" starts the next prefill there (the
+    rest of the image's rows from the encoder cache), "clamp" at the block holding its start."""
+    engine = make_engine(
+        demo_model_dir, block_size=BS, max_num_batched_tokens=BS * 2, mm_match_rule=rule
+    )
     prompt = image_chat(engine, "Hi", png_bytes(7), "Tell me about it.")
     (item,) = prompt.mm_items
     engine.add_request("partial", prompt, SamplingParams(temperature=0.0, max_tokens=8))
@@ -134,12 +151,18 @@ def test_chunked_prefill_aborted_inside_image_is_clamped(
         assert engine.step() == []  # still prefilling
     engine.abort_request("partial")
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    cached = len(engine.block_manager.pool.cached) * BS
+    assert item.offset < cached < item.end
     out = generate(engine, "full", prompt)
-    cold = generate(reference, "full-cold", prompt)
+    cold = generate(reference, f"full-cold-{rule}", prompt)
     assert tokens(out) == tokens(cold)
-    assert out[-1].num_cached_tokens == (item.offset // BS) * BS
+    assert out[-1].num_cached_tokens == (cached if rule == "partial" else (item.offset // BS) * BS)
+    assert engine.stats().vision_tower_runs == 1  # the encoder cache held the image
     torch.testing.assert_close(
-        prompt_logits(engine, "full"), prompt_logits(reference, "full-cold"), atol=1e-4, rtol=1e-4
+        prompt_logits(engine, "full"),
+        prompt_logits(reference, f"full-cold-{rule}"),
+        atol=1e-4,
+        rtol=1e-4,
     )
 
 

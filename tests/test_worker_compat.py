@@ -47,6 +47,7 @@ def test_info_describes_keys_events_and_instance(worker, demo_model_dir):
     info = _get(worker, "/kvgate/info")
     assert info["model"] == "demo" and info["engine"] == "sim"
     assert info["block_size"] == 16 and info["hash_seed"] == "kvgate-v1"
+    assert info["mm_match_rule"] == "partial"  # the engine reuses blocks that end in an image
     assert len(info["instance_id"]) == 32
     assert info["kv_events"] == {
         "enabled": True,

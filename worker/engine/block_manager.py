@@ -2,12 +2,15 @@
 
 A cache hit must match the request's key chain AND, block by block, the stored token ids,
 extra keys (images, LoRA, salt) and parent: a key collision, forged or accidental, never
-serves another request's K/V. Matches are clamped so they never end inside an image span.
+serves another request's K/V. A match that ends inside an image span is kept or rewound to the
+span's start as the engine's `mm_match_rule` says (cachekey.usable_match): kept, the prefill starts
+mid-image and takes the rest of the image's rows from the encoder cache or the vision tower
+(mm_inputs). Either way a match leaves at least one prompt token to compute.
 """
 
 from __future__ import annotations
 
-from cachekey import BlockKey, clamp_match
+from cachekey import BlockKey, MMMatchRule, usable_match
 from cachekey.events import BlockStored, KVEvent
 from worker.engine.block_pool import BlockPool
 from worker.engine.free_queue import Block
@@ -20,9 +23,16 @@ def cdiv(a: int, b: int) -> int:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool,
+        mm_match_rule: MMMatchRule,
+    ) -> None:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.mm_match_rule: MMMatchRule = mm_match_rule
         self.pool = BlockPool(num_blocks, block_size, publish_events=enable_prefix_caching)
 
     @property
@@ -39,7 +49,7 @@ class BlockManager:
     # -- admission ---------------------------------------------------------------------------
 
     def find_cached_prefix(self, seq: Sequence) -> list[Block]:
-        """The cached blocks usable as seq's prefix (after the equality guard and clamping)."""
+        """The cached blocks usable as seq's prefix (after the equality guard and the rule)."""
         if not self.enable_prefix_caching:
             return []
         hits: list[Block] = []
@@ -51,7 +61,7 @@ class BlockManager:
             hits.append(block)
             parent = key
         bs = self.block_size
-        matched = clamp_match(len(hits) * bs, seq.num_tokens, bs, seq.mm_items)
+        matched = usable_match(len(hits) * bs, seq.num_tokens, bs, seq.mm_items, self.mm_match_rule)
         return hits[: matched // bs]
 
     def _same_block(self, block: Block, seq: Sequence, index: int, parent: object) -> bool:

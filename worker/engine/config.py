@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import get_args
 
 from cachekey.flags import format_size, option, parse_size
-from cachekey.keys import DEFAULT_HASH_SEED
+from cachekey.keys import DEFAULT_HASH_SEED, MMMatchRule
 
 _ENGINES = ("torch", "sim")
 _DEVICES = ("auto", "cpu", "cuda")
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
+_MM_MATCH_RULES: tuple[str, ...] = get_args(MMMatchRule)
 DECODE_BACKENDS = ("auto", "reference", "triton")
 
 # On CPU the KV cache gets a fixed, modest budget: the host runs other things too.
@@ -84,6 +86,13 @@ class EngineConfig:
     encoder_cache_bytes: int = option(
         64 * 1024 * 1024, "memory for cached image embeddings; 0 disables the cache", **_SIZE
     )
+    mm_match_rule: str = option(
+        "partial",
+        "a prefix-cache hit that ends inside an image: partial reuses its blocks (the rest of "
+        "the image's rows come from the encoder cache or the vision tower, as in vLLM); clamp "
+        "rewinds it to the block holding the image's start (LMDeploy's rule)",
+        choices=_MM_MATCH_RULES,
+    )
     enable_lora: bool = option(
         False, "serve LoRA adapters (implied by --lora-modules); docs/worker.md, LoRA adapters"
     )
@@ -120,6 +129,7 @@ class EngineConfig:
         _choice("device", self.device, _DEVICES)
         _choice("dtype", self.dtype, _DTYPES)
         _choice("decode_attention", self.decode_attention, DECODE_BACKENDS)
+        _choice("mm_match_rule", self.mm_match_rule, _MM_MATCH_RULES)
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}"

@@ -49,7 +49,10 @@ class LLMEngine:
             )
         self.max_model_len = config.max_model_len or model_limit
         self.block_manager = BlockManager(
-            self.runner.num_blocks, config.block_size, config.enable_prefix_caching
+            self.runner.num_blocks,
+            config.block_size,
+            config.enable_prefix_caching,
+            config.mm_match_rule,  # type: ignore[arg-type]  # __post_init__ checked it
         )
         self.loras: LoRAManager | None = lora_manager(config, self.runner.lora)
         self.scheduler = Scheduler(

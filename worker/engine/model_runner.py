@@ -67,6 +67,13 @@ class ModelRunner:
         if info.is_multimodal:
             if assets.image is None:
                 raise ValueError("multimodal model without an image processor config")
+            # Each step copies an image's rows by position (mm_inputs): the rendered span and the
+            # tower's output must agree in length, checked once here rather than in every step.
+            if assets.image.tokens_per_image != info.tokens_per_image:
+                raise ValueError(
+                    f"the renderer gives an image {assets.image.tokens_per_image} placeholder "
+                    f"tokens but the vision tower returns {info.tokens_per_image} rows"
+                )
             self.vision = VisionInputs(
                 self.model,
                 ImageProcessor.from_image_config(assets.image),

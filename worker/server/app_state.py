@@ -178,6 +178,7 @@ def worker_info(
         max_model_len=engine.max_model_len,
         num_blocks=engine.stats().num_blocks,
         defers_shared_prefill=engine.config.enable_prefix_caching,
+        mm_match_rule=engine.config.mm_match_rule,
         kv_events=endpoints[0],
         data_parallel_ranks=(
             [
