@@ -131,6 +131,9 @@ class GatewayConfig:
     retries: int = option(2, "extra replicas tried on a connect error or 5xx before the first byte")
     connect_timeout: float = option(2.0, "seconds to connect to a worker")
     request_timeout: float = option(600.0, "seconds for a whole proxied request")
+    drain_timeout: float = option(
+        30.0, "seconds a stopping gateway (SIGTERM) lets requests and streams in flight finish"
+    )
     poll_interval: float = option(
         0.5, "seconds between polls of each worker's /kvgate/info, /health and /metrics"
     )
@@ -257,6 +260,8 @@ class GatewayConfig:
             raise ValueError("speculative_ttl and retries must be >= 0")
         if self.connect_timeout <= 0 or self.request_timeout <= 0 or self.poll_interval <= 0:
             raise ValueError("timeouts and poll_interval must be positive")
+        if self.drain_timeout < 0:
+            raise ValueError("drain_timeout must be >= 0")
         if self.event_tail_check_interval <= 0:
             raise ValueError("event_tail_check_interval must be positive")
         if self.recent_half_life <= 0:
