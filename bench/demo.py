@@ -32,7 +32,6 @@ from harness.workload import Workload, WorkloadSpec
 
 POLICY_HEADER = "x-kvgate-routing-policy"
 README_PORT = 8080  # the port README.md's commands use
-LOG_BASE = Path("bench/results/demo-logs")  # a directory per run (harness/run_logs.py)
 
 LEGEND = """\
   requests         chat requests the gateway sent to this replica
@@ -140,6 +139,12 @@ def main() -> int:
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--concurrency", type=int, default=4, help="chats in flight at once")
     ap.add_argument("--num-blocks", type=int, default=256, help="KV blocks per worker")
+    ap.add_argument(
+        "--log-dir",
+        type=Path,
+        default=Path("bench/results/demo-logs"),
+        help="each run logs into a directory of its own under this one (latest: the newest)",
+    )
     args = ap.parse_args()
 
     t0 = time.monotonic()
@@ -159,10 +164,10 @@ def main() -> int:
         num_blocks=args.num_blocks,
         worker_args=("--max-loras", "2", "--lora-modules", lora_modules_arg(adapters)),
         gateway_port=README_PORT,
-        log_dir=claim_log_dir(LOG_BASE),
+        log_dir=claim_log_dir(args.log_dir),
         die_with_parent=True,
     )
-    for other in [r for r in running_runs(LOG_BASE) if r != spec.log_dir]:
+    for other in [r for r in running_runs(args.log_dir) if r != spec.log_dir]:
         print(f"kvgate demo: another demo is running (logs in {other}); this one has its own")
     print(
         f"starting {args.workers} torch workers and a gateway on 127.0.0.1 "
