@@ -23,8 +23,9 @@ ARGS ?=
 # Container images (docs/kubernetes.md): docker, podman or buildah; none are published here,
 # .github/workflows/release.yml publishes them from a tag. Default: docker when its daemon
 # answers, else podman.
+# (Worked out once, on first use: `make test` never asks docker.)
 ifeq ($(origin DOCKER),undefined)
-DOCKER := $(shell docker info >/dev/null 2>&1 && echo docker || echo podman)
+DOCKER = $(eval DOCKER := $(shell docker info >/dev/null 2>&1 && echo docker || echo podman))$(DOCKER)
 endif
 REGISTRY ?= ghcr.io/kvgate
 IMAGE_TAG ?= $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$$/\1/p' helm/kvgate/Chart.yaml)
@@ -33,13 +34,12 @@ WORKER_IMAGE = $(REGISTRY)/kvgate-worker:$(IMAGE_TAG)
 TORCH_WHEEL ?=
 # podman and buildah: docker/setup-podman.sh writes their config, base image and build flags here.
 PODMAN_DIR := build/podman
-ifneq ($(filter podman buildah,$(DOCKER)),)
-export CONTAINERS_CONF := $(abspath $(PODMAN_DIR)/containers.conf)
-BASE_IMAGE ?= $(shell cat $(PODMAN_DIR)/base-image 2>/dev/null)
-BUILD_FLAGS ?= $(shell cat $(PODMAN_DIR)/build-flags 2>/dev/null)
+PODMAN = $(filter podman buildah,$(DOCKER))
+ifneq ($(wildcard $(PODMAN_DIR)/containers.conf),)
+export CONTAINERS_CONF ?= $(abspath $(PODMAN_DIR)/containers.conf)
 endif
-BASE_IMAGE ?=
-BUILD_FLAGS ?=
+BASE_IMAGE ?= $(if $(PODMAN),$(shell cat $(PODMAN_DIR)/base-image 2>/dev/null))
+BUILD_FLAGS ?= $(if $(PODMAN),$(shell cat $(PODMAN_DIR)/build-flags 2>/dev/null))
 IMAGE_ARGS = $(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) $(BUILD_FLAGS)
 
 .PHONY: test test-quick lint format demo clean bench images images-build images-test push-images lock
@@ -87,10 +87,8 @@ demo: $(STAMP)
 # TORCH_INDEX=https://download.pytorch.org/whl/cpu builds a CPU-only worker (kind, minikube),
 # TORCH_WHEEL=PATH installs that torch wheel; neither: PyPI's (CUDA on x86_64).
 images:
-ifneq ($(filter podman buildah,$(DOCKER)),)
-	bash docker/setup-podman.sh $(DOCKER) $(PODMAN_DIR)
-endif
-	@$(MAKE) --no-print-directory images-build
+	$(if $(PODMAN),bash docker/setup-podman.sh $(DOCKER) $(PODMAN_DIR))
+	@$(MAKE) --no-print-directory images-build DOCKER=$(DOCKER)
 
 images-build:
 	@rm -f docker/wheels/*.whl
@@ -110,4 +108,4 @@ push-images:
 	$(DOCKER) push $(WORKER_IMAGE)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache build
