@@ -1,7 +1,8 @@
 """What a built image holds, checked against the lock it was built from (`harness.images`).
 
 An image passes when the distributions installed in its /opt/kvgate are exactly its lock's pins
-for the image's platform (the markers evaluated inside it), plus kvgate's own wheel, torch at
+for the image's platform (the markers evaluated inside it; a CUDA worker's also cuda.lock's),
+plus kvgate's own wheel, torch at
 requirements/torch.in's version (worker) and pip/setuptools/wheel where the lock has none; and
 when it holds no source tree (/app, /src), no egg-info, and kvgate's modules compiled.
 """
@@ -91,6 +92,10 @@ def check_image(engine: str, image: str, lock: Path) -> str:
     got = probe(engine, image)
     want = lock_pins(lock, got["env"])
     have = {canonicalize_name(n): v for n, v in got["dists"].items()}
+    locks = [lock]
+    if "worker" in lock.name and any(n.startswith("nvidia-") for n in have):  # a CUDA build
+        locks.append(lock.with_name("cuda.lock"))
+        want |= lock_pins(locks[-1], got["env"])
     extra = {"kvgate": have.get("kvgate")} | {t: have[t] for t in TOOLS - want.keys() if t in have}
     if "worker" in lock.name:
         extra["torch"] = have.get("torch")
@@ -110,7 +115,8 @@ def check_image(engine: str, image: str, lock: Path) -> str:
     ).stdout.strip()
     mods = sorted(m for m, o in got["modules"].items() if o)
     return (
-        f"images-test: {image}: {len(want)} packages exactly as {lock.relative_to(ROOT)}, "
+        f"images-test: {image}: {len(want)} packages exactly as "
+        f"{' + '.join(str(p.relative_to(ROOT)) for p in locks)}, "
         f"+ {', '.join(f'{n} {v}' for n, v in sorted(extra.items()))}; kvgate ({', '.join(mods)}) "
         f"installed compiled in {site}, no source tree; {int(size or 0) / 1e6:.0f} MB"
     )
