@@ -3,36 +3,69 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
-# torch is pinned (an unpinned torch may pull another release). Which build pip picks comes from
-# its index: PyPI's Linux x86_64 wheel of torch==2.13.0 is the CUDA build (the nvidia-* runtime
-# packages come with it, several GB); a pip configured with a local wheel directory takes that.
-# TORCH_INDEX=https://download.pytorch.org/whl/cpu takes the small CPU build from PyTorch's index.
-TORCH ?= torch==2.13.0
+# Every install takes the versions the tests pass with from requirements/*.lock (hashes checked;
+# `make lock` regenerates them). torch is pinned in requirements/torch.in and installed on its
+# own, without dependencies (the locks hold them): which build pip picks comes from its index.
+# PyPI's Linux x86_64 wheel is the CUDA build (its CUDA runtime: requirements/cuda.lock); a pip
+# configured with a local wheel directory takes that; TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# takes the small CPU build from PyTorch's index.
+TORCH_VERSION := $(shell sed -n 's/^torch==//p' requirements/torch.in)
 TORCH_INDEX ?=
-TORCH_PIP = $(TORCH)$(if $(TORCH_INDEX), --index-url $(TORCH_INDEX))
+TORCH_PIP = torch==$(TORCH_VERSION)$(if $(TORCH_INDEX), --index-url $(TORCH_INDEX))
+# The date `make lock` reads PyPI as of: the same date gives the same locks.
+LOCK_DATE ?= 2026-11-25
+UV_VERSION := 0.13.8
+# Exits 0 when the installed torch is a CUDA build, whose runtime requirements/cuda.lock holds.
+TORCH_IS_CUDA = import importlib.metadata as m, sys; \
+  sys.exit(not any(r.startswith(("nvidia-", "cuda-")) for r in m.requires("torch") or ()))
 PYTEST_ARGS ?=
 ARGS ?=
-# Container images (docs/kubernetes.md). None are published: build them, push to your registry.
-DOCKER ?= docker
+# Container images (docs/kubernetes.md): docker, podman or buildah; none are published here,
+# .github/workflows/release.yml publishes them from a tag. Default: docker when its daemon
+# answers, else podman.
+# (Worked out once, on first use: `make test` never asks docker.)
+ifeq ($(origin DOCKER),undefined)
+DOCKER = $(eval DOCKER := $(shell docker info >/dev/null 2>&1 && echo docker || echo podman))$(DOCKER)
+endif
 REGISTRY ?= ghcr.io/kvgate
 IMAGE_TAG ?= $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$$/\1/p' helm/kvgate/Chart.yaml)
 GATEWAY_IMAGE = $(REGISTRY)/kvgate-gateway:$(IMAGE_TAG)
 WORKER_IMAGE = $(REGISTRY)/kvgate-worker:$(IMAGE_TAG)
+TORCH_WHEEL ?=
+# podman and buildah: docker/setup-podman.sh writes their config, base image and build flags here.
+PODMAN_DIR := build/podman
+PODMAN = $(filter podman buildah,$(DOCKER))
+ifneq ($(wildcard $(PODMAN_DIR)/containers.conf),)
+export CONTAINERS_CONF ?= $(abspath $(PODMAN_DIR)/containers.conf)
+endif
+BASE_IMAGE ?= $(if $(PODMAN),$(shell cat $(PODMAN_DIR)/base-image 2>/dev/null))
+BUILD_FLAGS ?= $(if $(PODMAN),$(shell cat $(PODMAN_DIR)/build-flags 2>/dev/null))
+IMAGE_ARGS = $(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) $(BUILD_FLAGS)
 
-.PHONY: test test-quick lint format demo clean bench images push-images
+.PHONY: test test-quick lint format demo clean bench images images-build images-test push-images lock
 
-# Recreated when missing or when pyproject.toml changed since the last install.
+# Recreated when missing or when pyproject.toml or a lock changed since the last install.
 # pip's output goes to a log; on failure its tail is shown.
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml requirements/dev.lock requirements/cuda.lock requirements/torch.in
 	@test -x $(PY) || python3 -m venv $(VENV)
-	@echo "installing kvgate into $(VENV) ($(TORCH_PIP); log: $(VENV)/install.log)..."
+	@echo "installing kvgate into $(VENV) (requirements/dev.lock, $(TORCH_PIP); log: $(VENV)/install.log)..."
 	@( $(PY) -m pip install -q --upgrade pip \
-	  && $(PY) -m pip install -q $(TORCH_PIP) \
-	  && $(PY) -m pip install -q -e '.[gateway,worker,test,bench]' ) > $(VENV)/install.log 2>&1 \
+	  && $(PY) -m pip install -q --require-hashes --no-deps -r requirements/dev.lock \
+	  && $(PY) -m pip install -q --no-deps $(TORCH_PIP) \
+	  && if $(PY) -c '$(TORCH_IS_CUDA)'; then \
+	    $(PY) -m pip install -q --require-hashes --no-deps -r requirements/cuda.lock; fi \
+	  && $(PY) -m pip install -q --no-deps -e . \
+	  && $(PY) -m pip check ) > $(VENV)/install.log 2>&1 \
 	  || { tail -40 $(VENV)/install.log; exit 1; }
 	@$(PY) -c "import torch; print('installed torch', torch.__version__, \
 	  '(CUDA ' + torch.version.cuda + ' build)' if torch.version.cuda else '(CPU build)')"
 	@touch $(STAMP)
+
+# After changing pyproject.toml's dependencies or requirements/torch.in (requirements/lock.py).
+lock:
+	@test -x $(PY) || python3 -m venv $(VENV)
+	@$(PY) -m pip install -q uv==$(UV_VERSION)
+	$(PY) requirements/lock.py --uv $(VENV)/bin/uv --exclude-newer $(LOCK_DATE)T00:00:00Z
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -51,15 +84,28 @@ test-quick: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m bench.demo $(ARGS)
 
-# The worker image takes torch the same way: TORCH_INDEX=https://download.pytorch.org/whl/cpu
-# builds a CPU-only worker (kind, minikube); without it the worker gets PyPI's CUDA build.
+# TORCH_INDEX=https://download.pytorch.org/whl/cpu builds a CPU-only worker (kind, minikube),
+# TORCH_WHEEL=PATH installs that torch wheel; neither: PyPI's (CUDA on x86_64).
 images:
-	$(DOCKER) build -f docker/gateway.Dockerfile -t $(GATEWAY_IMAGE) .
-	$(DOCKER) build -f docker/worker.Dockerfile --build-arg TORCH="$(TORCH_PIP)" -t $(WORKER_IMAGE) .
+	$(if $(PODMAN),bash docker/setup-podman.sh $(DOCKER) $(PODMAN_DIR))
+	@$(MAKE) --no-print-directory images-build DOCKER=$(DOCKER)
+
+images-build:
+	@rm -f docker/wheels/*.whl
+	$(if $(TORCH_WHEEL),cp $(TORCH_WHEEL) docker/wheels/)
+	$(DOCKER) build -f docker/gateway.Dockerfile $(IMAGE_ARGS) -t $(GATEWAY_IMAGE) .
+	$(DOCKER) build -f docker/worker.Dockerfile $(IMAGE_ARGS) \
+	  $(if $(TORCH_INDEX),--build-arg TORCH_INDEX_URL=$(TORCH_INDEX)) -t $(WORKER_IMAGE) .
+
+# Builds both images (with podman: set up by docker/setup-podman.sh) and runs them as the chart
+# does, against each other: uid 10001, read-only root filesystem, a chat through the gateway.
+images-test: $(STAMP)
+	$(PY) -m harness.images --engine $(DOCKER) --registry $(REGISTRY) --tag $(IMAGE_TAG) \
+	  $(if $(BASE_IMAGE),--base-image $(BASE_IMAGE)) $(if $(TORCH_WHEEL),--torch-wheel $(TORCH_WHEEL))
 
 push-images:
 	$(DOCKER) push $(GATEWAY_IMAGE)
 	$(DOCKER) push $(WORKER_IMAGE)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache build

@@ -26,6 +26,8 @@ from cachekey.demo import default_cache_dir, ensure_demo_model
 from cachekey.demo_lora import DEMO_ADAPTERS, ensure_demo_adapters, lora_modules_arg
 from harness.cluster import Cluster, ClusterSpec, wait_index_converged
 from harness.driver import Result, hit_rate, run_workload, summarize
+from harness.lifetime import bind_to_parent
+from harness.run_logs import claim_log_dir, running_runs
 from harness.workload import Workload, WorkloadSpec
 
 POLICY_HEADER = "x-kvgate-routing-policy"
@@ -98,10 +100,14 @@ def print_legend() -> None:
     print("\ncolumns:\n" + LEGEND)
 
 
-def announce_port(gateway_url: str) -> None:
-    """Say loudly when the gateway could not take the port README.md's commands use."""
+def announce_port(gateway_url: str, keep: bool) -> None:
+    """Say loudly when a kept cluster's gateway could not take the port README.md's commands
+    use; a run that stops at its end only says where it is meanwhile."""
     port = int(gateway_url.rsplit(":", 1)[1])
     if port == README_PORT:
+        return
+    if not keep:
+        print(f"  (port {README_PORT} is busy: this run's gateway is on {port} until it ends)")
         return
     bar = "!" * 78
     print(
@@ -119,9 +125,12 @@ def main() -> int:
     # The workers run in sessions of their own, so they outlive us unless `finally` stops them:
     # make SIGTERM unwind like Ctrl-C, and take Ctrl-C even where a launcher set it to ignored.
     # SIGHUP too: closing the terminal of a `--keep` run must not leave the workers behind.
+    # A SIGKILL skips `finally`: the cluster's processes get SIGTERM from the kernel then
+    # (ClusterSpec.die_with_parent), and this process gets SIGTERM when `make` is killed.
     signal.signal(signal.SIGTERM, _exit_on_signal)
     signal.signal(signal.SIGHUP, _exit_on_signal)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    bind_to_parent()
     ap = argparse.ArgumentParser(description="kvgate demo on the CPU")
     ap.add_argument("--keep", action="store_true", help="leave the cluster running at the end")
     ap.add_argument("--workers", type=int, default=3)
@@ -130,6 +139,12 @@ def main() -> int:
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--concurrency", type=int, default=4, help="chats in flight at once")
     ap.add_argument("--num-blocks", type=int, default=256, help="KV blocks per worker")
+    ap.add_argument(
+        "--log-dir",
+        type=Path,
+        default=Path("bench/results/demo-logs"),
+        help="each run logs into a directory of its own under this one (latest: the newest)",
+    )
     args = ap.parse_args()
 
     t0 = time.monotonic()
@@ -149,8 +164,11 @@ def main() -> int:
         num_blocks=args.num_blocks,
         worker_args=("--max-loras", "2", "--lora-modules", lora_modules_arg(adapters)),
         gateway_port=README_PORT,
-        log_dir=Path("bench/results/demo-logs"),
+        log_dir=claim_log_dir(args.log_dir),
+        die_with_parent=True,
     )
+    for other in [r for r in running_runs(args.log_dir) if r != spec.log_dir]:
+        print(f"kvgate demo: another demo is running (logs in {other}); this one has its own")
     print(
         f"starting {args.workers} torch workers and a gateway on 127.0.0.1 "
         f"(logs in {spec.log_dir})..."
@@ -160,7 +178,7 @@ def main() -> int:
         print(f"  gateway  {cluster.gateway_url}/v1   metrics {cluster.gateway_url}/metrics")
         for w in cluster.workers:
             print(f"  {w.name} {w.url}/v1   metrics {w.url}/metrics")
-        announce_port(cluster.gateway_url)
+        announce_port(cluster.gateway_url, args.keep)
         print(
             f"\nworkload: {args.tenants} tenants x {args.users} users x {args.turns} turns "
             f"= {len(workload)} chat requests, {sum(len(t.content) > 1 for t in workload)} "
@@ -220,7 +238,7 @@ def keep_running(cluster: Cluster) -> None:
         "\n(README.md has a chat with an image; docs/worker.md, LoRA adapters, has `model` set to"
         " alpha or beta). Press Ctrl-C here to stop the cluster."
     )
-    announce_port(cluster.gateway_url)
+    announce_port(cluster.gateway_url, keep=True)
     try:
         while all(p.alive() for p in [*cluster.workers, *cluster.gateways]):
             time.sleep(1)

@@ -131,6 +131,13 @@ class GatewayConfig:
     retries: int = option(2, "extra replicas tried on a connect error or 5xx before the first byte")
     connect_timeout: float = option(2.0, "seconds to connect to a worker")
     request_timeout: float = option(600.0, "seconds for a whole proxied request")
+    drain_timeout: float = option(
+        30.0,
+        "seconds, after SIGTERM, that requests and streams in flight may take to finish: the "
+        "gateway stops accepting connections and fails readiness at once, then exits when they "
+        "are done or this has passed (docs/reliability.md)",
+        metavar="SECONDS",
+    )
     poll_interval: float = option(
         0.5, "seconds between polls of each worker's /kvgate/info, /health and /metrics"
     )
@@ -273,5 +280,7 @@ class GatewayConfig:
             raise ValueError("max_queue and queue_timeout must be >= 0")
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}")
+        if self.drain_timeout < 0:
+            raise ValueError("drain_timeout must be >= 0")
         if self.max_render_queue <= 0:
             raise ValueError("max_render_queue must be positive")

@@ -23,6 +23,7 @@ import httpx
 from cachekey.documents import Snapshot, decode_document
 from cachekey.worker_auth import WORKER_TOKEN_ENV
 from gateway.replica_names import replica_name
+from harness.lifetime import die_with_parent
 
 HOST = "127.0.0.1"
 
@@ -79,6 +80,8 @@ class Proc:
     popen: subprocess.Popen | None = None
     extra: dict[str, int] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)  # on top of this process's environment
+    # SIGTERM when this process ends, even by SIGKILL (harness/lifetime.py: main thread only).
+    die_with_parent: bool = False
 
     @property
     def url(self) -> str:
@@ -98,6 +101,7 @@ class Proc:
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,
+            preexec_fn=die_with_parent() if self.die_with_parent else None,
         )
         log.close()
 
@@ -158,6 +162,9 @@ class ClusterSpec:
     # The shared worker token (docs/security.md), given to workers and gateways in
     # KVGATE_WORKER_TOKEN; None: workers are open, as `make demo` runs them.
     worker_token: str | None = None
+    # The processes get SIGTERM when the process that started them ends, even by SIGKILL
+    # (`make demo`); start the cluster from the main thread then (harness/lifetime.py).
+    die_with_parent: bool = False
 
 
 class Cluster:
@@ -220,7 +227,15 @@ class Cluster:
         log = s.log_dir / f"worker-{i}.log"
         log.write_bytes(b"")
         extra = {"events": ev, "replay": rp}
-        return Proc(f"worker-{i}", args, port, log, extra=extra, env=self._env)
+        return Proc(
+            f"worker-{i}",
+            args,
+            port,
+            log,
+            extra=extra,
+            env=self._env,
+            die_with_parent=s.die_with_parent,
+        )
 
     def make_gateway(self, i: int) -> Proc:
         s = self.spec
@@ -240,7 +255,9 @@ class Cluster:
         ]
         log = s.log_dir / f"gateway-{i}.log"
         log.write_bytes(b"")
-        return Proc(f"gateway-{i}", args, port, log, env=self._env)
+        return Proc(
+            f"gateway-{i}", args, port, log, env=self._env, die_with_parent=s.die_with_parent
+        )
 
     def start(self) -> Cluster:
         try:

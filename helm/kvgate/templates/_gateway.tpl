@@ -49,11 +49,27 @@ The gateway's own flags, environment and volumes, shared by the HTTP gateway
 - --max-queue={{ .maxQueue | int64 }}
 - --queue-timeout={{ .queueTimeoutSeconds }}
 {{- end }}
+- --drain-timeout={{ .Values.gateway.drainTimeoutSeconds }}
 {{- if .Values.auth.existingSecret }}
 - --api-keys-file=/etc/kvgate/auth/{{ .Values.auth.secretKey }}
 {{- end }}
 {{- range .Values.gateway.extraArgs }}
 - {{ . | quote }}
+{{- end }}
+{{- end }}
+
+{{/* Rollouts (values.yaml, gateway.drainTimeoutSeconds): the pod's grace period covers the
+preStop sleep, the drain and 5 s to exit. */}}
+{{- define "kvgate.gatewayGracePeriod" -}}
+{{- add .Values.gateway.preStopSleepSeconds .Values.gateway.drainTimeoutSeconds 5 }}
+{{- end }}
+
+{{/* Serve on while the endpoints and the proxies in front forget the terminating pod. */}}
+{{- define "kvgate.gatewayLifecycle" -}}
+{{- if .Values.gateway.preStopSleepSeconds }}
+preStop:
+  exec:
+    command: ["sleep", "{{ .Values.gateway.preStopSleepSeconds }}"]
 {{- end }}
 {{- end }}
 
