@@ -107,7 +107,8 @@ class Admission:
             while (left := deadline - time.monotonic()) > 0:
                 freed = self._freed
                 try:
-                    await asyncio.wait_for(freed.wait(), left)
+                    async with asyncio.timeout(left):  # never wait_for: see gateway/tasks.py
+                        await freed.wait()
                 except TimeoutError:
                     break
                 got = take()
