@@ -74,6 +74,9 @@ class EnvoySpec:
     retries: int = 0  # upstream retries (override_host walks the EPP's fallbacks)
     message_timeout_s: float = 10.0  # what a silent EPP costs each ext_proc message
     strip_client_headers: bool = True  # remove CLIENT_HEADERS_STRIPPED before ext_proc
+    # Envoy reports where the request went with the response headers: the EPP counts it there,
+    # and not at all when Envoy answered itself (no healthy upstream, a refused connection).
+    response_attributes: tuple[str, ...] = ("upstream.address", "response.code_details")
     ext_proc: bool = True  # False: plain Envoy round robin over `workers` (a baseline)
     log_dir: Path = Path("bench/results/logs")
     port: int | None = None  # the listener; free port when None
@@ -171,6 +174,7 @@ def ext_proc_filter(spec: EnvoySpec) -> dict:
         message_timeout=f"{spec.message_timeout_s}s",
         processing_mode=mode,
         allow_mode_override=spec.allow_mode_override,
+        response_attributes=list(spec.response_attributes),
         # envoy.lb both ways: the pick comes in, the served endpoint goes out.
         metadata_options={
             "forwarding_namespaces": {"untyped": ["envoy.lb"]},
@@ -268,7 +272,8 @@ class Envoy:
         config = bootstrap(s, self.port, self.admin_port, p["access"])
         p["config"].write_text(json.dumps(config, indent=1))
         args = [envoy_binary(), "-c", str(p["config"]), "--log-level", "info",
-                "--base-id", str(self.admin_port), "--concurrency", "1"]  # fmt: skip
+                "--base-id", str(self.admin_port), "--concurrency", "1",
+                "--file-flush-interval-msec", "20"]  # fmt: skip
         with p["log"].open("ab") as log:
             self.popen = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
                                           start_new_session=True)  # fmt: skip
@@ -300,6 +305,19 @@ class Envoy:
         """One dict per finished request (_ACCESS_LOG_FORMAT), oldest first."""
         text = self.paths["access"].read_text(errors="replace")
         return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+    def logged(self, tag: str, timeout: float = 5.0) -> dict:
+        """The access log entry of the request sent with `x-test-tag: tag` (Envoy writes it
+        a moment after the response)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = [e for e in self.access_log() if e["tag"] == tag]
+            if found:
+                assert len(found) == 1, found
+                return found[0]
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no access log entry tagged {tag!r}")
+            time.sleep(0.02)
 
     def stats(self, prefix: str) -> dict[str, int]:
         """Envoy's counters starting with `prefix` (its admin /stats)."""
