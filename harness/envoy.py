@@ -64,7 +64,7 @@ def envoy_binary() -> str:
 
 @dataclass(slots=True)
 class EnvoySpec:
-    epp: str  # the EPP's gRPC address, host:port
+    epp: str  # the EPP's gRPC address, host:port ("": the EPP scaled to zero, no endpoint)
     workers: Sequence[str] = ()  # worker base URLs: override_host's cluster members
     lb: str = "original_dst"  # how the pick is applied: original_dst or override_host
     body_mode: str = "FULL_DUPLEX_STREAMED"  # the request body mode sent to the EPP
@@ -238,7 +238,7 @@ def bootstrap(spec: EnvoySpec, port: int, admin_port: int, access_log: Path) -> 
     }  # fmt: skip
     clusters = [pool_cluster(spec)]
     if spec.ext_proc:
-        clusters.append(_static_cluster("epp", [spec.epp], http2=True))
+        clusters.append(_static_cluster("epp", [spec.epp] if spec.epp else [], http2=True))
     return {
         "admin": {"address": _address(f"{HOST}:{admin_port}")},
         "static_resources": {"listeners": [listener], "clusters": clusters},
