@@ -23,6 +23,7 @@ class EnvoyFront:
         self.epp_args, self.envoy_options = list(epp_args), envoy
         self.epp: Proc | None = None
         self.envoy: Envoy | None = None
+        self.target = ""  # the EPP's gRPC address
 
     @property
     def url(self) -> str:
@@ -37,6 +38,7 @@ class EnvoyFront:
     def start(self, timeout: float = 120.0) -> EnvoyFront:
         c = self.cluster
         http, grpc_port = free_port(), free_port()
+        self.target = f"{HOST}:{grpc_port}"
         args = ["-m", "gateway", "--workers", ",".join(c.worker_urls), "--host", HOST,
                 "--port", str(http), "--epp", "--epp-port", str(grpc_port),
                 "--policy", c.spec.policy, *self.epp_args]  # fmt: skip
