@@ -47,61 +47,23 @@ from gateway.serving import read_request, read_usage, replica_headers, status_la
 from gateway.state import GatewayState
 
 from . import served, wire
+from .body import (
+    BUFFERED,
+    DUPLEX,
+    EARLY,
+    MODE_NAMES,
+    NO_BODY,
+    STREAMED,
+    BodySource,
+    ProtocolError,
+    request_style,
+    warn_streamed,
+)
 
 log = logging.getLogger(__name__)
 
 ROUTES = {"/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest}
 _USAGE_BODY_BYTES = 1 << 20  # a non-streamed answer longer than this is not read for usage
-_MODE_NAMES = {v: k for k, v in ProcessingMode.BodySendMode.items()}
-# How the request phase is answered (module docstring), from the proxy's request body mode.
-DUPLEX, EARLY, BUFFERED, STREAMED, NO_BODY = (
-    "full duplex",
-    "streamed, body sent early",
-    "buffered",
-    "streamed",
-    "no body",
-)
-_STREAMED_WARNED = False
-
-
-def request_style(first) -> str:
-    req, _ = wire.body_modes(first)
-    if req is None or req == ProcessingMode.FULL_DUPLEX_STREAMED:
-        return DUPLEX
-    if req == ProcessingMode.STREAMED:
-        early = first.protocol_config.send_body_without_waiting_for_header_response
-        return EARLY if early else STREAMED
-    if req in (ProcessingMode.BUFFERED, ProcessingMode.BUFFERED_PARTIAL):
-        return BUFFERED
-    return NO_BODY  # NONE (or GRPC): the proxy sends no body to pick on
-
-
-class ProtocolError(Exception):
-    """The proxy sent messages out of the protocol's order."""
-
-
-class _BodySource:
-    """The request as `read_request` reads it: headers, and the body messages as they come."""
-
-    def __init__(self, headers: Mapping[str, str], messages: AsyncIterator, ended: bool) -> None:
-        self.headers = headers
-        self._messages = messages
-        self.ended = ended  # the headers carried end_of_stream: no body
-        self.trailers = False
-        self.count = 0  # body messages received: each is answered once outside full duplex
-
-    async def stream(self) -> AsyncIterator[bytes]:
-        while not self.ended:
-            msg = await anext(self._messages, None)
-            kind = msg.WhichOneof("request") if msg is not None else None
-            if kind == "request_body":
-                self.count += 1
-                self.ended = msg.request_body.end_of_stream
-                yield msg.request_body.body
-            elif kind == "request_trailers":
-                self.ended = self.trailers = True
-            else:
-                raise ProtocolError(f"expected the request body, got {kind or 'the stream end'}")
 
 
 class ExtProcStream:
@@ -132,7 +94,7 @@ class ExtProcStream:
             if log.isEnabledFor(logging.DEBUG):
                 log.debug(
                     "ext_proc stream: request body %s, response body %s: answered %s",
-                    *(_MODE_NAMES.get(m, "not given") for m in wire.body_modes(first)),
+                    *(MODE_NAMES.get(m, "not given") for m in wire.body_modes(first)),
                     self.style,
                 )
             refused = False
@@ -156,7 +118,7 @@ class ExtProcStream:
         subset = self._subset(wire.subset_hint(first.metadata_context))
         path = headers.get(":path", "").split("?", 1)[0]
         model_cls = ROUTES.get(path) if headers.get(":method") == "POST" else None
-        source = _BodySource(headers, self.messages, ended=h.end_of_stream)
+        source = BodySource(headers, self.messages, ended=h.end_of_stream)
         try:
             if model_cls is None or self.style == NO_BODY:  # no body to key: routed by load
                 rep = await self._by_load(headers, subset)
@@ -177,7 +139,7 @@ class ExtProcStream:
             body, tenant = await read_request(st, source, model_cls)
             if provisional is not None and source.count > 1:
                 subset = {provisional.id}  # the body came in pieces: the proxy routed already
-                _warn_streamed()
+                warn_streamed()
             px = self.px = ProxyRequest.route(st, path, body, headers, tenant=tenant, subset=subset)
             await px.decide()
         except (ProtocolError, grpc.aio.AbortError):
@@ -215,7 +177,7 @@ class ExtProcStream:
             extra[PREFIX_HEADER] = hint
         return endpoints, extra
 
-    async def _echo_request(self, source: _BodySource) -> AsyncIterator:
+    async def _echo_request(self, source: BodySource) -> AsyncIterator:
         async for chunk in source.stream():
             if self.style != DUPLEX:
                 yield wire.body_unchanged(response=False)
@@ -297,17 +259,6 @@ class ExtProcStream:
             self._body += chunk
         if end and self.status.isdigit():
             self.usage = read_usage(int(self.status), bytes(self._body))
-
-
-def _warn_streamed() -> None:
-    global _STREAMED_WARNED
-    if not _STREAMED_WARNED:
-        _STREAMED_WARNED = True
-        log.warning(
-            "the proxy sends request bodies STREAMED and kept that mode: it routes each request "
-            "on its headers, so kvgate picks by load, not by cache. Set allow_mode_override: "
-            "true on its ext_proc filter (or use FULL_DUPLEX_STREAMED or BUFFERED)"
-        )
 
 
 # Requests other than completions that the EPP lets through to a worker with the worker token:
