@@ -8,6 +8,7 @@ then one question under the base model and each adapter.
 
     make demo                 # run and stop
     make demo ARGS=--keep     # leave the cluster running to try it yourself (Ctrl-C stops it)
+    make demo ARGS=--envoy    # Envoy in front as the Gateway's data plane, kvgate as its EPP
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from cachekey.demo import default_cache_dir, ensure_demo_model
 from cachekey.demo_lora import DEMO_ADAPTERS, ensure_demo_adapters, lora_modules_arg
 from harness.cluster import Cluster, ClusterSpec, wait_index_converged
 from harness.driver import Result, hit_rate, run_workload, summarize
+from harness.epp import EnvoyFront
 from harness.lifetime import bind_to_parent
 from harness.run_logs import claim_log_dir, running_runs
 from harness.workload import Workload, WorkloadSpec
@@ -46,19 +48,19 @@ LEGEND = """\
                    they matched on every request in our runs."""
 
 
-def reset_caches(cluster: Cluster) -> None:
-    """Start each policy's run from cold caches, once the gateway's index shows them empty
+def reset_caches(cluster: Cluster, router_url: str) -> None:
+    """Start each policy's run from cold caches, once the router's index shows them empty
     (it hears of the reset through the workers' AllBlocksCleared events)."""
     for url in cluster.worker_urls:
         httpx.post(f"{url}/reset_prefix_cache", timeout=10.0).raise_for_status()
-    wait_index_converged(cluster.gateway_url, cluster.worker_urls)
+    wait_index_converged(router_url, cluster.worker_urls)
 
 
-def run_policy(cluster: Cluster, workload: Workload, policy: str, concurrency: int) -> list[Result]:
+def run_policy(url: str, workload: Workload, policy: str, concurrency: int) -> list[Result]:
     bar = tqdm(total=len(workload), desc=f"{policy:>12}", unit="req", ncols=80, leave=True)
     results = asyncio.run(
         run_workload(
-            cluster.gateway_url,
+            url,
             workload,
             concurrency=concurrency,
             headers={POLICY_HEADER: policy},
@@ -145,6 +147,12 @@ def main() -> int:
         default=Path("bench/results/demo-logs"),
         help="each run logs into a directory of its own under this one (latest: the newest)",
     )
+    ap.add_argument(
+        "--envoy",
+        action="store_true",
+        help="send the workload through Envoy as the Gateway's data plane, kvgate as its "
+        "endpoint picker (EPP), instead of kvgate's HTTP gateway",
+    )
     args = ap.parse_args()
 
     t0 = time.monotonic()
@@ -174,7 +182,13 @@ def main() -> int:
         f"(logs in {spec.log_dir})..."
     )
     cluster = Cluster(spec).start()
+    front = EnvoyFront(cluster, spec.log_dir).start() if args.envoy else None
+    url = front.url if front else cluster.gateway_url  # where the workload goes
+    router = front.epp_url if front else cluster.gateway_url  # whose index decides
     try:
+        if front is not None:
+            print(f"  envoy    {front.url}/v1   (ext_proc to kvgate's EPP; its metrics "
+                  f"{front.epp_url}/metrics)")  # fmt: skip
         print(f"  gateway  {cluster.gateway_url}/v1   metrics {cluster.gateway_url}/metrics")
         for w in cluster.workers:
             print(f"  {w.name} {w.url}/v1   metrics {w.url}/metrics")
@@ -186,12 +200,12 @@ def main() -> int:
         )
         runs = {}
         for policy in ("cache_aware", "round_robin"):
-            reset_caches(cluster)
-            runs[policy] = run_policy(cluster, workload, policy, args.concurrency)
+            reset_caches(cluster, router)
+            runs[policy] = run_policy(url, workload, policy, args.concurrency)
         for policy, results in runs.items():
             print_table(policy, results)
         print_legend()
-        show_adapters(cluster)
+        show_adapters(url)
         ca, rr = hit_rate(runs["cache_aware"]), hit_rate(runs["round_robin"])
         ratio = f"{ca / rr:.2f}x" if rr else "n/a"
         print(
@@ -204,11 +218,13 @@ def main() -> int:
             keep_running(cluster)
         return 1 if lost else 0
     finally:
+        if front is not None:
+            front.stop()
         cluster.stop()
         print(f"stopped the demo cluster (logs in {spec.log_dir})")
 
 
-def show_adapters(cluster: Cluster) -> None:
+def show_adapters(url: str) -> None:
     """One question under the base model and each demo adapter, asked twice through the gateway:
     the adapters change the answer, and each one's second ask hits its own cached blocks."""
     print("\nLoRA: the same question with `model` set to the base model and to each adapter")
@@ -217,7 +233,7 @@ def show_adapters(cluster: Cluster) -> None:
     for model in ("demo", *DEMO_ADAPTERS):
         for _ in range(2):
             resp = httpx.post(
-                f"{cluster.gateway_url}/v1/chat/completions",
+                f"{url}/v1/chat/completions",
                 json={"model": model, "messages": messages, "max_tokens": 8, "temperature": 0},
                 timeout=60,
             )

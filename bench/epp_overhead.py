@@ -1,11 +1,16 @@
 """What the EPP path adds to a request, next to what the HTTP gateway adds, in one run.
 
 Two sim workers with zero compute time, one HTTP gateway and one EPP (`python -m gateway --epp`)
-with the same flags, all real processes on 127.0.0.1. For each request, in turn:
+with the same flags behind a real Envoy (harness/envoy.py, the ORIGINAL_DST shape, response
+phase on), and a plain Envoy (round robin, no ext_proc), all real processes on 127.0.0.1. For
+each request, in turn:
 
 - direct: POST straight to a worker;
 - HTTP gateway: POST through the gateway; what it adds is `gateway - direct` (parse, render and
   keys, match, rank, and the proxy hop);
+- Envoy + EPP: POST through Envoy, which asks the EPP; what it adds is `envoy_epp - direct`,
+  and the acceptance is its ratio to what the HTTP gateway adds (at most 1.5);
+- plain Envoy: POST through Envoy alone: the proxy hop without the EPP;
 - EPP: the ext_proc exchange a proxy has before it forwards (headers, body, end of stream ->
   the endpoint header and the body sent back), timed at a Python grpc.aio client;
 - EPP floor: the same exchange for a request with no body to key (headers only, picked by
@@ -35,7 +40,9 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from bench.lib.closed_loop import ZERO_COMPUTE
 from bench.lib.report import percentile, write_json
-from harness.cluster import HOST, Cluster, ClusterSpec, Proc, free_port
+from harness.cluster import Cluster, ClusterSpec
+from harness.envoy import Envoy, EnvoySpec
+from harness.epp import EnvoyFront
 from harness.extproc_client import header_map
 from harness.workload import data_url, make_image
 
@@ -53,16 +60,6 @@ def bodies() -> dict[str, bytes]:
         name: json.dumps({"model": "demo", "messages": [m], "max_tokens": 1}).encode()
         for name, m in (("text chat", text), ("image chat", image))
     }
-
-
-def start_epp(c: Cluster, log_dir: Path) -> tuple[Proc, int]:
-    http, grpc_port = free_port(), free_port()
-    args = ["-m", "gateway", "--workers", ",".join(c.worker_urls), "--host", HOST,
-            "--port", str(http), "--epp", "--epp-port", str(grpc_port), *GATEWAY_ARGS]  # fmt: skip
-    proc = Proc("epp", args, http, log_dir / "epp.log")
-    proc.start()
-    proc.wait_healthy(120)
-    return proc, grpc_port
 
 
 def server_means(url: str) -> dict[str, float]:
@@ -102,8 +99,8 @@ async def exchange(stub: pb_grpc.ExternalProcessorStub, body: bytes | None) -> N
     await call.read()  # the stream's end: the EPP releases the request
 
 
-async def measure(c: Cluster, target: str, body: bytes, n: int) -> dict:
-    steps = ("direct", "gateway", "epp", "epp_floor")
+async def measure(c: Cluster, urls: dict[str, str], target: str, body: bytes, n: int) -> dict:
+    steps = ("direct", "gateway", "envoy_epp", "envoy", "epp", "epp_floor")
     times: dict[str, list[float]] = {name: [] for name in steps}
     headers = {"content-type": "application/json"}
     async with (
@@ -115,14 +112,15 @@ async def measure(c: Cluster, target: str, body: bytes, n: int) -> dict:
         async def run(name: str, i: int) -> None:
             if name == "direct":
                 await http.post(c.worker_urls[i % 2] + CHAT, content=body, headers=headers)
-            elif name == "gateway":
-                r = await http.post(c.gateway_url + CHAT, content=body, headers=headers)
+            elif name in urls:
+                r = await http.post(urls[name] + CHAT, content=body, headers=headers)
                 assert r.status_code == 200, r.text
             else:  # the floor: a headers-only exchange, picked by load (no body, no render)
                 await exchange(stub, body if name == "epp" else None)
 
         for i in range(n + 20):  # the first 20 rounds warm up
-            for name in steps[i % 4 :] + steps[: i % 4]:  # interleaved: no drift bias
+            k = i % len(steps)
+            for name in steps[k:] + steps[:k]:  # interleaved: no drift bias
                 t0 = time.perf_counter()
                 await run(name, i)
                 if i >= 20:
@@ -132,10 +130,16 @@ async def measure(c: Cluster, target: str, body: bytes, n: int) -> dict:
         row[f"{name}_p50_ms"] = 1000 * statistics.median(xs)
         row[f"{name}_p99_ms"] = 1000 * percentile(xs, 0.99)
     # Differences within a round (the same moment's machine load), then their median.
-    pairs = {"http_added": ("gateway", "direct"), "epp_decision": ("epp", "epp_floor")}
+    pairs = {
+        "http_added": ("gateway", "direct"),
+        "envoy_epp_added": ("envoy_epp", "direct"),
+        "envoy_added": ("envoy", "direct"),
+        "epp_decision": ("epp", "epp_floor"),
+    }
     for name, (a, b) in pairs.items():
         diffs = [x - y for x, y in zip(times[a], times[b], strict=True)]
         row[f"{name}_p50_ms"] = 1000 * statistics.median(diffs)
+    row["ratio"] = row["envoy_epp_added_p50_ms"] / row["http_added_p50_ms"]
     return row
 
 
@@ -148,27 +152,31 @@ def main() -> None:
     spec = ClusterSpec(workers=2, engine="sim", worker_args=ZERO_COMPUTE,
                        gateway_args=GATEWAY_ARGS, log_dir=log_dir)  # fmt: skip
     result: dict = {"rows": {}}
-    with Cluster(spec) as c:
-        proc, grpc_port = start_epp(c, log_dir)
-        try:
-            time.sleep(2.0)  # both have polled the workers and loaded the render assets
-            for name, body in bodies().items():
-                row = asyncio.run(measure(c, f"{HOST}:{grpc_port}", body, args.requests))
-                result["rows"][name] = row
-            result["server_ms"] = {
-                "http": server_means(c.gateway_url),
-                "epp": server_means(proc.url),
-            }
-        finally:
-            proc.kill()
-    print("p50 ms         direct  gateway  HTTP added | EPP exchange  floor  decision  (added and")
-    print("                                             decision: medians of in-round differences)")
+    with (
+        Cluster(spec) as c,
+        EnvoyFront(c, log_dir, GATEWAY_ARGS) as front,
+        Envoy(EnvoySpec(epp="", workers=c.worker_urls, ext_proc=False, log_dir=log_dir),
+              name="envoy-plain") as plain,
+    ):  # fmt: skip
+        urls = {"gateway": c.gateway_url, "envoy_epp": front.url, "envoy": plain.url}
+        time.sleep(2.0)  # both have polled the workers and loaded the render assets
+        for name, body in bodies().items():
+            row = asyncio.run(measure(c, urls, front.target, body, args.requests))
+            result["rows"][name] = row
+        result["server_ms"] = {
+            "http": server_means(c.gateway_url),
+            "epp": server_means(front.epp_url),
+        }
+    print("p50 ms       direct gateway  HTTP added | Envoy+EPP added  ratio | plain Envoy added"
+          " | EPP exchange floor decision")  # fmt: skip
     for name, r in result["rows"].items():
         print(
-            f"  {name:<12}{r['direct_p50_ms']:>7.2f}{r['gateway_p50_ms']:>9.2f}"
-            f"{r['http_added_p50_ms']:>12.2f} |{r['epp_p50_ms']:>13.2f}"
-            f"{r['epp_floor_p50_ms']:>7.2f}{r['epp_decision_p50_ms']:>10.2f}"
+            f"  {name:<11}{r['direct_p50_ms']:>6.2f}{r['gateway_p50_ms']:>8.2f}"
+            f"{r['http_added_p50_ms']:>12.2f} |{r['envoy_epp_added_p50_ms']:>16.2f}"
+            f"{r['ratio']:>6.2f}x |{r['envoy_added_p50_ms']:>18.2f} |{r['epp_p50_ms']:>13.2f}"
+            f"{r['epp_floor_p50_ms']:>6.2f}{r['epp_decision_p50_ms']:>9.2f}"
         )
+    print("(added, ratio and decision: medians of in-round differences with `direct`/`floor`)")
     for mode, m in result["server_ms"].items():
         print(
             f"server side, {mode:<5}: render + keys {m['kvgate_render_seconds']:.3f} ms, "

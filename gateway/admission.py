@@ -76,6 +76,12 @@ class Admission:
         self.release(rep)
         return self._take(ranked)
 
+    def transfer(self, rep: Replica, to: Replica) -> None:
+        """Move a slot from `rep` to `to` whatever its cap: the request already runs there
+        (EPP mode: the proxy sent it elsewhere than the pick)."""
+        to.in_flight += 1
+        self.release(rep)
+
     def release(self, rep: Replica) -> None:
         rep.in_flight -= 1
         self._wake()
@@ -101,7 +107,8 @@ class Admission:
             while (left := deadline - time.monotonic()) > 0:
                 freed = self._freed
                 try:
-                    await asyncio.wait_for(freed.wait(), left)
+                    async with asyncio.timeout(left):  # never wait_for: see gateway/tasks.py
+                        await freed.wait()
                 except TimeoutError:
                     break
                 got = take()

@@ -19,6 +19,7 @@ from gateway.discovery.static import StaticDiscovery
 from gateway.endpoints import WorkerEndpoint
 from gateway.serving import OpenAIServing
 from gateway.state import GatewayState
+from gateway.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -101,11 +102,9 @@ def create_app(config: GatewayConfig, discovery: Discovery | None = None) -> Fas
         try:
             yield
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            await cancel_and_wait(task)
             if epp is not None:
-                await epp.stop()
+                await epp.stop()  # bounded: gateway/epp/server.py
             await state.close()
 
     app = GatewayApp(title="kvgate gateway", lifespan=lifespan)

@@ -105,6 +105,12 @@ class GatewayConfig:
     epp_tls_key_file: str | None = option(
         None, "PEM private key of --epp-tls-cert-file", metavar="PATH"
     )
+    epp_fallbacks: int = option(
+        0,
+        "endpoints listed after the pick in x-gateway-destination-endpoint for a proxy that "
+        "walks the list on retries (Envoy's override_host, Istio); 0: the pick alone, the one "
+        "value every proxy takes (ORIGINAL_DST). In EPP mode the proxy retries, not --retries",
+    )
     policy: str = option(
         "cache_aware",
         "routing policy; a request may choose another with x-kvgate-routing-policy",
@@ -260,8 +266,8 @@ class GatewayConfig:
             raise ValueError("index_max_blocks must be positive")
         if self.speculative_ttl is None:
             self.speculative_ttl = 2.0 if self.kv_events else 120.0
-        if self.speculative_ttl < 0 or self.retries < 0:
-            raise ValueError("speculative_ttl and retries must be >= 0")
+        if self.speculative_ttl < 0 or self.retries < 0 or self.epp_fallbacks < 0:
+            raise ValueError("speculative_ttl, retries and epp_fallbacks must be >= 0")
         if self.connect_timeout <= 0 or self.request_timeout <= 0 or self.poll_interval <= 0:
             raise ValueError("timeouts and poll_interval must be positive")
         if self.event_tail_check_interval <= 0:

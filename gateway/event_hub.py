@@ -31,6 +31,7 @@ from cachekey.events import peek_rank
 from cachekey.events import seq_from_bytes as seq_of
 from gateway.endpoints import parse_bind
 from gateway.metrics import GatewayMetrics
+from gateway.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -113,8 +114,5 @@ class EventHub:
             )
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
         self._sub.close(linger=0)

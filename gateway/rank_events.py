@@ -9,7 +9,6 @@ replay endpoint and snapshot (gateway/subscriber.py).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import Protocol
 from urllib.parse import urlparse
@@ -27,6 +26,7 @@ from gateway.index import BlockIndex, ReplicaId
 from gateway.metrics import GatewayMetrics
 from gateway.ranks import RankSlot
 from gateway.subscriber import EventSource, KVEventSubscriber
+from gateway.tasks import cancel_and_wait
 from gateway.vllm_compat import INSTANCE
 
 log = logging.getLogger(__name__)
@@ -124,10 +124,7 @@ class EventFollowers:
     async def stop(self, rep: Replica) -> None:
         sub, rep.subscriber = rep.subscriber, None
         task, rep.sub_task = rep.sub_task, None
-        if task is not None and not task.done() and task is not asyncio.current_task():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_and_wait(task)
         if sub is not None and sub.inbox is not None and self.hub is not None:
             self.hub.unregister(sub.source.topic, sub.source.rank, sub.inbox)
 

@@ -34,6 +34,7 @@ from gateway.rank_events import EventFollowers
 from gateway.ranks import RankSlot, parse_engine_load, rank_loras, rank_slots, worker_layout
 from gateway.replica import Replica
 from gateway.replica_names import replica_name
+from gateway.tasks import cancel_and_wait
 from gateway.upstream import UpstreamPool
 from gateway.vllm_compat import vllm_info
 
@@ -54,14 +55,6 @@ def _refusal(info_r: httpx.Response) -> str:
     if info_r.status_code == 401:
         return "/kvgate/info answered 401: the worker does not take this gateway's worker token"
     return f"/kvgate/info answered {info_r.status_code}"
-
-
-async def _cancel(task: asyncio.Task | None) -> None:
-    if task is None or task.done() or task is asyncio.current_task():
-        return
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        await task
 
 
 class ReplicaSet:
@@ -113,7 +106,7 @@ class ReplicaSet:
     async def _remove(self, head: Replica) -> None:
         if self._heads.get(head.url) is head:
             del self._heads[head.url]
-        await _cancel(head.poll_task)
+        await cancel_and_wait(head.poll_task)
         for rep in head.ranks:
             await self._forget(rep)
         if head.pool is not None:

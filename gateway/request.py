@@ -221,33 +221,46 @@ class ProxyRequest:
         when no attempt is left, is given back)."""
         rep = self.replica
         assert rep is not None
-        self._uncharge(rep)
-        if self.guess is not None:
-            self.state.index.spec.discard(self.guess)  # it never reached rep
-            self.guess = None
+        self._forget(rep)
         rest = [] if give_up else [r for r in self.ranked if r.id not in tried]
         nxt = self.replica = self.state.admission.move(rep, rest)
         if nxt is not None:
             self._charge(nxt)
         return nxt
 
-    def served_by(self, rid: ReplicaId) -> None:
-        """The proxy served the request on `rid`, one of the fallbacks after the chosen replica
-        failed (EPP mode): the failure counts as a retry does, and the slot and the prefill
-        charge follow the request, if `rid` has room."""
+    def served_by(self, target: Replica, reason: str) -> None:
+        """EPP mode: the proxy sent the request to `target`, not to the replica holding the slot
+        (it fell back after the pick failed, or applied another pick). The request is counted
+        where it went: the slot, the prefill charge, the speculative entry and the prediction
+        move there, even over its cap (it is running there), and the pick's failure counts for
+        the circuit breaker as a retry does."""
         rep = self.replica
-        if rep is None or rep.id == rid:
+        if rep is None or rep is target:
             return
-        target = next((r for r in self.ranked if r.id == rid), None)
-        if target is None:
+        accounting.attempt_failed(self.state, rep, self.policy_name, reason)
+        self._forget(rep)
+        self.state.admission.transfer(rep, target)
+        self._charge(target)
+
+    def not_delivered(self, reason: str) -> None:
+        """EPP mode: the proxy answered the client itself (it could not reach or pick the
+        replica): nothing reached a worker, so nothing is charged, predicted or counted there;
+        the failure counts for the circuit breaker. The request ends as answered here."""
+        rep = self.replica
+        if rep is None:
             return
-        accounting.attempt_failed(
-            self.state, rep, self.policy_name, f"the proxy fell back to {rid}"
-        )
+        accounting.attempt_failed(self.state, rep, self.policy_name, reason)
+        self._forget(rep)
+        self.state.admission.release(rep)
+        self.replica = None
+        self.predicted = 0
+
+    def _forget(self, rep: Replica) -> None:
+        """Undo what routing charged to `rep`: its queued prefill and its speculative entry."""
         self._uncharge(rep)
-        nxt = self.replica = self.state.admission.move(rep, [target])
-        if nxt is not None:
-            self._charge(nxt)
+        if self.guess is not None:
+            self.state.index.spec.discard(self.guess)  # it never reached rep
+            self.guess = None
 
     def release(self, status: str, usage: dict | None = None) -> None:
         """The one place the slot is given back and the request's outcome recorded."""

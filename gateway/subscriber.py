@@ -168,7 +168,8 @@ class KVEventSubscriber:
     async def _from_inbox(self) -> tuple[int, bytes] | None:
         assert self._inbox is not None
         try:
-            return await asyncio.wait_for(self._inbox.get(), self._tail_check_ms / 1000)
+            async with asyncio.timeout(self._tail_check_ms / 1000):  # not wait_for: tasks.py
+                return await self._inbox.get()
         except TimeoutError:
             return None
 

@@ -308,7 +308,7 @@ def rss_bytes(pid: int) -> int | None:
     return None
 
 
-def snapshot_digest(worker_url: str) -> tuple[str, int]:
+def snapshot_digest(worker_url: str, headers: dict[str, str] | None = None) -> tuple[str, int]:
     """(digest, blocks) of a worker's `/kv/snapshot`, computed like the gateway's index digest.
 
     kvgate workers key blocks exactly as the gateway does, so equal digests mean the gateway's
@@ -317,7 +317,7 @@ def snapshot_digest(worker_url: str) -> tuple[str, int]:
     """
     url, _, rank = worker_url.partition("#dp")
     query = f"?rank={rank}" if rank else ""
-    resp = httpx.get(f"{url}/kv/snapshot{query}", timeout=10)
+    resp = httpx.get(f"{url}/kv/snapshot{query}", headers=headers, timeout=10)
     snap = decode_document(resp.content, Snapshot)
     keys = sorted({bytes.fromhex(b.key) for b in snap.blocks})
     h = hashlib.sha256()
@@ -326,12 +326,14 @@ def snapshot_digest(worker_url: str) -> tuple[str, int]:
     return h.hexdigest(), len(keys)
 
 
-def index_mismatches(gateway_url: str, worker_urls: Sequence[str]) -> dict[str, str]:
+def index_mismatches(
+    gateway_url: str, worker_urls: Sequence[str], headers: dict[str, str] | None = None
+) -> dict[str, str]:
     """Workers whose gateway index entry differs from their snapshot (empty: converged)."""
     replicas = httpx.get(f"{gateway_url}/kvgate/index", timeout=10).json()["replicas"]
     bad: dict[str, str] = {}
     for url in worker_urls:
-        digest, blocks = snapshot_digest(url)
+        digest, blocks = snapshot_digest(url, headers)
         entry = replicas.get(url)
         if entry is None:
             bad[url] = "not in the gateway's index"
@@ -341,12 +343,16 @@ def index_mismatches(gateway_url: str, worker_urls: Sequence[str]) -> dict[str, 
 
 
 def wait_index_converged(
-    gateway_url: str, worker_urls: Sequence[str], timeout: float = 15.0
+    gateway_url: str,
+    worker_urls: Sequence[str],
+    timeout: float = 15.0,
+    headers: dict[str, str] | None = None,
 ) -> None:
-    """Poll until the gateway's index equals every worker's snapshot; raise with the diff."""
+    """Poll until the gateway's index equals every worker's snapshot; raise with the diff.
+    `headers`: for workers that want their token."""
     deadline = time.monotonic() + timeout
     while True:
-        bad = index_mismatches(gateway_url, worker_urls)
+        bad = index_mismatches(gateway_url, worker_urls, headers)
         if not bad:
             return
         if time.monotonic() > deadline:

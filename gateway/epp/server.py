@@ -8,6 +8,7 @@ services `liveness` (the process answers), `readiness` and
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 
@@ -70,5 +71,11 @@ class EppServer:
                 await self.health.set(service, _SERVING)
 
     async def stop(self, grace: float = 5.0) -> None:
+        """Readiness off, then the streams in flight get `grace` seconds before they are
+        cancelled (the proxy applies its failure mode to them); bounded in any case."""
         await self.health.enter_graceful_shutdown()
-        await self.server.stop(grace)
+        try:
+            async with asyncio.timeout(grace + 5.0):
+                await self.server.stop(grace)
+        except TimeoutError:
+            log.error("the ext_proc server did not stop within %.0f s; exiting anyway", grace + 5)

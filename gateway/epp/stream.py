@@ -1,12 +1,24 @@
 """One ext_proc stream: one HTTP request through the proxy, from its headers to its answer's end.
 
-Request phase: the headers (path, API key, the proxy's endpoint subset), then the body as it
-arrives, read by the HTTP gateway's own `read_request` (limits, tenants) and routed by the same
-`ProxyRequest.route` + `decide`; the answer is the request-headers response with the endpoint
-list, then the body to forward (`ProxyRequest.payload`: images pinned as the gateway keyed
-them). Response phase: the response headers get `x-kvgate-replica` and
-`x-kvgate-predicted-cached-tokens`, the body passes back unchanged while its usage is read. The
-slot is released when the stream ends, however it ends.
+Request phase: the headers (path, API key, the proxy's endpoint subset, its body mode), then the
+body, read by the HTTP gateway's own `read_request` (limits, tenants) and routed by the same
+`ProxyRequest.route` + `decide`. The pick (gateway/epp/wire.py) and the body to forward
+(`ProxyRequest.payload`: images pinned as the gateway keyed them) go back as the proxy's body
+mode (`protocol_config`) wants them:
+
+- FULL_DUPLEX_STREAMED (and a proxy that sends no `protocol_config`): the proxy streams the body
+  without waiting; the headers are answered with the pick once the body is whole, then the new
+  body is streamed back.
+- BUFFERED: the proxy waits for the headers' answer before it sends the body, so the headers
+  are answered at once and the pick rides on the answer to the body (whole, in one message).
+- STREAMED: the proxy also waits, then routes the request on its headers' answer. kvgate asks
+  it to buffer the body instead (`mode_override`, which Envoy honours with
+  `allow_mode_override: true`) and names a pick by load in that answer for a proxy that does
+  not; with `send_body_without_waiting_for_header_response` it answers as in full duplex.
+
+Response phase: the response headers say where the request was served (gateway/epp/served.py)
+and get `x-kvgate-replica` and `x-kvgate-predicted-cached-tokens`; the body passes back
+unchanged while its usage is read. The slot is released when the stream ends, however it ends.
 
 A request the gateway refuses (bad body, unknown model, over a limit, no ready endpoint,
 overload) is an immediate response with the HTTP gateway's status and OpenAI error body. An
@@ -20,6 +32,7 @@ import logging
 from collections.abc import AsyncIterator, Mapping
 
 import grpc
+from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 
 from cachekey.keys import PREFIX_HEADER
 from cachekey.worker_auth import bearer
@@ -33,38 +46,24 @@ from gateway.request import ProxyRequest
 from gateway.serving import read_request, read_usage, replica_headers, status_label
 from gateway.state import GatewayState
 
-from . import wire
+from . import served, wire
+from .body import (
+    BUFFERED,
+    DUPLEX,
+    EARLY,
+    MODE_NAMES,
+    NO_BODY,
+    STREAMED,
+    BodySource,
+    ProtocolError,
+    request_style,
+    warn_streamed,
+)
 
 log = logging.getLogger(__name__)
 
 ROUTES = {"/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest}
 _USAGE_BODY_BYTES = 1 << 20  # a non-streamed answer longer than this is not read for usage
-
-
-class ProtocolError(Exception):
-    """The proxy sent messages out of the protocol's order."""
-
-
-class _BodySource:
-    """The request as `read_request` reads it: headers, and the body messages as they come."""
-
-    def __init__(self, headers: Mapping[str, str], messages: AsyncIterator, ended: bool) -> None:
-        self.headers = headers
-        self._messages = messages
-        self.ended = ended  # the headers carried end_of_stream: no body
-        self.trailers = False
-
-    async def stream(self) -> AsyncIterator[bytes]:
-        while not self.ended:
-            msg = await anext(self._messages, None)
-            kind = msg.WhichOneof("request") if msg is not None else None
-            if kind == "request_body":
-                self.ended = msg.request_body.end_of_stream
-                yield msg.request_body.body
-            elif kind == "request_trailers":
-                self.ended = self.trailers = True
-            else:
-                raise ProtocolError(f"expected the request body, got {kind or 'the stream end'}")
 
 
 class ExtProcStream:
@@ -75,6 +74,9 @@ class ExtProcStream:
         self.px: ProxyRequest | None = None
         self.status = "unobserved"  # the answer's status, once the proxy shows the answer
         self.usage: dict | None = None
+        self.style = DUPLEX
+        self.echo_response = True  # full duplex answers: the response body is sent back
+        self.rank: int | None = None  # the X-data-parallel-rank sent with the pick
         self._relay: SSERelay | None = None
         self._streaming = False  # the stream's first bytes came back
         self._body = bytearray()
@@ -86,6 +88,15 @@ class ExtProcStream:
                 return
             if first.WhichOneof("request") != "request_headers":
                 raise ProtocolError("the stream must start with the request headers")
+            self.style = request_style(first)
+            response_mode = wire.body_modes(first)[1]
+            self.echo_response = response_mode in (None, ProcessingMode.FULL_DUPLEX_STREAMED)
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug(
+                    "ext_proc stream: request body %s, response body %s: answered %s",
+                    *(MODE_NAMES.get(m, "not given") for m in wire.body_modes(first)),
+                    self.style,
+                )
             refused = False
             async for out in self._request(first):
                 refused = out.HasField("immediate_response")
@@ -107,16 +118,28 @@ class ExtProcStream:
         subset = self._subset(wire.subset_hint(first.metadata_context))
         path = headers.get(":path", "").split("?", 1)[0]
         model_cls = ROUTES.get(path) if headers.get(":method") == "POST" else None
-        source = _BodySource(headers, self.messages, ended=h.end_of_stream)
+        source = BodySource(headers, self.messages, ended=h.end_of_stream)
         try:
-            if model_cls is None:  # not an OpenAI completion: routed by load, body untouched
+            if model_cls is None or self.style == NO_BODY:  # no body to key: routed by load
                 rep = await self._by_load(headers, subset)
-                auth = _to_worker(st) if (headers.get(":method"), path) in _OPEN_BY_LOAD else {}
+                open_path = model_cls or (headers.get(":method"), path) in _OPEN_BY_LOAD
+                auth = _to_worker(st) if open_path else {}
                 yield wire.route_response([wire.endpoint_of(rep.url)], auth)
                 async for out in self._echo_request(source):
                     yield out
                 return
+            provisional = None
+            if self.style == BUFFERED:
+                yield wire.continue_request_headers()
+            elif self.style == STREAMED:
+                provisional = await self._by_load(headers, subset)
+                override = wire.buffered_mode(wire.body_modes(first)[1])
+                yield wire.route_response([wire.endpoint_of(provisional.url)], _to_worker(st),
+                                          mode_override=override)  # fmt: skip
             body, tenant = await read_request(st, source, model_cls)
+            if provisional is not None and source.count > 1:
+                subset = {provisional.id}  # the body came in pieces: the proxy routed already
+                warn_streamed()
             px = self.px = ProxyRequest.route(st, path, body, headers, tenant=tenant, subset=subset)
             await px.decide()
         except (ProtocolError, grpc.aio.AbortError):
@@ -125,25 +148,40 @@ class ExtProcStream:
             yield await self._refuse(e)
             return
         payload = px.payload(usage_chunk=False)
+        endpoints, extra = self._pick(px, payload)
+        if self.style in (DUPLEX, EARLY):
+            yield wire.route_response(endpoints, extra)
+        if self.style == DUPLEX:
+            for out in wire.body_responses(payload, end=not source.trailers, response=False):
+                yield out
+        else:
+            for out in wire.routed_body_responses(endpoints, extra, payload, source.count):
+                yield out
+        if source.trailers:
+            yield wire.trailers_response(response=False)
+
+    def _pick(self, px: ProxyRequest, payload: bytes) -> tuple[list[str], dict[str, str]]:
+        """The endpoints to name (the pick, then up to --epp-fallbacks) and the headers the
+        proxy must set on the forwarded request."""
         # One X-data-parallel-rank header goes to whichever endpoint the proxy picks, so the
         # fallbacks are the replicas that take the same header (vLLM: the rank's index).
-        rank = px.ranked[0].rank_header
-        same = [r for r in px.ranked if r.rank_header == rank][: st.config.retries + 1]
-        endpoints = list(dict.fromkeys(wire.endpoint_of(r.url) for r in same))
-        extra = {"content-length": str(len(payload)), **_to_worker(st)}
+        rank = self.rank = px.ranked[0].rank_header
+        n = 1 + self.state.config.epp_fallbacks
+        same = [r for r in px.ranked if r.rank_header == rank]
+        endpoints = list(dict.fromkeys(wire.endpoint_of(r.url) for r in same))[:n]
+        extra = {"content-length": str(len(payload)), **_to_worker(self.state)}
         if rank is not None:
             extra["x-data-parallel-rank"] = str(rank)
         # The pick's predicted hit; a fallback endpoint refreshes that chain only if it holds it.
         if (hint := px.prefix_hint()) is not None:
             extra[PREFIX_HEADER] = hint
-        yield wire.route_response(endpoints, extra)
-        for out in wire.body_responses(payload, end=not source.trailers, response=False):
-            yield out
-        if source.trailers:
-            yield wire.trailers_response(response=False)
+        return endpoints, extra
 
-    async def _echo_request(self, source: _BodySource) -> AsyncIterator:
+    async def _echo_request(self, source: BodySource) -> AsyncIterator:
         async for chunk in source.stream():
+            if self.style != DUPLEX:
+                yield wire.body_unchanged(response=False)
+                continue
             for out in wire.body_responses(chunk, end=source.ended and not source.trailers,
                                            response=False):  # fmt: skip
                 yield out
@@ -185,6 +223,9 @@ class ExtProcStream:
             elif kind == "response_body":
                 b = msg.response_body
                 self._read_usage(b.body, b.end_of_stream)
+                if not self.echo_response:
+                    yield wire.body_unchanged(response=True)
+                    continue
                 for out in wire.body_responses(b.body, end=b.end_of_stream, response=True):
                     yield out
             elif kind == "response_trailers":
@@ -200,19 +241,11 @@ class ExtProcStream:
         px = self.px
         if px is None:
             return {}
-        served = wire.served_endpoint(msg.metadata_context)
-        if served is not None:
-            rank = px.ranked[0].rank_header
-            rid = next(
-                (r.id for r in px.ranked
-                 if wire.endpoint_of(r.url) == served and r.rank_header == rank), None
-            )  # fmt: skip
-            if rid is not None:
-                px.served_by(rid)
+        served.settle(self.state, px, msg, self.rank)
         return replica_headers(px) if px.replica is not None else {}
 
     def _read_usage(self, chunk: bytes, end: bool) -> None:
-        if self.px is None:
+        if self.px is None or self.px.replica is None:
             return
         if self._relay is not None:
             if chunk and not self._streaming:

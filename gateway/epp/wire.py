@@ -1,13 +1,15 @@
 """The endpoint picker protocol on the wire: ext_proc v3 messages, the keys and the metadata.
 
 What the inference extension specifies (docs/kubernetes.md, "The endpoint picker protocol",
-with its sources): the picked endpoints go out twice with the same value, as the request
-header `x-gateway-destination-endpoint` and as dynamic metadata
-`envoy.lb/x-gateway-destination-endpoint`, an ordered `ip:port,ip:port,...` list (the first
-is the pick, the rest the fallbacks a retry walks in order). The proxy may restrict the pick to
+with its sources): the pick goes out twice with the same value, as the request header
+`x-gateway-destination-endpoint` and as dynamic metadata `envoy.lb/x-gateway-destination-endpoint`:
+one `ip:port` by default, or an ordered `ip:port,ip:port,...` list (the pick, then the fallbacks
+a retrying proxy walks) with --epp-fallbacks. The proxy may restrict the pick to
 `envoy.lb.subset_hint/x-gateway-destination-endpoint-subset`, and reports the endpoint that
-served the request as `envoy.lb/x-gateway-destination-endpoint-served`. Bodies are exchanged
-in FULL_DUPLEX_STREAMED mode: the EPP sends every body back, in chunks of at most 62,000 bytes.
+served the request as `envoy.lb/x-gateway-destination-endpoint-served`. Envoy may also send the
+ext_proc attributes `upstream.address` and `response.code_details` with the response headers.
+In FULL_DUPLEX_STREAMED mode the EPP sends every body back, in chunks of at most 62,000 bytes;
+in BUFFERED and STREAMED modes it answers each body message once, replacing or keeping it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import json
 from collections.abc import Iterator, Mapping
 
 from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue, HeaderValueOption, Metadata
+from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from envoy.service.ext_proc.v3.external_processor_pb2 import (
     BodyMutation,
     BodyResponse,
@@ -38,6 +41,11 @@ DESTINATION_KEY = "x-gateway-destination-endpoint"
 SERVED_KEY = "x-gateway-destination-endpoint-served"
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
+# Request headers only the proxy and the EPP may set: a client's own are removed (or, for the
+# destination, overwritten) in every headers answer, so that a client never steers its request.
+CLIENT_FORBIDDEN = (DESTINATION_KEY, SERVED_KEY, SUBSET_KEY, f"{DESTINATION_KEY}-fallback")
+ATTRIBUTES_NAMESPACE = "envoy.filters.http.ext_proc"  # where Envoy puts the ext_proc attributes
+VIA_UPSTREAM = "via_upstream"  # response.code_details of an answer that came from the upstream
 # Some proxies take at most 64 KiB per streamed chunk; the extension's own EPP sends 62,000.
 BODY_CHUNK_BYTES = 62_000
 
@@ -92,6 +100,25 @@ def served_endpoint(metadata: Metadata) -> str | None:
     return eps[0] if eps else None
 
 
+def attribute(msg, name: str) -> str | None:
+    """An ext_proc attribute the proxy sent with `msg` (Envoy's `response_attributes`), as text."""
+    if ATTRIBUTES_NAMESPACE not in msg.attributes:
+        return None
+    fields = msg.attributes[ATTRIBUTES_NAMESPACE].fields
+    if name not in fields:
+        return None
+    value = fields[name]
+    return value.string_value if value.WhichOneof("kind") == "string_value" else None
+
+
+def body_modes(first) -> tuple[int | None, int | None]:
+    """The (request, response) body modes of the proxy's `protocol_config` (None: not sent)."""
+    if not first.HasField("protocol_config"):
+        return None, None
+    pc = first.protocol_config
+    return pc.request_body_mode, pc.response_body_mode
+
+
 def endpoint_of(url: str) -> str:
     """`ip:port` of a worker base URL (`http://10.0.0.5:8000` -> `10.0.0.5:8000`)."""
     return url.split("://", 1)[-1].rstrip("/")
@@ -100,26 +127,86 @@ def endpoint_of(url: str) -> str:
 # ---- what the EPP answers --------------------------------------------------------------------
 
 
-def _set_headers(headers: Mapping[str, str]) -> HeaderMutation:
+_OVERWRITE = HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+
+
+def _set_headers(headers: Mapping[str, str], remove: tuple[str, ...] = ()) -> HeaderMutation:
     return HeaderMutation(
         set_headers=[
-            HeaderValueOption(header=HeaderValue(key=k, raw_value=v.encode()))
+            HeaderValueOption(
+                header=HeaderValue(key=k, raw_value=v.encode()), append_action=_OVERWRITE
+            )
             for k, v in headers.items()
-        ]
+        ],
+        remove_headers=list(remove),
     )
 
 
-def route_response(endpoints: list[str], headers: Mapping[str, str]) -> ProcessingResponse:
-    """The request-headers answer: the endpoint list as header and metadata, route re-picked."""
+def _route_mutation(endpoints: list[str], headers: Mapping[str, str]):
+    """The pick as a header mutation (the client's own routing headers removed) and metadata."""
     destination = ",".join(endpoints)
     metadata = Struct()
     metadata.update({DESTINATION_NAMESPACE: {DESTINATION_KEY: destination}})
+    mutation = _set_headers({DESTINATION_KEY: destination, **headers}, CLIENT_FORBIDDEN[1:])
+    return mutation, metadata
+
+
+def route_response(
+    endpoints: list[str], headers: Mapping[str, str], mode_override: ProcessingMode | None = None
+) -> ProcessingResponse:
+    """The request-headers answer: the endpoint list as header and metadata, route re-picked."""
+    mutation, metadata = _route_mutation(endpoints, headers)
+    common = CommonResponse(header_mutation=mutation, clear_route_cache=True)
+    return ProcessingResponse(
+        request_headers=HeadersResponse(response=common),
+        dynamic_metadata=metadata,
+        mode_override=mode_override,
+    )
+
+
+def continue_request_headers(mode_override: ProcessingMode | None = None) -> ProcessingResponse:
+    """The request-headers answer before the pick (BUFFERED): the client's routing headers go."""
+    common = CommonResponse(header_mutation=HeaderMutation(remove_headers=list(CLIENT_FORBIDDEN)))
+    return ProcessingResponse(
+        request_headers=HeadersResponse(response=common), mode_override=mode_override
+    )
+
+
+def routed_body_responses(
+    endpoints: list[str], headers: Mapping[str, str], payload: bytes, messages: int
+) -> Iterator[ProcessingResponse]:
+    """BUFFERED/STREAMED: one answer per body message received. The first carries the pick
+    (applied while the proxy still holds the request headers) and the whole new body; the
+    others clear their message's bytes."""
+    mutation, metadata = _route_mutation(endpoints, headers)
     common = CommonResponse(
-        header_mutation=_set_headers({DESTINATION_KEY: destination, **headers}),
+        header_mutation=mutation,
+        body_mutation=BodyMutation(body=payload),
         clear_route_cache=True,
     )
-    return ProcessingResponse(
-        request_headers=HeadersResponse(response=common), dynamic_metadata=metadata
+    yield ProcessingResponse(request_body=BodyResponse(response=common), dynamic_metadata=metadata)
+    for _ in range(messages - 1):
+        cleared = CommonResponse(body_mutation=BodyMutation(clear_body=True))
+        yield ProcessingResponse(request_body=BodyResponse(response=cleared))
+
+
+def body_unchanged(*, response: bool) -> ProcessingResponse:
+    """BUFFERED/STREAMED: a body message goes on as it is."""
+    if response:
+        return ProcessingResponse(response_body=BodyResponse(response=CommonResponse()))
+    return ProcessingResponse(request_body=BodyResponse(response=CommonResponse()))
+
+
+def buffered_mode(response_body_mode: int | None) -> ProcessingMode:
+    """STREAMED requests: ask the proxy to buffer the request body instead (Envoy honours it
+    with `allow_mode_override: true`), the response phase as configured."""
+    return ProcessingMode(
+        request_header_mode=ProcessingMode.SEND,
+        request_body_mode=ProcessingMode.BUFFERED,
+        request_trailer_mode=ProcessingMode.SKIP,
+        response_header_mode=ProcessingMode.SEND,
+        response_body_mode=response_body_mode or ProcessingMode.NONE,
+        response_trailer_mode=ProcessingMode.SKIP,
     )
 
 

@@ -1,0 +1,46 @@
+"""Where the proxy sent a request: the EPP counts it where it was served, not where it was picked.
+
+With the response headers the proxy says what became of the pick: the endpoint that served it
+(the protocol's `envoy.lb/x-gateway-destination-endpoint-served`, which Envoy's `override_host`
+policy writes, or the ext_proc attribute `upstream.address`), and, where Envoy sends the
+attribute `response.code_details`, whether the answer came from that upstream at all
+(`via_upstream`) or from the proxy itself (no healthy upstream, a refused connection, a
+timeout). A proxy that says neither (ORIGINAL_DST without attributes) sent it to the pick.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from gateway.replica import Replica
+from gateway.request import ProxyRequest
+from gateway.state import GatewayState
+
+from . import wire
+
+log = logging.getLogger(__name__)
+
+
+def settle(state: GatewayState, px: ProxyRequest, msg, rank: int | None) -> None:
+    """Move `px` to the replica that served it, or count it as not delivered."""
+    details = wire.attribute(msg, "response.code_details")
+    if details is not None and details != wire.VIA_UPSTREAM:
+        status = wire.header_dict(msg.response_headers.headers).get(":status", "?")
+        px.not_delivered(f"the proxy answered {status} itself ({details})")
+        return
+    served = wire.served_endpoint(msg.metadata_context) or wire.attribute(msg, "upstream.address")
+    if served is None or px.replica is None or wire.endpoint_of(px.replica.url) == served:
+        return
+    target = replica_at(state, served, rank)
+    if target is None:
+        log.warning("the proxy served a request on %s, which is not a worker of the pool", served)
+        return
+    px.served_by(target, f"the proxy sent it to {target.name}")
+
+
+def replica_at(state: GatewayState, endpoint: str, rank: int | None) -> Replica | None:
+    """The replica behind `endpoint` that takes the X-data-parallel-rank `rank` (None: none)."""
+    for r in state.replicas.replicas.values():
+        if wire.endpoint_of(r.url) == endpoint and r.rank_header == rank:
+            return r
+    return None
