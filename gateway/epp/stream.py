@@ -30,7 +30,7 @@ from gateway.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.proxy import SSERelay
 from gateway.replica import Replica
 from gateway.request import ProxyRequest
-from gateway.serving import read_request, read_usage, replica_headers, status_label
+from gateway.serving import end, read_request, read_usage, replica_headers
 from gateway.state import GatewayState
 
 from . import wire
@@ -122,7 +122,7 @@ class ExtProcStream:
         except (ProtocolError, grpc.aio.AbortError):
             raise
         except Exception as e:
-            yield await self._refuse(e)
+            yield await self._refuse(e, headers)
             return
         payload = px.payload(usage_chunk=False)
         # One X-data-parallel-rank header goes to whichever endpoint the proxy picks, so the
@@ -167,12 +167,14 @@ class ExtProcStream:
         ctx = RouteContext(reps, [], 0, 1, headers=headers)
         return (await self.state.policies["least_loaded"].rank(ctx))[0]
 
-    async def _refuse(self, exc: Exception):
+    async def _refuse(self, exc: Exception, headers: Mapping[str, str]):
         err = as_gateway_error(exc)  # logs an unexpected one
+        self.status = str(err.status)
+        if self.px is None:  # refused before it was routed; a routed one ends in run()
+            end(self.state, headers, None, self.status)
         if err.status >= 500 and not isinstance(exc, GatewayError):
             # Not the request's fault: the proxy's failure mode decides, as when the EPP is down.
             await self.context.abort(grpc.StatusCode.INTERNAL, err.message)
-        self.status = status_label(exc, err.status)
         return wire.immediate_response(err)
 
     # ---- response phase --------------------------------------------------------------------
@@ -209,7 +211,10 @@ class ExtProcStream:
             )  # fmt: skip
             if rid is not None:
                 px.served_by(rid)
-        return replica_headers(px) if px.replica is not None else {}
+        if px.replica is None:
+            return {}
+        status = self.status
+        return replica_headers(px, int(status) if status.isdigit() else 200)
 
     def _read_usage(self, chunk: bytes, end: bool) -> None:
         if self.px is None:
