@@ -78,7 +78,7 @@ def render_embedding(
             )
         ]
     else:
-        prompts = [renderer.render_completion(p) for p in req.inputs()]
+        prompts = [renderer.render_completion(p, "input") for p in req.inputs()]
     if not prompts:
         raise GatewayError(400, "input must not be an empty list", param="input")
     salt = req.cache_salt
