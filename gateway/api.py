@@ -6,8 +6,9 @@ import asyncio
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
 
-from gateway.errors import GatewayError, error_response
+from gateway.errors import GatewayError, error_response, http_error_response
 from gateway.serving import OpenAIServing, authenticate
 from gateway.state import GatewayState
 
@@ -23,6 +24,8 @@ def _no_worker(st: GatewayState) -> Response:
 
 
 def attach_routes(app: FastAPI) -> None:
+    app.add_exception_handler(HTTPException, http_error_response)
+
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         return await OpenAIServing(_state(request)).chat_completions(request)
@@ -61,6 +64,9 @@ def attach_routes(app: FastAPI) -> None:
     @app.get("/health")
     async def health(request: Request) -> Response:
         st = _state(request)
+        if st.draining:  # not ready: a rollout stopped it (gateway/drain.py)
+            msg = "draining: shutting down; requests in flight finish within --drain-timeout"
+            return error_response(GatewayError(503, msg, code="draining"))
         n = len(st.replicas.available())
         if n == 0:
             return _no_worker(st)
