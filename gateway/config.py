@@ -131,6 +131,13 @@ class GatewayConfig:
     retries: int = option(2, "extra replicas tried on a connect error or 5xx before the first byte")
     connect_timeout: float = option(2.0, "seconds to connect to a worker")
     request_timeout: float = option(600.0, "seconds for a whole proxied request")
+    drain_timeout: float = option(
+        30.0,
+        "seconds, after SIGTERM, that requests and streams in flight may take to finish: the "
+        "gateway stops accepting connections and fails readiness at once, then exits when they "
+        "are done or this has passed (docs/reliability.md)",
+        metavar="SECONDS",
+    )
     poll_interval: float = option(
         0.5, "seconds between polls of each worker's /kvgate/info, /health and /metrics"
     )
@@ -215,7 +222,15 @@ class GatewayConfig:
         "replay port for what the SUB misses (docs/gateway.md)",
         metavar="ENDPOINT",
     )
-    log_level: str = option("info", "log level", choices=LOG_LEVELS)
+    log_level: str = option(
+        "info", "log level of kvgate's own logs (debug: every routing decision)", choices=LOG_LEVELS
+    )
+    log_level_http: str = option(
+        "warning",
+        "log level of the HTTP, gRPC and Kubernetes client libraries (httpx, httpcore, urllib3, "
+        "grpc); at debug they log every poll's wire traffic",
+        choices=LOG_LEVELS,
+    )
 
     def __post_init__(self) -> None:
         self.workers = tuple(w.strip().rstrip("/") for w in self.workers if w.strip())
@@ -271,7 +286,9 @@ class GatewayConfig:
             raise ValueError("max_inflight_per_replica must be positive")
         if self.max_queue < 0 or self.queue_timeout < 0:
             raise ValueError("max_queue and queue_timeout must be >= 0")
-        if self.log_level not in LOG_LEVELS:
-            raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}")
+        if self.log_level not in LOG_LEVELS or self.log_level_http not in LOG_LEVELS:
+            raise ValueError(f"log levels must be one of {', '.join(LOG_LEVELS)}")
+        if self.drain_timeout < 0:
+            raise ValueError("drain_timeout must be >= 0")
         if self.max_render_queue <= 0:
             raise ValueError("max_render_queue must be positive")

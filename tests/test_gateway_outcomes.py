@@ -24,6 +24,13 @@ REQUESTS = "kvgate_requests_total"
 PREDICTED = "kvgate_predicted_cached_tokens_total"
 RUNNING = "vllm:num_requests_running"
 PREDICTED_HEADER = "x-kvgate-predicted-cached-tokens"
+GATEWAY_ARGS = (
+    "--poll-interval", "0.2",
+    "--tenant-salt-secret", "outcomes-test",
+    "--max-body-bytes", "64KiB",
+    "--max-inflight-per-replica", "1",  # one slot and no queue: a second request is shed
+    "--max-queue", "0",
+)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -36,14 +43,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
         engine="sim",
         num_blocks=256,
         worker_args=("--sim-decode-s-per-step", str(DECODE_S)),
-        gateway_args=(
-            "--poll-interval", "0.2",
-            "--api-keys-file", str(keys),
-            "--tenant-salt-secret", "outcomes-test",
-            "--max-body-bytes", "64KiB",
-            "--max-inflight-per-replica", "1",
-            "--max-queue", "0",
-        ),  # fmt: skip
+        gateway_args=(*GATEWAY_ARGS, "--api-keys-file", str(keys)),
         log_dir=log_dir,
         startup_timeout=60,
     )
