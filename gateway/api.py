@@ -64,9 +64,6 @@ def attach_routes(app: FastAPI) -> None:
     @app.get("/health")
     async def health(request: Request) -> Response:
         st = _state(request)
-        if st.draining:  # not ready: a rollout stopped it (gateway/drain.py)
-            msg = "draining: shutting down; requests in flight finish within --drain-timeout"
-            return error_response(GatewayError(503, msg, code="draining"))
         n = len(st.replicas.available())
         if n == 0:
             return _no_worker(st)

@@ -1,12 +1,12 @@
 """Graceful shutdown: what a rollout's SIGTERM does to a gateway (HTTP and EPP mode alike).
 
-At once: readiness fails (`/health` answers 503, the EPP's gRPC health says NOT_SERVING), the
-listening sockets close, idle keep-alive connections close, and the EPP sends its proxies a
-GOAWAY (streams open on them go on, new ones go to another EPP). Requests and streams in flight
-then have `--drain-timeout` seconds to finish (uvicorn's `timeout_graceful_shutdown`, and the
-gRPC server's grace); what is left after that is cut, and the process exits. The pollers and
-event subscribers keep running meanwhile, so the answers still in flight are routed and
-accounted as usual.
+At once the listening sockets close (so readiness fails: the chart's probe of `/health` is
+refused) and idle keep-alive connections close; the EPP's gRPC health says NOT_SERVING and it
+sends its proxies a GOAWAY (streams open on them go on, new ones go to another EPP). Requests
+and streams in flight then have `--drain-timeout` seconds to finish (uvicorn's
+`timeout_graceful_shutdown`, and the gRPC server's grace); what is left after that is cut, and
+the process exits. The pollers and event subscribers keep running meanwhile, so the answers
+still in flight are routed and accounted as usual.
 """
 
 from __future__ import annotations
@@ -33,15 +33,12 @@ class DrainingServer(uvicorn.Server):
 
 
 def begin_drain(app: FastAPI) -> None:
-    """Fail readiness and stop the EPP taking new streams; idempotent."""
+    """Stop the EPP taking new streams (the HTTP side is uvicorn's)."""
     state = getattr(app.state, "gateway", None)
-    if state is None or state.draining:  # not started yet, or draining already
+    if state is None:  # stopped before it started
         return
-    state.draining = True
     timeout = state.config.drain_timeout
-    log.info(
-        "draining: new connections refused; in-flight requests get %gs (--drain-timeout)", timeout
-    )
+    log.info("draining: no new connections; requests in flight get %gs (--drain-timeout)", timeout)
     epp = getattr(app.state, "epp", None)
     if epp is not None:
         epp.drain(timeout)

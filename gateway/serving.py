@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Protocol
 
 import msgspec
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from gateway import accounting
@@ -32,6 +32,7 @@ from gateway.state import GatewayState
 from gateway.upstream import UpstreamResponse
 
 REPLICA_HEADER = "x-kvgate-replica"
+_GONE = Response(status_code=499)  # the answer to a client that left: nobody reads it
 PREDICTED_HEADER = "x-kvgate-predicted-cached-tokens"
 
 
@@ -103,7 +104,7 @@ class OpenAIServing:
             px = proxy_cls.route(st, endpoint, body, request.headers, tenant=tenant)
             answer = await unless_gone(request.receive, forward(px, bool(body.stream)))
             if answer is None:  # nobody reads this answer; the worker was told to stop
-                return Response(status_code=499)
+                return _GONE
             resp, content = answer
             if content is None:
                 streaming = True
@@ -111,6 +112,8 @@ class OpenAIServing:
             status, usage = str(resp.status), read_usage(resp.status, content)
             headers = replica_headers(px, resp.status)
             return Response(content, resp.status, headers, resp.content_type)
+        except ClientDisconnect:  # left while sending its body: status stays client_gone
+            return _GONE
         except Exception as e:  # every failure, from any stage, is answered here
             out = error_response(e)
             status = str(out.status_code)

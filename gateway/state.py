@@ -41,7 +41,6 @@ class GatewayState:
     render_queue: RenderQueue
     tenants: TenantRegistry | None = None  # None: no API keys, no tenant salts
     renderer: object | None = None
-    draining: bool = False  # SIGTERM: readiness fails while in-flight requests finish (drain.py)
     _assets_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @classmethod
