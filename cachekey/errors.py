@@ -50,6 +50,27 @@ class PromptTooLongError(RenderError):
     code = CONTEXT_LENGTH_EXCEEDED
 
 
+def context_exceeded(
+    limit: int, prompt_tokens: int, where: str, output_tokens: int | None = None, *, param: str
+) -> PromptTooLongError:
+    """The one wording of a request over the model's context, gateway and worker alike (as
+    OpenAI words it): the prompt alone (`where` is "messages", "prompt" or "input"), or with
+    the `output_tokens` it asks for (`param` then names the output-length field)."""
+    if output_tokens is None:
+        return PromptTooLongError(
+            f"This model's maximum context length is {limit} tokens. However, your {where} "
+            f"resulted in {prompt_tokens} tokens. Please reduce the length of the {where}.",
+            param=param,
+        )
+    return PromptTooLongError(
+        f"This model's maximum context length is {limit} tokens. However, you requested "
+        f"{prompt_tokens + output_tokens} tokens ({prompt_tokens} in the {where}, "
+        f"{output_tokens} in the completion). Please reduce the length of the {where} or "
+        "completion.",
+        param=param,
+    )
+
+
 class ImageFetchError(RenderError):
     """A remote image URL that is disabled, refused or could not be fetched."""
 

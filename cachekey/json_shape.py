@@ -29,6 +29,7 @@ import numpy as np
 
 _CHUNK = 2**20  # bytes per numpy pass: the scan's own memory is about 16 of these
 _DECODER = msgspec.json.Decoder()
+INVALID_JSON = "invalid_json"  # the code of a body that is not JSON, gateway and worker alike
 _QUOTE, _OPENS, _CLOSES, _SEPS = 34, (91, 123), (93, 125), (44, 58)
 _NOT_STRUCTURAL = bytes(b for b in range(256) if b not in b"[]{},:")
 
@@ -103,4 +104,4 @@ def decode_json(raw: bytes | bytearray, max_depth: int, max_elements: int) -> An
     try:
         return _DECODER.decode(raw)
     except (msgspec.MsgspecError, UnicodeError) as e:
-        raise JSONShapeError(f"invalid JSON body: {e}", "invalid_json") from e
+        raise JSONShapeError(f"invalid JSON body: {e}", INVALID_JSON) from e

@@ -19,6 +19,11 @@ MODEL_NOT_FOUND = "model_not_found"
 INVALID_API_KEY = "invalid_api_key"
 RATE_LIMIT_EXCEEDED = "rate_limit_exceeded"
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+INVALID_VALUE = "invalid_value"
+LIMIT_EXCEEDED = "limit_exceeded"
+UNKNOWN_URL = "unknown_url"
+METHOD_NOT_ALLOWED = "method_not_allowed"
+INTERNAL_ERROR = "internal_error"
 
 
 def error_type(status: int) -> str:
@@ -40,3 +45,13 @@ def clean_message(message: str) -> str:
         if message.startswith(prefix):
             return message[len(prefix) :]
     return message
+
+
+def route_error(status: int, method: str, path: str, allow: str | None) -> tuple[str, str]:
+    """(message, code) of a request no route takes: 404 for a path the server does not serve,
+    405 for one it serves with other methods (`allow`: the methods, as in the Allow header)."""
+    where = f"{method} {path[:256]}"
+    if status == 405:
+        use = f": use {allow}" if allow else ""
+        return f"Invalid method for URL ({where}){use}", METHOD_NOT_ALLOWED
+    return f"Invalid URL ({where}): no such endpoint", UNKNOWN_URL

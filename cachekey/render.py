@@ -18,9 +18,9 @@ from cachekey.errors import (
     ImageFetchError,
     ImageTooLargeError,
     InvalidImageError,
-    PromptTooLongError,
     RenderError,
     UnsupportedContentError,
+    context_exceeded,
 )
 from cachekey.images import VERBATIM_UUIDS, ClientUuids, decode_data_url, probe_image
 from cachekey.segment_encoder import SegmentEncoder
@@ -132,21 +132,23 @@ class Renderer:
         )
         return self._expand(self._encoder.encode(text), call.images, "messages")
 
-    def render_completion(self, prompt: str | list[int]) -> Prompt:
+    def render_completion(self, prompt: str | list[int], field: str = "prompt") -> Prompt:
+        """A completion's prompt; `field` is the request field it came from, named in errors
+        (`input` for an embeddings input)."""
         if isinstance(prompt, str):
             if self._affixes is None:
                 ids = self.assets.tokenizer.encode(prompt).ids
             else:
                 ids = self._affixes[0] + self._encoder.encode(prompt) + self._affixes[1]
         elif isinstance(prompt, list):
-            ids = self._checked_ids(prompt)
+            ids = self._checked_ids(prompt, field)
         else:
             raise UnsupportedContentError(
-                "prompt must be a string or a list of token ids", param="prompt"
+                f"{field} must be a string or a list of token ids", param=field
             )
         if not ids:
-            raise UnsupportedContentError("prompt is empty", param="prompt")
-        return self._expand(ids, [], "prompt")
+            raise UnsupportedContentError(f"{field} is empty", param=field)
+        return self._expand(ids, [], field)
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.assets.tokenizer.decode(
@@ -155,12 +157,12 @@ class Renderer:
 
     # ---- internals --------------------------------------------------------------------------
 
-    def _checked_ids(self, prompt: list[Any]) -> list[int]:
+    def _checked_ids(self, prompt: list[Any], field: str) -> list[int]:
         for i, t in enumerate(prompt):
             if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self._vocab_size:
                 raise UnsupportedContentError(
-                    f"prompt[{i}] = {t!r} is not a token id in [0, {self._vocab_size})",
-                    param="prompt",
+                    f"{field}[{i}] = {t!r} is not a token id in [0, {self._vocab_size})",
+                    param=field,
                 )
         return list(prompt)
 
@@ -231,7 +233,8 @@ class Renderer:
             )
         try:
             data = fetch(url)
-        except RenderError:
+        except RenderError as e:
+            e.param = e.param or where  # the fetcher knows the URL, not the part it came from
             raise
         except Exception as e:
             raise ImageFetchError(f"could not fetch the image: {e}", param=where) from e
@@ -265,11 +268,7 @@ class Renderer:
                 start = pos + 1
             out.extend(ids[start:])
         if len(out) > self.max_model_len:
-            raise PromptTooLongError(
-                f"this model's maximum context length is {self.max_model_len} tokens, but the "
-                f"prompt has {len(out)} tokens; shorten the {param}",
-                param=param,
-            )
+            raise context_exceeded(self.max_model_len, len(out), param, param=param)
         return Prompt(tuple(out), tuple(items), {img.identifier: img.data for img in images})
 
 

@@ -1,14 +1,23 @@
 """Outcomes, recorded in one place: the circuit breaker and the per-request metrics.
 
 An attempt either fails before the first byte (the breaker counts it, the request moves on) or
-is answered (the breaker's streak resets). A request ends once: served by a replica (its
-predicted vs reported cached tokens are recorded) or answered by the gateway itself.
+is answered (the breaker's streak resets). A request ends once, with the HTTP status its client
+got, or `client_gone` when the client left first: answered by a replica, or by the gateway
+itself (refused, overloaded, or every replica failed). Predicted vs reported cached tokens are
+recorded only for answers a replica served (2xx): a worker's refusal cached nothing.
 """
 
 from __future__ import annotations
 
 from gateway.replica import Replica
 from gateway.state import GatewayState
+
+CLIENT_GONE = "client_gone"  # the client left before the end of its answer
+
+
+def served(status: str) -> bool:
+    """The replica served the request (not a refusal, a failure, or a client gone)."""
+    return status.startswith("2")
 
 
 def attempt_failed(state: GatewayState, rep: Replica, policy: str, reason: str) -> None:
@@ -23,7 +32,8 @@ def attempt_answered(state: GatewayState, rep: Replica) -> None:
 
 
 def answered_here(state: GatewayState, policy: str, status: str) -> None:
-    """A request the gateway answered itself (refused, overloaded, or every replica failed)."""
+    """A request no replica answered: refused at any stage, overloaded, every replica failed,
+    or its client gone before it reached one."""
     m = state.metrics
     m.child(m.requests, "none", policy, status).inc()
 
@@ -37,9 +47,12 @@ def finished(
     predicted: int,
     usage: dict | None,
 ) -> None:
-    """A request a replica served: its status and predicted vs reported cached tokens."""
+    """A request a replica answered: its status and, if served, predicted vs reported cached
+    tokens."""
     m = state.metrics
     m.child(m.requests, rep.id, policy, status).inc()
+    if not served(status):
+        return
     m.child(m.prompt_tokens, rep.id).inc(prompt_tokens)
     m.child(m.predicted_cached, rep.id).inc(predicted)
     details = (usage or {}).get("prompt_tokens_details") or {}

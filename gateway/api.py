@@ -6,8 +6,9 @@ import asyncio
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
 
-from gateway.errors import GatewayError, error_response
+from gateway.errors import GatewayError, error_response, http_error_response
 from gateway.serving import OpenAIServing, authenticate
 from gateway.state import GatewayState
 
@@ -23,6 +24,8 @@ def _no_worker(st: GatewayState) -> Response:
 
 
 def attach_routes(app: FastAPI) -> None:
+    app.add_exception_handler(HTTPException, http_error_response)
+
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         return await OpenAIServing(_state(request)).chat_completions(request)

@@ -90,7 +90,7 @@ def create_app(config: GatewayConfig, discovery: Discovery | None = None) -> Fas
         if config.epp:
             from gateway.epp import EppServer  # grpc: loaded only in EPP mode
 
-            epp = EppServer(state, config.host, config.epp_port)
+            epp = app.state.epp = EppServer(state, config.host, config.epp_port)
             await epp.start()
 
         async def on_change(workers: frozenset[WorkerEndpoint]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from cachekey.validation_errors import MISSING_PARAMETER
 from gateway.adapters import serves_adapter
 from gateway.errors import GatewayError
 from gateway.replica import Replica
@@ -38,5 +39,6 @@ def candidates_for(state: GatewayState, model: str | None) -> tuple[list[Replica
             "`model` is required: this gateway serves "
             + ", ".join(f"`{m}`" for m in sorted(m for m in served if m)),
             param="model",
+            code=MISSING_PARAMETER,
         )
     return candidates, None

@@ -12,6 +12,8 @@ from gateway.config import GatewayConfig
 
 # The configs whose fields are this command's flags (also the docs' flag table).
 CONFIGS = (GatewayConfig,)
+# Loggers of the client libraries, at --log-level-http.
+HTTP_LOGGERS = ("httpx", "httpcore", "urllib3", "kubernetes.client.rest", "grpc", "hpack")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,8 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    # httpx logs every health, info and metrics poll at INFO; keep those out of the gateway's log.
-    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
+    # The client libraries log every poll (httpx at info, httpcore's wire events at debug):
+    # their own level, so --log-level debug shows the gateway's decisions, not their traffic.
+    for name in HTTP_LOGGERS:
+        logging.getLogger(name).setLevel(config.log_level_http.upper())
     try:
         sockets = [listen_socket(config.host, config.port)]
         if config.admin_port is not None:  # same server, same app: gateway/admin.py
@@ -54,9 +58,14 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from gateway.app import create_app
+    from gateway.drain import DrainingServer
 
+    app = create_app(config)
     uvicorn_config = uvicorn.Config(
-        create_app(config), log_level=config.log_level, access_log=False
+        app,
+        log_level=config.log_level,
+        access_log=False,
+        timeout_graceful_shutdown=config.drain_timeout,
     )
-    uvicorn.Server(uvicorn_config).run(sockets=sockets)
+    DrainingServer(uvicorn_config, app).run(sockets=sockets)
     return 0

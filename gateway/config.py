@@ -228,7 +228,15 @@ class GatewayConfig:
         "replay port for what the SUB misses (docs/gateway.md)",
         metavar="ENDPOINT",
     )
-    log_level: str = option("info", "log level", choices=LOG_LEVELS)
+    log_level: str = option(
+        "info", "log level of kvgate's own logs (debug: every routing decision)", choices=LOG_LEVELS
+    )
+    log_level_http: str = option(
+        "warning",
+        "log level of the HTTP, gRPC and Kubernetes client libraries (httpx, httpcore, urllib3, "
+        "grpc); at debug they log every poll's wire traffic",
+        choices=LOG_LEVELS,
+    )
 
     def __post_init__(self) -> None:
         self.workers = tuple(w.strip().rstrip("/") for w in self.workers if w.strip())
@@ -284,8 +292,8 @@ class GatewayConfig:
             raise ValueError("max_inflight_per_replica must be positive")
         if self.max_queue < 0 or self.queue_timeout < 0:
             raise ValueError("max_queue and queue_timeout must be >= 0")
-        if self.log_level not in LOG_LEVELS:
-            raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}")
+        if self.log_level not in LOG_LEVELS or self.log_level_http not in LOG_LEVELS:
+            raise ValueError(f"log levels must be one of {', '.join(LOG_LEVELS)}")
         if self.drain_timeout < 0:
             raise ValueError("drain_timeout must be >= 0")
         if self.max_render_queue <= 0:

@@ -23,6 +23,7 @@ from cachekey.embeddings_request import (
     split_inputs,
 )
 from cachekey.keys import HashNamespace, block_keys, usable_match
+from cachekey.openai_errors import INVALID_VALUE
 from cachekey.render import ImageOptions
 from cachekey.types import BlockKey, Prompt
 from gateway.errors import GatewayError
@@ -78,9 +79,10 @@ def render_embedding(
             )
         ]
     else:
-        prompts = [renderer.render_completion(p) for p in req.inputs()]
+        prompts = [renderer.render_completion(p, "input") for p in req.inputs()]
     if not prompts:
-        raise GatewayError(400, "input must not be an empty list", param="input")
+        msg = "Invalid value for 'input': input must not be an empty list."  # as the worker says
+        raise GatewayError(400, msg, param="input", code=INVALID_VALUE)
     salt = req.cache_salt
     return [(p, block_keys(p.token_ids, ns, p.mm_items, lora_name, salt)) for p in prompts]
 

@@ -11,17 +11,23 @@ import json
 import logging
 
 from pydantic import ValidationError
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
 from starlette.responses import Response
 
 from cachekey.errors import RenderError
+from cachekey.json_shape import INVALID_JSON
 from cachekey.openai_errors import (
+    INTERNAL_ERROR,
     INVALID_API_KEY,
+    LIMIT_EXCEEDED,
     RATE_LIMIT_EXCEEDED,
     clean_message,
     error_body,
+    route_error,
 )
+from cachekey.validation_errors import invalid_request
 from gateway.limits import LimitError, render_error_hint
-from gateway.protocol import invalid_request
 from gateway.tenants import AuthError
 
 log = logging.getLogger(__name__)
@@ -75,22 +81,22 @@ def as_gateway_error(exc: BaseException) -> GatewayError:
             401, str(exc), code=INVALID_API_KEY, headers={"www-authenticate": "Bearer"}
         )
     if isinstance(exc, LimitError):
-        code = exc.code or "limit_exceeded"
+        code = exc.code or LIMIT_EXCEEDED
         return GatewayError(exc.status, exc.message, param=exc.param, code=code)
     if isinstance(exc, RenderError):
         msg = exc.message + render_error_hint(exc)
         return GatewayError(exc.status_code, msg, param=exc.param, code=exc.code)
     if isinstance(exc, ValidationError):
-        message, param, code = invalid_request(exc)  # worded as OpenAI words them
+        message, param, code = invalid_request(exc.errors())  # as OpenAI words them
         return GatewayError(400, clean_message(message), param=param, code=code)
     if isinstance(exc, json.JSONDecodeError | UnicodeDecodeError):
-        return GatewayError(400, f"malformed JSON body: {exc}")
+        return GatewayError(400, f"invalid JSON body: {exc}", code=INVALID_JSON)
     if isinstance(exc, RecursionError):
-        return GatewayError(400, "malformed JSON body: nested too deeply")
+        return GatewayError(400, "invalid JSON body: nested too deeply", code=INVALID_JSON)
     if isinstance(exc, UpstreamFailed):
         return GatewayError(502, f"all replicas failed: {exc}", code="upstream_failed")
     log.exception("unexpected error on the request path", exc_info=exc)
-    return GatewayError(500, f"internal error: {type(exc).__name__}")
+    return GatewayError(500, f"internal error: {type(exc).__name__}", code=INTERNAL_ERROR)
 
 
 def error_response(exc: BaseException) -> Response:
@@ -102,3 +108,17 @@ def error_response(exc: BaseException) -> Response:
     return Response(
         json.dumps(body).encode(), err.status, headers=err.headers, media_type="application/json"
     )
+
+
+async def http_error_response(request: Request, exc: Exception) -> Response:
+    """FastAPI's own refusals (404 unknown route, 405 wrong method) as OpenAI error bodies."""
+    assert isinstance(exc, HTTPException)
+    headers = dict(exc.headers or {})
+    if exc.status_code in (404, 405):
+        message, code = route_error(
+            exc.status_code, request.method, request.url.path, headers.get("Allow")
+        )
+    else:
+        message, code = str(exc.detail), None
+    err = GatewayError(exc.status_code, message, code=code, headers=headers or None)
+    return error_response(err)

@@ -74,15 +74,13 @@ class FetchBudget:
     def timed_out(self) -> ImageFetchError:
         return ImageFetchError(
             f"fetching this request's remote images took longer than {self.timeout:g}s "
-            f"({TIMEOUT_FLAG}, for all the request's images together)",
-            param="image_url",
+            f"({TIMEOUT_FLAG}, for all the request's images together)"
         )
 
     def over_bytes(self) -> ImageTooLargeError:
         return ImageTooLargeError(
             f"this request's remote images are larger than {self.max_bytes} bytes together "
-            f"({BYTES_FLAG})",
-            param="image_url",
+            f"({BYTES_FLAG})"
         )
 
 
@@ -91,8 +89,7 @@ def _could_not_fetch() -> ImageFetchError:
     # filtered or serving something other than HTTP.
     return ImageFetchError(
         "could not fetch the image from its URL (connection failed, or the server did not "
-        "answer with an image)",
-        param="image_url",
+        "answer with an image)"
     )
 
 
@@ -135,9 +132,7 @@ class ImageFetcher:
         except (OSError, h11.ProtocolError, UnicodeError) as e:
             log.info("image fetch from %r failed: %s: %s", current.host, type(e).__name__, e)
             raise _could_not_fetch() from e
-        raise ImageFetchRefused(
-            f"image URL redirected more than {self.max_redirects} times", param="image_url"
-        )
+        raise ImageFetchRefused(f"image URL redirected more than {self.max_redirects} times")
 
     def _hop(self, url: httpx.URL, budget: FetchBudget) -> bytes | str:
         """One request: the body, or the Location of a redirect."""
@@ -201,7 +196,7 @@ class ImageFetcher:
         if resp.status_code in _REDIRECTS:
             location = headers.get("location")
             if not location:
-                raise ImageFetchError("image redirect without a Location", param="image_url")
+                raise ImageFetchError("image redirect without a Location")
             return location
         if resp.status_code != 200:
             log.info("image fetch answered HTTP %d", resp.status_code)
@@ -210,8 +205,7 @@ class ImageFetcher:
         if coding not in ("", "identity"):
             raise ImageFetchError(
                 f"image server answered with content-encoding {coding[:32]!r}; this gateway "
-                "asks for and accepts only identity (uncompressed) responses",
-                param="image_url",
+                "asks for and accepts only identity (uncompressed) responses"
             )
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > cap:
@@ -222,8 +216,7 @@ class ImageFetcher:
         if budget.bytes_left() < self.max_bytes:
             return budget.over_bytes()
         return ImageTooLargeError(
-            f"remote image is larger than the limit of {self.max_bytes} bytes (--max-image-bytes)",
-            param="image_url",
+            f"remote image is larger than the limit of {self.max_bytes} bytes (--max-image-bytes)"
         )
 
     def close(self) -> None:
@@ -236,8 +229,7 @@ class RemoteImagesDisabled:
     def __call__(self, url: str, budget: FetchBudget | None = None) -> bytes:
         raise ImageFetchRefused(
             "remote image URLs are disabled on this gateway (--no-remote-images); "
-            "send the image inline as a data: URL",
-            param="image_url",
+            "send the image inline as a data: URL"
         )
 
     def for_request(self) -> Callable[[str], bytes]:
@@ -265,13 +257,11 @@ def _parse(url: str) -> httpx.URL:
     try:
         parsed = httpx.URL(url)
     except (httpx.InvalidURL, ValueError) as e:
-        raise ImageFetchRefused(f"invalid image URL: {e}", param="image_url") from e
+        raise ImageFetchRefused(f"invalid image URL: {e}") from e
     if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise ImageFetchRefused(
-            f"image URL must be http(s) with a host: {url[:64]!r}", param="image_url"
-        )
+        raise ImageFetchRefused(f"image URL must be http(s) with a host: {url[:64]!r}")
     if parsed.userinfo:
-        raise ImageFetchRefused("image URL must not carry credentials", param="image_url")
+        raise ImageFetchRefused("image URL must not carry credentials")
     return parsed
 
 

@@ -86,8 +86,7 @@ def not_allowed(host: str) -> ImageFetchRefused:
     """The one refusal a client sees: never the resolved address, nor why it was refused."""
     return ImageFetchRefused(
         f"image URL host {host[:253]!r} is not allowed: this gateway fetches images only from "
-        f"public addresses (operators: see {ALLOW_FLAG})",
-        param="image_url",
+        f"public addresses (operators: see {ALLOW_FLAG})"
     )
 
 
@@ -223,14 +222,12 @@ class FetchPolicy:
         except OSError as e:
             log.info("image URL host %r did not resolve: %s", host[:253], e)
             raise ImageFetchError(
-                f"could not fetch the image: its host {host[:253]!r} did not resolve",
-                param="image_url",
+                f"could not fetch the image: its host {host[:253]!r} did not resolve"
             ) from e
         addrs = [ipaddress.ip_address(a.split("%", 1)[0]) for a in found]
         if not addrs:
             raise ImageFetchError(
-                f"could not fetch the image: its host {host[:253]!r} did not resolve",
-                param="image_url",
+                f"could not fetch the image: its host {host[:253]!r} did not resolve"
             )
         for ip in addrs:
             self.check_address(host, ip)

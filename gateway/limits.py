@@ -17,6 +17,7 @@ from fastapi import Request
 
 from cachekey.flags import format_pixels, format_size, option, parse_pixels, parse_size
 from cachekey.json_shape import JSONShapeError, decode_json
+from cachekey.openai_errors import LIMIT_EXCEEDED
 from cachekey.render import IMAGE_PART_TYPES, RenderLimits
 
 _PARSE_INLINE_BYTES = 256 * 1024
@@ -24,7 +25,7 @@ _PARSE_INLINE_BYTES = 256 * 1024
 
 class LimitError(Exception):
     def __init__(
-        self, status: int, message: str, param: str | None = None, code: str = "limit_exceeded"
+        self, status: int, message: str, param: str | None = None, code: str = LIMIT_EXCEEDED
     ) -> None:
         super().__init__(message)
         self.status = status

@@ -17,14 +17,17 @@ class GatewayMetrics:
         r = self.registry = CollectorRegistry()
         self._children: dict[tuple[str, tuple[str, ...]], Counter] = {}
         self.requests = Counter(
-            "kvgate_requests", "Requests proxied", ["replica", "policy", "status"], registry=r
+            "kvgate_requests",
+            "Requests, each counted once with its outcome (replica none: answered by the gateway)",
+            ["replica", "policy", "status"],
+            registry=r,
         )
         self.prompt_tokens = Counter(
-            "kvgate_prompt_tokens", "Prompt tokens routed", ["replica"], registry=r
+            "kvgate_prompt_tokens", "Prompt tokens of the requests served", ["replica"], registry=r
         )
         self.predicted_cached = Counter(
             "kvgate_predicted_cached_tokens",
-            "Cached prompt tokens the gateway predicted",
+            "Cached prompt tokens the gateway predicted, for the requests served",
             ["replica"],
             registry=r,
         )

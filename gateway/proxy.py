@@ -14,6 +14,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from cachekey.openai_errors import error_body
+from gateway.accounting import CLIENT_GONE
 from gateway.upstream import UpstreamError, UpstreamResponse
 
 log = logging.getLogger(__name__)
@@ -95,8 +96,11 @@ async def relay_stream(
 ) -> AsyncIterator[bytes]:
     """Yield the worker's stream; on a break after the first byte, end with an error + DONE.
 
-    `on_first` runs at the stream's first bytes: a worker sends them with the first token."""
-    status = "200"
+    `on_first` runs at the stream's first bytes: a worker sends them with the first token.
+    `on_end` gets "200" for a stream relayed to its end, `client_gone` for one closed or
+    cancelled before that (the client left; the worker's connection is dropped, which stops
+    it), `stream_error` for one the worker broke."""
+    status = CLIENT_GONE
     first = True
     try:
         async for chunk in resp.iter_raw():
@@ -109,6 +113,7 @@ async def relay_stream(
         rest = relay.flush()
         if rest:
             yield rest
+        status = "200"
     except UpstreamError as e:
         status = "stream_error"
         log.warning("stream from %s broke: %s", resp.origin, e)

@@ -35,6 +35,7 @@ class Replica:
     parity_ok: bool = True
     down_reason: str | None = "not polled yet"  # why it is not healthy (None when it is)
     warned_at: float | None = None  # last time its being down was logged
+    warned_reason: str | None = None  # the reason logged then
     # Load view: worker-reported (polled) and the gateway's own accounting.
     waiting: float = 0.0
     running: float = 0.0

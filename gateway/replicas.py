@@ -57,6 +57,12 @@ def _refusal(info_r: httpx.Response) -> str:
     return f"/kvgate/info answered {info_r.status_code}"
 
 
+def _cause(reason: str | None) -> str | None:
+    """A down reason's kind ("unreachable", "/kvgate/info answered 401", "/health 503"), without
+    the details that may change from one poll to the next."""
+    return reason.split(":", 1)[0] if reason else reason
+
+
 class ReplicaSet:
     """Registry of replicas; keeps pollers and event subscribers in step with the worker set."""
 
@@ -221,7 +227,7 @@ class ReplicaSet:
                 log.warning("replica %s unhealthy: %s", rep.id, rep.down_reason)
             rep.healthy = healthy
             rep.down_reason = None if healthy else rep.down_reason
-            rep.warned_at = time.monotonic()
+            rep.warned_at, rep.warned_reason = time.monotonic(), rep.down_reason
             self.changed.set()
         elif not healthy:
             self._warn_down(rep)
@@ -246,7 +252,7 @@ class ReplicaSet:
             rep.down_reason = reason
             if was_up:
                 log.warning("replica %s %s; dropping its index entries", rep.id, reason)
-                rep.warned_at = time.monotonic()
+                rep.warned_at, rep.warned_reason = time.monotonic(), reason
             else:
                 self._warn_down(rep)
             rep.healthy = False
@@ -256,10 +262,13 @@ class ReplicaSet:
             self.index.drop_replica(rep.id)
 
     def _warn_down(self, rep: Replica) -> None:
-        """Log a replica that is down at once, then every _REWARN_SECONDS while it stays down."""
+        """Log a replica that is down at once, again as soon as the reason changes (a worker
+        that was not up yet now refuses the token: the real cause), and every _REWARN_SECONDS
+        while it stays down."""
         now = time.monotonic()
-        if rep.warned_at is None or now - rep.warned_at >= _REWARN_SECONDS:
-            rep.warned_at = now
+        new = _cause(rep.down_reason) != _cause(rep.warned_reason)
+        if new or rep.warned_at is None or now - rep.warned_at >= _REWARN_SECONDS:
+            rep.warned_at, rep.warned_reason = now, rep.down_reason
             log.warning("worker %s takes no traffic: %s", rep.url, rep.down_reason)
 
     async def _new_instance(self, head: Replica, info: WorkerInfo) -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import xxhash
 
 from cachekey.keys import PREFIX_HEADER, HashNamespace, usable_match
+from cachekey.openai_errors import INVALID_VALUE
 from cachekey.types import BlockKey, Prompt
 from gateway import accounting
 from gateway.adapters import note_routed
@@ -31,6 +32,13 @@ from gateway.speculative import Guess
 from gateway.state import GatewayState
 
 POLICY_HEADER = "x-kvgate-routing-policy"
+
+
+def policy_label(state: GatewayState, headers: Mapping[str, str]) -> str:
+    """The `policy` label of a request refused before routing: the one it asked for, if that
+    is a policy (an unknown name must not become a label), else the default."""
+    name = headers.get(POLICY_HEADER)
+    return name if name in state.policies else state.config.policy
 
 
 @dataclass(slots=True, eq=False)
@@ -75,7 +83,13 @@ class ProxyRequest:
         name = headers.get(POLICY_HEADER) or state.config.policy
         policy = state.policies.get(name)
         if policy is None:
-            raise GatewayError(400, f"unknown routing policy {name!r}", param=POLICY_HEADER)
+            raise GatewayError(
+                400,
+                f"unknown routing policy {name[:64]!r} in {POLICY_HEADER}; "
+                f"valid: {', '.join(state.policies)}",
+                param=POLICY_HEADER,
+                code=INVALID_VALUE,
+            )
         candidates, lora_name = candidates_for(state, body.model)
         if subset is not None:
             candidates = [r for r in candidates if r.id in subset]
@@ -275,7 +289,10 @@ class ProxyRequest:
             return
         self._uncharge(rep)
         if self.guess is not None:
-            st.index.spec.release(self.guess)
+            if status.startswith("4"):  # the worker refused it: nothing of it was cached
+                st.index.spec.discard(self.guess)
+            else:
+                st.index.spec.release(self.guess)
         st.admission.release(rep)
         accounting.finished(
             st, rep, self.policy_name, status, self.num_prompt_tokens, self.predicted, usage

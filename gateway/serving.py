@@ -2,10 +2,10 @@
 
 `OpenAIServing.handle` runs the stages of one `ProxyRequest` in order; everything up to the
 routing decision (`read_request`, `ProxyRequest.route`, `ProxyRequest.decide`) is shared with
-the EPP (gateway/epp/). Any failure, whichever
-stage raised it, becomes an OpenAI error body in one place (`gateway.errors.error_response`),
-and the request's slot is released once (`ProxyRequest.release`): here for an answer read whole,
-or when a relayed stream ends.
+the EPP (gateway/epp/). Any failure, whichever stage raised it, becomes an OpenAI error body
+in one place (`gateway.errors.error_response`), and every request ends once, in `end`: here for
+an answer read whole or refused, or when a relayed stream ends. A client that leaves while its
+request is queued, routed or answered is `client_gone`, and the worker's request is cancelled.
 """
 
 from __future__ import annotations
@@ -14,21 +14,25 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Protocol
 
 import msgspec
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
+from gateway import accounting
+from gateway.accounting import CLIENT_GONE
+from gateway.disconnect import unless_gone
 from gateway.embeddings import EmbeddingProxyRequest, EmbeddingRequest
-from gateway.errors import Overloaded, UpstreamFailed, error_response
+from gateway.errors import error_response
 from gateway.limits import check_body, read_json
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.proxy import RelayResponse, SSERelay, relay_stream
-from gateway.request import ProxyRequest
+from gateway.request import ProxyRequest, policy_label
 from gateway.request_render import OpenAIRequest
 from gateway.retry import send_with_retries
 from gateway.state import GatewayState
 from gateway.upstream import UpstreamResponse
 
 REPLICA_HEADER = "x-kvgate-replica"
+_GONE = Response(status_code=499)  # the answer to a client that left: nobody reads it
 PREDICTED_HEADER = "x-kvgate-predicted-cached-tokens"
 
 
@@ -94,47 +98,86 @@ class OpenAIServing:
         st = self.state
         px: ProxyRequest | None = None
         streaming = False
-        status, usage = "error", None
+        status, usage = CLIENT_GONE, None
         try:
             body, tenant = await read_request(st, request, model_cls)
             px = proxy_cls.route(st, endpoint, body, request.headers, tenant=tenant)
-            await px.decide()
-            resp = await send_with_retries(px, px.payload())
-            if body.stream and resp.status == 200:
+            answer = await unless_gone(request.receive, forward(px, bool(body.stream)))
+            if answer is None:  # nobody reads this answer; the worker was told to stop
+                return _GONE
+            resp, content = answer
+            if content is None:
                 streaming = True
-                return _relay(px, resp)
-            content = await resp.read()
+                return _relay(st, request.headers, px, resp)
             status, usage = str(resp.status), read_usage(resp.status, content)
-            return Response(content, resp.status, replica_headers(px), resp.content_type)
+            headers = replica_headers(px, resp.status)
+            return Response(content, resp.status, headers, resp.content_type)
+        except ClientDisconnect:  # left while sending its body: status stays client_gone
+            return _GONE
         except Exception as e:  # every failure, from any stage, is answered here
             out = error_response(e)
-            status = status_label(e, out.status_code)
+            status = str(out.status_code)
             return out
         finally:
-            if px is not None and not streaming:
-                px.release(status, usage)
+            if not streaming:
+                end(st, request.headers, px, status, usage)
 
 
-def _relay(px: ProxyRequest, resp: UpstreamResponse) -> Response:
-    """Pass a stream through; the slot is released when it ends, however it ends."""
+def end(
+    state: GatewayState,
+    headers: Mapping[str, str],
+    px: ProxyRequest | None,
+    status: str,
+    usage: dict | None = None,
+) -> None:
+    """The one place a request ends, in both modes, whatever stage it reached: a routed request
+    gives its slot back and records its outcome (`ProxyRequest.release`); one refused before it
+    was routed (auth, parse, limits, unknown model or policy, no replica) is counted as the
+    gateway's own answer. `status` is the HTTP status the client got, or `client_gone`."""
+    if px is not None:
+        px.release(status, usage)
+    else:
+        accounting.answered_here(state, policy_label(state, headers), status)
+
+
+async def forward(px: ProxyRequest, stream: bool) -> tuple[UpstreamResponse, bytes | None]:
+    """decide -> send (with retries) -> the answer: read whole, or (content None) a stream."""
+    await px.decide()
+    resp = await send_with_retries(px, px.payload())
+    if stream and resp.status == 200:
+        return resp, None
+    try:
+        return resp, await resp.read()
+    finally:
+        resp.close()  # a no-op once read; if cancelled, drops the connection: the worker stops
+
+
+def _relay(
+    st: GatewayState, headers: Mapping[str, str], px: ProxyRequest, resp: UpstreamResponse
+) -> Response:
+    """Pass a stream through; the request ends when the stream does, however it ends."""
     relay = SSERelay(strip_usage=not px.wants_usage)
 
     def on_end(status: str) -> None:
-        px.release(status, relay.usage)
+        end(st, headers, px, status, relay.usage)
 
     async def on_close() -> None:
         # A no-op after a normal end; otherwise the client left before the first byte.
         if not px.released:
             resp.close()
-            px.release("client_gone")
+            end(st, headers, px, CLIENT_GONE)
 
     gen = relay_stream(resp, relay, on_end, px.first_token)
-    return RelayResponse(gen, on_close, media_type="text/event-stream", headers=replica_headers(px))
+    headers_out = replica_headers(px, resp.status)
+    return RelayResponse(gen, on_close, media_type="text/event-stream", headers=headers_out)
 
 
-def replica_headers(px: ProxyRequest) -> dict[str, str]:
-    """The response headers naming the replica and its predicted cached tokens (both modes)."""
+def replica_headers(px: ProxyRequest, status: int) -> dict[str, str]:
+    """The response headers naming the replica and, for an answer it served (not a refusal),
+    its predicted cached tokens (both modes)."""
     assert px.replica is not None
+    if status >= 400:
+        return {REPLICA_HEADER: px.replica.name}
     return {REPLICA_HEADER: px.replica.name, PREDICTED_HEADER: str(px.predicted)}
 
 
@@ -154,9 +197,3 @@ def read_usage(status: int, content: bytes) -> dict | None:
         return _ANSWER.decode(content).usage
     except msgspec.DecodeError:
         return None
-
-
-def status_label(exc: Exception, status: int) -> str:
-    if isinstance(exc, Overloaded):
-        return "overloaded"
-    return "error" if isinstance(exc, UpstreamFailed) else str(status)

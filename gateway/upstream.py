@@ -262,8 +262,12 @@ class UpstreamPool:
         return conn
 
     async def _send(self, conn: _Connection, head: bytes, body: bytes) -> UpstreamResponse:
-        resp = conn.resp = UpstreamResponse(conn)
         assert conn.transport is not None
+        if conn.lost or conn.transport.is_closing():
+            # The worker closed it between the connect and now (a worker killed just after it
+            # accepted): uvloop raises on a write to a closed transport. Nothing was sent.
+            raise UpstreamError("connection closed before the request was sent")
+        resp = conn.resp = UpstreamResponse(conn)
         if len(body) < 65536:
             conn.transport.write(head + body)
         else:

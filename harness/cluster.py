@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from cachekey.documents import Snapshot, decode_document
 from cachekey.worker_auth import WORKER_TOKEN_ENV
@@ -368,6 +369,18 @@ def metric_total(url: str, name: str, headers: dict[str, str] | None = None) -> 
         if line.split("{")[0].split(" ")[0] == name:
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def metric_by_labels(url: str, name: str, *labels: str) -> dict[tuple[str, ...], float]:
+    """One metric's samples at `url`/metrics keyed by the values of `labels` (summed over the
+    rest), e.g. `metric_by_labels(gw, "kvgate_requests_total", "replica", "status")`."""
+    out: dict[tuple[str, ...], float] = {}
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10).text):
+        for s in family.samples:
+            if s.name == name:
+                key = tuple(s.labels.get(label, "") for label in labels)
+                out[key] = out.get(key, 0.0) + s.value
+    return out
 
 
 def wait_until(cond: Callable[[], bool], timeout: float, what: str = "condition") -> float:

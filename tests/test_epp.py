@@ -25,6 +25,7 @@ from harness.cluster import (
     ClusterSpec,
     Proc,
     free_port,
+    metric_by_labels,
     metric_total,
     wait_index_converged,
 )
@@ -236,10 +237,17 @@ def noise_image(size: int) -> str:
     return data_url(buf.getvalue())
 
 
+def refused_here(url: str) -> dict[str, float]:
+    """kvgate_requests_total of the requests the EPP refused itself, by status."""
+    counts = metric_by_labels(url, "kvgate_requests_total", "replica", "status")
+    return {status: n for (replica, status), n in counts.items() if replica == "none"}
+
+
 def test_refusals_are_immediate_responses(cluster, client) -> None:
-    c, _ = cluster
+    c, epp = cluster
     ask = lambda body, **kw: client.call().request(CHAT, body, **kw)  # noqa: E731
     msgs = [{"role": "user", "content": "hi"}]
+    before = refused_here(epp.url)
 
     ans = ask(json.dumps({"model": "nope", "messages": msgs}).encode())
     assert ans.status == 404 and error_of(ans)["code"] == "model_not_found"
@@ -266,6 +274,10 @@ def test_refusals_are_immediate_responses(cluster, client) -> None:
     call.close()
     ans = ask(body_of(msgs), subset="10.255.0.1:8000")
     assert ans.status == 503 and error_of(ans)["code"] == "no_healthy_worker"
+    # Each refusal counted once with its status, as the HTTP gateway counts them.
+    after = refused_here(epp.url)
+    moved = {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
+    assert moved == {"404": 1, "400": 2, "413": 2, "503": 1}
 
     # Not an OpenAI completion (no body to key): routed by load, nothing else touched.
     call = client.call()

@@ -135,3 +135,59 @@ def test_describe_names_health_reasons(ejected: bool) -> None:
     assert text == f"{replica_name('http://w0', None)} ({rep.down_reason})"
     rep.healthy, rep.parity_ok, rep.ejected_until = True, False, 0.0
     assert "parity mismatch" in rep.describe(time.monotonic())
+
+
+def test_a_wrong_worker_token_is_named_as_soon_as_the_worker_answers(tmp_path) -> None:
+    """The gateway starts first (the worker is not up: unreachable), then the worker comes up
+    with another token: the 401 is logged at its first poll, not when the 30 s rate limit of
+    the earlier reason runs out."""
+    c = Cluster(ClusterSpec(workers=1, engine="sim", log_dir=tmp_path, worker_token="a" * 32))
+    worker = c.make_worker(0)
+    port = free_port()
+    gw = Proc(
+        "gateway",
+        ["-m", "gateway", "--workers", worker.url, "--host", HOST, "--port", str(port),
+         "--poll-interval", "0.2"],
+        port,
+        tmp_path / "gateway.log",
+        env={"KVGATE_WORKER_TOKEN": "b" * 32},
+    )  # fmt: skip
+    gw.start()
+    try:
+        _wait_for(lambda: "unreachable: ConnectError" in gw.log_path.read_text(), what="a poll")
+        worker.start()
+        worker.wait_healthy(60)
+        up = time.monotonic()
+        refused = "takes no traffic: /kvgate/info answered 401: the worker does not take this"
+        _wait_for(lambda: refused in gw.log_path.read_text(), 10, "the 401 in the log")
+        assert time.monotonic() - up < 10  # the earlier reason was logged under 30 s before
+    finally:
+        gw.kill()
+        worker.kill()
+
+
+def test_debug_logs_show_decisions_not_http_internals(tmp_path) -> None:
+    """--log-level debug: the routing explanations, none of the HTTP client's wire events;
+    --log-level-http debug brings those back."""
+    spec = ClusterSpec(
+        workers=1,
+        engine="sim",
+        gateway_args=("--poll-interval", "0.1", "--log-level", "debug"),
+        log_dir=tmp_path,
+    )
+    with Cluster(spec) as c:
+        wire = c.make_gateway(1)
+        wire.args += ["--log-level-http", "debug"]
+        c.gateways.append(wire)
+        wire.start()
+        wire.wait_healthy(60)
+        body = {"model": "demo", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+        for g in c.gateways:
+            for _ in range(3):
+                r = httpx.post(f"{g.url}/v1/chat/completions", json=body, timeout=30)
+                assert r.status_code == 200, r.text
+        time.sleep(1.0)  # ten polls of the worker each
+        debug, http_debug = (g.log_path.read_text() for g in c.gateways)
+    assert debug.count("DEBUG gateway.policies.cache_aware: cache_aware") >= 3
+    assert "httpcore" not in debug and "httpx" not in debug
+    assert http_debug.count("DEBUG httpcore") >= 10

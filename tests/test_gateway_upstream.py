@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 
 import pytest
+import uvloop
 
 from gateway.upstream import UpstreamError, UpstreamPool, UpstreamTimeout
 from harness.cluster import HOST, free_port
@@ -138,6 +139,27 @@ def test_chunked_stream_arrives_chunk_by_chunk() -> None:
             await pool.close()
 
     asyncio.run(scenario())
+
+
+def test_a_connection_lost_before_the_request_is_an_upstream_error() -> None:
+    """A worker killed just after accepting: the connection is gone by the time the request is
+    written. Under uvloop (the gateway's loop) a write to the closed transport would raise a
+    RuntimeError, a 500; it must be an UpstreamError, which the gateway retries elsewhere."""
+
+    async def scenario() -> None:
+        async with Server() as s:
+            pool = _pool(s.port)
+            conn = await pool._connect()
+            while s.connections == 0:
+                await asyncio.sleep(0.01)
+            s.close_idle()  # the worker's side goes away before anything is sent
+            while not conn.lost:
+                await asyncio.sleep(0.01)
+            with pytest.raises(UpstreamError, match="before the request was sent"):
+                await pool._send(conn, b"POST /a HTTP/1.1\r\ncontent-length: 2\r\n\r\n", b"{}")
+            await pool.close()
+
+    uvloop.run(scenario())
 
 
 def test_refused_and_silent_workers_raise() -> None:

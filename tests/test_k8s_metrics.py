@@ -1,4 +1,7 @@
-"""Every metric the Grafana dashboard queries exists on live gateway and worker processes."""
+"""The dashboard, the docs and the live processes agree on the metrics: every metric the Grafana
+dashboard queries exists on live gateway and worker processes, every panel metric the docs name is
+queried by the dashboard, and docs/gateway.md's table lists exactly the metrics the gateway
+exports."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from conftest import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "helm" / "kvgate" / "dashboards" / "kvgate.json"
+DOCS = ROOT / "docs"
 METRIC_NAME = re.compile(r"\b(?:vllm:[a-z0-9_:]+|kvgate_[a-z0-9_]+)\b")
 # A family declared with # TYPE exposes these sample names even before its first labelled sample.
 SUFFIXES = {
@@ -33,6 +37,40 @@ def dashboard_metric_names() -> set[str]:
     dash = json.loads(DASHBOARD.read_text())
     exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
     return {name for e in exprs for name in METRIC_NAME.findall(e)}
+
+
+def section(doc: str, heading: str) -> str:
+    """The text of one section of a docs page, up to the next heading of its level or above."""
+    text = (DOCS / doc).read_text()
+    start = text.index(heading + "\n")
+    level = heading.split(" ", 1)[0]
+    rest = text[start + len(heading) :]
+    heading_re = re.compile(rf"^#{{1,{len(level)}}} ", re.MULTILINE)
+    ends = [m.start() for m in heading_re.finditer(rest)]
+    return rest[: ends[0]] if ends else rest
+
+
+def documented(text: str) -> set[str]:
+    """The metric names a docs table puts in backticks (comma-separated ones included)."""
+    return {n for cell in re.findall(r"`([^`]+)`", text) for n in METRIC_NAME.findall(cell)}
+
+
+def family(name: str) -> str:
+    """A sample name without its histogram suffix (`x_bucket` -> `x`)."""
+    return re.sub(r"_(bucket|sum|count)$", "", name)
+
+
+def gateway_families(text: str) -> set[str]:
+    """kvgate_* names as the docs write them: counters with `_total`, the rest by family."""
+    out = set()
+    for line in text.splitlines():
+        if line.startswith("# TYPE kvgate_"):
+            _, _, name, kind = line.split(maxsplit=3)
+            if name.endswith("_created"):  # the creation time of a counter or histogram
+                continue
+            counter = kind == "counter" and not name.endswith("_total")
+            out.add(name + "_total" if counter else name)
+    return out
 
 
 def exposed_names(text: str) -> set[str]:
@@ -111,6 +149,22 @@ def test_dashboard_metrics_exist_on_live_processes(cluster: tuple[str, str]) -> 
     assert len(wanted) >= 15
     missing = sorted(wanted - exposed)
     assert not missing, f"dashboard queries metrics nobody exports: {missing}"
+
+    # docs/gateway.md's metrics table: every metric the gateway exports, and nothing else.
+    families = gateway_families(httpx.get(f"{gateway_url}/metrics", timeout=10).text)
+    table = documented(section("gateway.md", "## Metrics"))
+    assert len(families) >= 20
+    assert families - table == set(), "exported, not in docs/gateway.md's table"
+    assert table - families == set(), "in docs/gateway.md's table, not exported"
+
+
+def test_the_dashboard_shows_what_the_docs_say_it_shows() -> None:
+    """docs/kubernetes.md's table of the dashboard's panels names only metrics it queries."""
+    said = {family(n) for n in documented(section("kubernetes.md", "### 5. The dashboard"))}
+    queried = {family(n) for n in dashboard_metric_names()}
+    assert len(said) >= 15
+    assert said - queried == set(), "docs/kubernetes.md names metrics the dashboard never plots"
+    assert "kvgate_event_tail_gaps_total" in queried
 
 
 def test_exposed_names_reads_types_and_samples() -> None:

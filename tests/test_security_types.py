@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from gateway.protocol import ChatCompletionRequest, CompletionRequest, invalid_request
+from cachekey.validation_errors import invalid_request
+from gateway.protocol import ChatCompletionRequest, CompletionRequest
 from worker.server.protocol import ChatCompletionRequest as WorkerChat
 from worker.server.protocol import CompletionRequest as WorkerCompletion
 
@@ -34,7 +35,7 @@ MSG = [{"role": "user", "content": "hi"}]
 def test_gateway_messages(body: dict, message: str, param: str) -> None:
     with pytest.raises(ValidationError) as info:
         ChatCompletionRequest.model_validate({"messages": MSG, **body})
-    got, got_param, code = invalid_request(info.value)
+    got, got_param, code = invalid_request(info.value.errors())
     assert message in got and got_param == param
     assert code in ("invalid_type", "integer_above_max_value")
 

@@ -280,7 +280,9 @@ def _read_response(s: socket.socket) -> tuple[int, bytes]:
 def test_a_malformed_body_is_a_400_and_the_worker_keeps_serving(cluster) -> None:
     worker = cluster.workers[0].url
     r = _post_worker(worker, b'{"model": "demo", "messages": [')
-    assert r.status_code == 400 and "malformed JSON" in r.json()["error"]["message"]
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["message"].startswith("invalid JSON body: ")
+    assert err["code"] == "invalid_json"  # as the gateway words it
     ok = _post_worker(
         worker, b'{"model": "demo", "max_tokens": 2, "prompt": "hi"}', "/v1/completions"
     )

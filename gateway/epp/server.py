@@ -50,6 +50,7 @@ class EppServer:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         self.synced = False
+        self._stopping: asyncio.Future | None = None
 
     async def start(self) -> None:
         cert, key = self.tls
@@ -70,9 +71,19 @@ class EppServer:
             for service in ("readiness", EXT_PROC_SERVICE):
                 await self.health.set(service, _SERVING)
 
+    def drain(self, grace: float) -> None:
+        """Start stopping: readiness NOT_SERVING, new streams refused (the proxies get a GOAWAY
+        and open them elsewhere), streams in flight cut after `grace` seconds."""
+        if self._stopping is None:
+            self._stopping = asyncio.ensure_future(self._stop(grace))
+
     async def stop(self, grace: float = 5.0) -> None:
-        """Readiness off, then the streams in flight get `grace` seconds before they are
-        cancelled (the proxy applies its failure mode to them); bounded in any case."""
+        """Drain (with `grace`, unless a drain has begun) and wait until it is done."""
+        self.drain(grace)
+        assert self._stopping is not None
+        await self._stopping
+
+    async def _stop(self, grace: float) -> None:
         await self.health.enter_graceful_shutdown()
         try:
             async with asyncio.timeout(grace + 5.0):

@@ -43,7 +43,7 @@ from gateway.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.proxy import SSERelay
 from gateway.replica import Replica
 from gateway.request import ProxyRequest
-from gateway.serving import read_request, read_usage, replica_headers, status_label
+from gateway.serving import end, read_request, read_usage, replica_headers
 from gateway.state import GatewayState
 
 from . import served, wire
@@ -145,7 +145,7 @@ class ExtProcStream:
         except (ProtocolError, grpc.aio.AbortError):
             raise
         except Exception as e:
-            yield await self._refuse(e)
+            yield await self._refuse(e, headers)
             return
         payload = px.payload(usage_chunk=False)
         endpoints, extra = self._pick(px, payload)
@@ -205,12 +205,14 @@ class ExtProcStream:
         ctx = RouteContext(reps, [], 0, 1, headers=headers)
         return (await self.state.policies["least_loaded"].rank(ctx))[0]
 
-    async def _refuse(self, exc: Exception):
+    async def _refuse(self, exc: Exception, headers: Mapping[str, str]):
         err = as_gateway_error(exc)  # logs an unexpected one
+        self.status = str(err.status)
+        if self.px is None:  # refused before it was routed; a routed one ends in run()
+            end(self.state, headers, None, self.status)
         if err.status >= 500 and not isinstance(exc, GatewayError):
             # Not the request's fault: the proxy's failure mode decides, as when the EPP is down.
             await self.context.abort(grpc.StatusCode.INTERNAL, err.message)
-        self.status = status_label(exc, err.status)
         return wire.immediate_response(err)
 
     # ---- response phase --------------------------------------------------------------------
@@ -242,7 +244,10 @@ class ExtProcStream:
         if px is None:
             return {}
         served.settle(self.state, px, msg, self.rank)
-        return replica_headers(px) if px.replica is not None else {}
+        if px.replica is None:
+            return {}
+        status = self.status
+        return replica_headers(px, int(status) if status.isdigit() else 200)
 
     def _read_usage(self, chunk: bytes, end: bool) -> None:
         if self.px is None or self.px.replica is None:

@@ -15,6 +15,7 @@ import asyncio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cachekey.json_shape import JSONShapeError, check_json_shape
+from cachekey.openai_errors import LIMIT_EXCEEDED
 from worker.server.errors import send_error
 
 _CHECK_INLINE_BYTES = 1 << 20  # larger bodies are measured in a thread: the loop keeps serving
@@ -38,7 +39,7 @@ class BodyGuard:
         try:
             raw = await self._read(scope, receive)
         except BodyTooLarge as e:
-            await send_error(send, 413, str(e), param="body", code="body_too_large")
+            await send_error(send, 413, str(e), param="body", code=LIMIT_EXCEEDED)
             return
         if raw is None:
             return  # the client left before its body ended: nobody to answer

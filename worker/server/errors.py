@@ -12,7 +12,9 @@ from starlette.types import Send
 
 from cachekey import openai_errors
 from cachekey.errors import PromptTooLongError, RenderError
-from cachekey.openai_errors import clean_message
+from cachekey.json_shape import INVALID_JSON
+from cachekey.openai_errors import INTERNAL_ERROR, route_error
+from cachekey.validation_errors import invalid_request
 from worker.engine.lora_adapter import LoRAError
 
 
@@ -58,7 +60,7 @@ def as_api_error(exc: Exception) -> APIError:
         return APIError(exc.message, exc.status_code, param=exc.param, code=exc.code)
     if isinstance(exc, ValueError):
         return APIError(str(exc), 400)
-    return APIError(f"internal error: {type(exc).__name__}: {exc}", 500)
+    return APIError(f"internal error: {type(exc).__name__}: {exc}", 500, code=INTERNAL_ERROR)
 
 
 def error_response(exc: Exception) -> JSONResponse:
@@ -69,16 +71,15 @@ def error_response(exc: Exception) -> JSONResponse:
     )
 
 
-def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+def _validation_error(exc: RequestValidationError) -> APIError:
+    """The gateway's wording of the same error (cachekey/validation_errors.py)."""
     errors = exc.errors()
-    if not errors:
-        return "invalid request", None
-    first = errors[0]
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    if first.get("type") == "json_invalid":
-        return "malformed JSON body", None
-    param = ".".join(loc) or None
-    return f"{param or 'body'}: {clean_message(first.get('msg', 'invalid value'))}", param
+    if errors and errors[0].get("type") == "json_invalid":
+        reason = (errors[0].get("ctx") or {}).get("error", "not valid JSON")
+        return APIError(f"invalid JSON body: {reason}", 400, code=INVALID_JSON)
+    in_body = [{**e, "loc": tuple(e.get("loc", ()))[1:]} for e in errors]  # drop "body"
+    message, param, code = invalid_request(in_body)
+    return APIError(message, 400, param=param, code=code)
 
 
 async def _error_response(_: Request, exc: Exception) -> JSONResponse:
@@ -92,18 +93,20 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = _validation_message(exc)
-        return JSONResponse(error_body(message, 400, param=param), status_code=400)
+        return error_response(_validation_error(exc))
 
     @app.exception_handler(json.JSONDecodeError)
     async def _bad_json(_: Request, exc: json.JSONDecodeError) -> JSONResponse:
-        return JSONResponse(error_body(f"malformed JSON body: {exc}", 400), status_code=400)
+        return error_response(APIError(f"invalid JSON body: {exc}", 400, code=INVALID_JSON))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse(
-            error_body(str(exc.detail), exc.status_code), status_code=exc.status_code
-        )
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message, code = str(exc.detail), None
+        if exc.status_code in (404, 405):  # no route: worded as the gateway words it
+            allow = (exc.headers or {}).get("Allow")
+            message, code = route_error(exc.status_code, request.method, request.url.path, allow)
+        body = error_body(message, exc.status_code, code=code)
+        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
 
 async def send_error(

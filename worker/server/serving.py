@@ -13,7 +13,7 @@ import numpy as np
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
-from cachekey.errors import PromptTooLongError
+from cachekey.errors import context_exceeded
 from cachekey.render import Renderer
 from cachekey.types import Prompt
 from worker.engine.sampling_params import SamplingParams
@@ -85,22 +85,15 @@ class OpenAIServing:
 
     def sampling_params(self, body: SamplingFields, max_tokens: int | None, prompt_len: int):
         limit = self.ctx.max_model_len
+        where = "messages" if self.object_name == "chat.completion" else "prompt"
         if prompt_len >= limit:
-            raise PromptTooLongError(
-                f"This model's maximum context length is {limit} tokens; the prompt has "
-                f"{prompt_len} tokens. Please shorten it.",
-                param="messages" if self.object_name == "chat.completion" else "prompt",
-            )
+            raise context_exceeded(limit, prompt_len, where, param=where)
         if max_tokens is None:
             max_tokens = limit - prompt_len
         elif prompt_len + max_tokens > limit:
-            raise APIError(
-                f"This model's maximum context length is {limit} tokens. However, you requested "
-                f"{prompt_len + max_tokens} tokens ({prompt_len} in the prompt, {max_tokens} for "
-                "the completion). Please reduce the prompt or max_tokens.",
-                400,
-                param="max_tokens",
-            )
+            named = getattr(body, "max_completion_tokens", None) is not None
+            field = "max_completion_tokens" if named else "max_tokens"
+            raise context_exceeded(limit, prompt_len, where, max_tokens, param=field)
         top_k = body.top_k if body.top_k is not None and body.top_k > 0 else None
         return [
             SamplingParams(

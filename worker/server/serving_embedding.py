@@ -20,7 +20,7 @@ import numpy as np
 from fastapi import Request
 from fastapi.responses import Response
 
-from cachekey.errors import PromptTooLongError, RenderError
+from cachekey.errors import context_exceeded
 from cachekey.types import Prompt
 from worker.engine.sampling_params import SamplingParams
 from worker.server.arrival_order import Turn
@@ -66,11 +66,8 @@ class ServingEmbedding(OpenAIServing):
         prompts = await self.render_inputs(body)
         for i, prompt in enumerate(prompts):
             if len(prompt) >= self.ctx.max_model_len:
-                raise PromptTooLongError(
-                    f"This model's maximum context length is {self.ctx.max_model_len} tokens; "
-                    f"input[{i}] has {len(prompt)} tokens. Please shorten it.",
-                    param="input",
-                )
+                where = "input" if len(prompts) == 1 else f"input[{i}]"
+                raise context_exceeded(self.ctx.max_model_len, len(prompt), where, param="input")
         rid = f"{self.id_prefix}-{uuid.uuid4().hex}"
         # One command adds every input, so they enter the engine together: none hits blocks
         # that another input of the same request stores (which no router could predict), as
@@ -116,12 +113,9 @@ class ServingEmbedding(OpenAIServing):
             )
             return [prompt]
         inputs = body.inputs()
-        try:
-            return await asyncio.to_thread(lambda: [renderer.render_completion(p) for p in inputs])
-        except RenderError as e:
-            if e.param == "prompt":  # the completion renderer's name for what is `input` here
-                e.param = "input"
-            raise
+        return await asyncio.to_thread(
+            lambda: [renderer.render_completion(p, "input") for p in inputs]
+        )
 
     async def _collect(self, raw: Request, stream: RequestStream):
         """(vector, prompt tokens, cached tokens) per input; None if the client went away."""
