@@ -135,6 +135,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
+    if args.new_tokens < 2:
+        parser.error("--new-tokens must be at least 2: decode is timed from the first new token")
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)

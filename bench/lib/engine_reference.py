@@ -96,18 +96,39 @@ def transformers_figures(
             ids = torch.tensor([random_ids(rng, plen, vocab) for _ in range(batch)], device=device)
             mask = torch.ones_like(ids)
 
-            def generate(n: int, ids=ids, mask=mask) -> object:
-                return model.generate(
+            def decode_seconds(ids=ids, mask=mask) -> float:
+                stamps = _TokenStamps(device)
+                model.generate(
                     ids,
                     attention_mask=mask,
-                    max_new_tokens=n,
-                    min_new_tokens=n,
+                    max_new_tokens=new_tokens,
+                    min_new_tokens=new_tokens,
                     do_sample=False,
                     pad_token_id=0,
+                    streamer=stamps,
                 )
+                return stamps.decode_seconds()
 
-            first = timed(device, lambda: generate(1), reps)
-            total = timed(device, lambda: generate(new_tokens), reps)
-            report(
-                f"hf_decode_b{batch}_ctx{plen}_tok_s", batch * (new_tokens - 1) / (total - first)
-            )
+            decode_seconds()  # warm-up
+            seconds = statistics.median(decode_seconds() for _ in range(reps))
+            report(f"hf_decode_b{batch}_ctx{plen}_tok_s", batch * (new_tokens - 1) / seconds)
+
+
+class _TokenStamps:
+    """A generate() streamer that notes when each token is out: the decode steps are timed
+    inside one generation, from the first new token to the last. (Timing generate(1) and
+    generate(n) apart and subtracting can go negative on a busy machine.)"""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.times: list[float] = []
+
+    def put(self, value: torch.Tensor) -> None:  # the prompt first, then each new token
+        synchronize(self.device)
+        self.times.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+    def decode_seconds(self) -> float:
+        return self.times[-1] - self.times[1]
