@@ -30,7 +30,8 @@ pytestmark = pytest.mark.slow
 
 CHAT = "/v1/chat/completions"
 ROUNDS, AT_ONCE = 5, 10
-EXIT_BOUND_S = 12.0  # the ext_proc server's grace (5 s) and the rest of the close
+DRAIN_S = 3  # --drain-timeout: the streams left open mid-body are cut after it
+EXIT_BOUND_S = DRAIN_S + 9.0  # the drain, its bounded stop (+5 s) and the rest of the close
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +89,8 @@ def _start(c: Cluster, log_dir: Path, n: int) -> tuple[Proc, str]:
     http, grpc_port = free_port(), free_port()
     args = ["-m", "gateway", "--workers", ",".join(c.worker_urls), "--host", HOST,
             "--port", str(http), "--epp", "--epp-port", str(grpc_port),
-            "--poll-interval", "0.2", "--event-tail-check-interval", "0.2"]  # fmt: skip
+            "--poll-interval", "0.2", "--event-tail-check-interval", "0.2",
+            "--drain-timeout", str(DRAIN_S)]  # fmt: skip
     proc = Proc(f"epp-{n}", args, http, log_dir / f"epp-{n}.log")
     proc.start()
     return proc, f"{HOST}:{grpc_port}"
