@@ -22,7 +22,7 @@ from cachekey.embeddings_request import (
     not_streamed,
     split_inputs,
 )
-from cachekey.keys import HashNamespace, block_keys, clamp_match
+from cachekey.keys import HashNamespace, block_keys, usable_match
 from cachekey.render import ImageOptions
 from cachekey.types import BlockKey, Prompt
 from gateway.errors import GatewayError
@@ -120,11 +120,11 @@ class EmbeddingProxyRequest(ProxyRequest):
         first = ProxyRequest._predicted_for(self, rep)
         if not self.rest or not rep.parity_ok:
             return first
-        bs = self.ns.block_size
+        bs, rule = self.ns.block_size, rep.mm_match_rule
         total = first
         for prompt, keys in self.rest:
             blocks = self.state.index.match(keys, [rep.id]).get(rep.id, 0)
-            total += clamp_match(blocks * bs, len(prompt), bs, prompt.mm_items)
+            total += usable_match(blocks * bs, len(prompt), bs, prompt.mm_items, rule)
         return total
 
     def prefix_hint(self) -> str | None:

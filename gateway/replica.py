@@ -7,7 +7,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from cachekey.documents import LoRAAdapters, WorkerInfo
-from cachekey.keys import HashNamespace
+from cachekey.keys import HashNamespace, MMMatchRule
 from gateway.endpoints import WorkerEndpoint
 from gateway.index import ReplicaId
 from gateway.prefill_rate import PrefillRate
@@ -61,6 +61,11 @@ class Replica:
     # On the head replica of a URL: its other ranks (polled with it, sharing its pool).
     siblings: list[Replica] = field(default_factory=list, repr=False)
     slot: RankSlot | None = field(default=None, repr=False)
+
+    @property
+    def mm_match_rule(self) -> MMMatchRule:
+        """What its engine reuses of a match that ends inside an image (from its info)."""
+        return self.info.mm_match_rule if self.info is not None else "clamp"
 
     @property
     def ranks(self) -> list[Replica]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import xxhash
 
-from cachekey.keys import PREFIX_HEADER, HashNamespace, clamp_match
+from cachekey.keys import PREFIX_HEADER, HashNamespace, usable_match
 from cachekey.types import BlockKey, Prompt
 from gateway import accounting
 from gateway.adapters import note_routed
@@ -271,12 +271,13 @@ class ProxyRequest:
     # -- load charged to the replica holding the slot ---------------------------------------
 
     def _predicted_for(self, rep: Replica) -> int:
-        """The worker's cache hit we expect: the match, clamped as the worker clamps it."""
+        """The worker's cache hit we expect: the match, cut as that worker's engine cuts a match
+        that ends inside an image (its `mm_match_rule`)."""
         if not rep.parity_ok:
             return 0
         bs = self.ns.block_size
         n = self.matched.get(rep.id, 0) * bs
-        return clamp_match(n, len(self.prompt), bs, self.prompt.mm_items)
+        return usable_match(n, len(self.prompt), bs, self.prompt.mm_items, rep.mm_match_rule)
 
     def _charge(self, rep: Replica) -> None:
         st = self.state

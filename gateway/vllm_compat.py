@@ -131,6 +131,9 @@ async def vllm_info(
         instance_id=INSTANCE,
         has_snapshot=False,
         engine="vllm",
+        # vLLM v1 keeps a match that ends inside an image (its encoder cache supplies the
+        # recomputed part); v0 had no multimodal prefix caching, so no vLLM ever clamped.
+        mm_match_rule="partial",
         max_model_len=model_len,
         data_parallel_rank=ranks[0].rank if len(ranks) == 1 else None,
         kv_events=ranks[0].kv_events if len(ranks) == 1 else KVEventsEndpoint(enabled=False),

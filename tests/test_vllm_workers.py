@@ -22,7 +22,7 @@ from vllm_like import VllmLike, free_port_run, load
 
 from cachekey.assets import ModelAssets
 from cachekey.events import decode_batch
-from cachekey.keys import block_keys, clamp_match
+from cachekey.keys import block_keys, usable_match
 from cachekey.render import Renderer
 from cachekey.types import MMItem
 from gateway.config import GatewayConfig
@@ -45,14 +45,14 @@ async def until(cond: Callable[[], bool], what: str, timeout: float = 15.0) -> N
 
 
 def predicted(index: BlockIndex, rep: Replica, probe: dict) -> int:
-    """What the gateway predicts for a recorded probe on one replica: match, then the clamp."""
+    """What the gateway predicts for a recorded probe on one replica: match, then its rule."""
     ns = rep.namespace
     assert ns is not None
     tokens = probe["tokens"]
     mm = tuple(MMItem(i, "image", off, n) for i, off, n in probe.get("mm", ()))
     keys = block_keys(tokens, ns, mm, probe.get("lora"), probe.get("salt"))
     n = index.match(keys, [rep.id], tokens=tokens, mm_items=mm)[rep.id]
-    return clamp_match(n * ns.block_size, len(tokens), ns.block_size, mm)
+    return usable_match(n * ns.block_size, len(tokens), ns.block_size, mm, rep.mm_match_rule)
 
 
 def check_step(index: BlockIndex, rep: Replica, doc: dict, step: int) -> None:
