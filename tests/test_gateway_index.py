@@ -173,15 +173,15 @@ def test_sliding_window_group_stores_only_its_kept_blocks():
     def hit(prompt):
         return idx.match(block_keys(prompt, NS), [A], tokens=prompt)[A]
 
-    assert hit(tokens[:24] + [7]) == 6  # the whole prefix: the window's blocks are there
-    assert hit(tokens[:16] + [7]) == 0  # diverges after block 3: nothing kept before it
+    assert hit([*tokens[:24], 7]) == 6  # the whole prefix: the window's blocks are there
+    assert hit([*tokens[:16], 7]) == 0  # diverges after block 3: nothing kept before it
     # A later step's sliding-window store of decode-filled blocks keeps none of them.
     decode = _group_store(tokens, {}, 0, first=5, kind="sliding_window", window=8)
     assert idx.apply(A, NS, [decode]) == 1 and not idx.errors
     # Blocks 2 and 3 kept later (a shared-prefix junction): the early prompt hits them.
     junction = _group_store(tokens[:16], {2: 1002, 3: 1003}, 0, kind="sliding_window", window=8)
     idx.apply(A, NS, [junction])
-    assert hit(tokens[:16] + [7]) == 4
+    assert hit([*tokens[:16], 7]) == 4
 
 
 def test_a_sparse_store_never_guesses_a_block_it_cannot_key():
@@ -218,6 +218,6 @@ def test_a_mamba_group_hits_where_it_kept_the_state():
     def hit(prompt):
         return idx.match(block_keys(prompt, NS), [A], tokens=prompt)[A]
 
-    assert hit(tokens + [7]) == 6
-    assert hit(tokens[:16] + [7]) == 2  # the state after block 1, not 3
-    assert hit(tokens[:4] + [7]) == 0
+    assert hit([*tokens, 7]) == 6
+    assert hit([*tokens[:16], 7]) == 2  # the state after block 1, not 3
+    assert hit([*tokens[:4], 7]) == 0
