@@ -70,6 +70,16 @@ def free_port(preferred: int | None = None) -> int:
     raise OSError("no free port")
 
 
+def free_port_run(n: int) -> int:
+    """A port p such that p .. p + n - 1 are all free (a base port and its ranks' offsets)."""
+    while True:
+        run = [free_port()]
+        while len(run) < n and (q := free_port()) == run[-1] + 1:
+            run.append(q)
+        if len(run) == n:
+            return run[0]
+
+
 @dataclass(slots=True)
 class Proc:
     name: str
@@ -79,6 +89,7 @@ class Proc:
     popen: subprocess.Popen | None = None
     extra: dict[str, int] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)  # on top of this process's environment
+    executable: str | None = None  # the interpreter (None: this one); vLLM has a venv of its own
 
     @property
     def url(self) -> str:
@@ -93,7 +104,7 @@ class Proc:
         env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
         # A new session, so stopping the cluster also stops anything the process started.
         self.popen = subprocess.Popen(
-            [sys.executable, *self.args],
+            [self.executable or sys.executable, *self.args],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
