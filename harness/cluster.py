@@ -23,6 +23,7 @@ import httpx
 from cachekey.documents import Snapshot, decode_document
 from cachekey.worker_auth import WORKER_TOKEN_ENV
 from gateway.replica_names import replica_name
+from harness import worker_metrics as wm
 
 HOST = "127.0.0.1"
 
@@ -233,6 +234,18 @@ class Cluster:
         extra = {"events": ev, "replay": rp}
         return Proc(f"worker-{i}", args, port, log, extra=extra, env=self._env)
 
+    def workers_arg(self) -> str:
+        """The gateways' --workers value (kvgate workers say the rest in /kvgate/info)."""
+        return ",".join(self.worker_urls)
+
+    def reset_prefix_caches(self) -> None:
+        """Empty every worker's prefix cache (each publishes AllBlocksCleared)."""
+        wm.reset_prefix_caches(self.worker_urls)
+
+    def settle_index(self) -> None:
+        """Until the first gateway's index equals every worker's cache (their snapshots)."""
+        wait_index_converged(self.gateway_url, self.worker_urls)
+
     def make_gateway(self, i: int) -> Proc:
         s = self.spec
         port = free_port(s.gateway_port if i == 0 else None)
@@ -240,7 +253,7 @@ class Cluster:
             "-m",
             "gateway",
             "--workers",
-            ",".join(self.worker_urls),
+            self.workers_arg(),
             "--host",
             HOST,
             "--port",
