@@ -9,12 +9,14 @@ buffers hold nothing past its last seq), so each prediction is made on settled e
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from vllm_fleet import Answer, ask, index_replicas, reset_caches, start_gateway
 
 from cachekey.assets import ModelAssets
 from cachekey.render import Renderer
-from harness.cluster import metric_total
+from harness.cluster import metric_total, wait_until
 from harness.vllm_server import replica_ids, wait_settled
 from harness.workload import Workload, WorkloadSpec, data_url, make_image
 
@@ -195,3 +197,34 @@ def test_a_restarted_gateway_rebuilds_its_index_from_vllm_replay(vllm_fleet):
         gw.kill()
     assert_exact([cold, warm])
     assert cold.reported == 0 and warm.reported > 0
+
+
+def test_a_sibling_of_a_request_still_in_flight_is_predicted_its_hit(vllm_fleet):
+    """vLLM caches a prompt's blocks when it schedules it, before computing them: a sibling sent
+    while the first request runs hits its whole prefix. The gateway predicts that hit at once
+    (its guess for the first request), not only after the first request's first token."""
+    fleet = vllm_fleet
+    servers = [fleet.a]
+    prefix = " ".join(["siblings share this long system prompt"] * 120)
+    gw = start_gateway(fleet, servers, fleet.demo_dir, "gw-siblings")
+    try:
+        reset_caches(gw, servers)
+        first: dict = {}
+        # Not streamed, and a long answer: the gateway sees nothing of it until it ends.
+        body = {"model": "demo", "prompt": f"{prefix} first", "max_tokens": 400}
+        body["ignore_eos"] = True
+        sender = threading.Thread(target=lambda: first.update(a=ask(gw, body, path="completions")))
+        sender.start()
+        wait_until(lambda: running(fleet.a) >= 1, 30, "the first request scheduled")
+        body = {**body, "prompt": f"{prefix} second", "max_tokens": 1}
+        second = ask(gw, body, path="completions")
+        sender.join(60)
+    finally:
+        gw.kill()
+    assert_exact([first["a"], second])
+    assert first["a"].reported == 0 and second.reported > 0
+
+
+def running(server) -> float:
+    """vLLM's own count of requests it has scheduled and not finished."""
+    return metric_total(server.url, "vllm:num_requests_running")
