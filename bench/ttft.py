@@ -45,6 +45,7 @@ from harness.workload import Workload
 @dataclass(slots=True)
 class Row:
     policy: str = col("policy", 13, left=True)
+    round: int = col("run", 4)
     requests: int = col("reqs", 5)
     failed: int = col("fail", 5)
     hit_rate: float = col("hit", 7, ".1%")
@@ -62,13 +63,14 @@ class Row:
 COLUMNS = columns(Row)
 
 
-def make_row(policy: str, m: Measured) -> Row:
+def make_row(policy: str, m: Measured, round_: int = 0) -> Row:
     results, per_worker, seconds = m.results, m.per_worker, m.seconds
     ok = [r for r in results if r.ok]
     ttfts = [r.ttft_s * 1000 for r in ok if r.ttft_s is not None]
     output_tokens = sum(c.generation_tokens for c in per_worker.values())
     return Row(
         policy=policy,
+        round=round_,
         requests=len(results),
         failed=len(results) - len(ok),
         hit_rate=hit_rate(results),
@@ -136,26 +138,53 @@ def make_cluster(args: argparse.Namespace, model: str) -> Cluster:
     return Cluster(spec)
 
 
-def run(args: argparse.Namespace) -> list[Row]:
+def run(args: argparse.Namespace) -> tuple[list[Row], list[dict]]:
+    """Every policy on the same trace, `--rounds` times in turn on one cluster; the rows, and
+    each request whose predicted cached tokens differ from the reported ones."""
     model = resolve_model(args.model, args.models_dir, args.device)
     images = {} if is_multimodal(model) else {"image_prob": 0.0}
     workload = Workload(
         workload_spec(args, args.tenants, max_tokens=args.max_tokens, **images)  # type: ignore[arg-type]
     )
     rows: list[Row] = []
+    missed: list[dict] = []
     with make_cluster(args, model) as c:
         warm_up(c.worker_urls)
-        for policy in args.policies.split(","):
-            m = drive_policy(
-                c, workload, policy, concurrency=args.concurrency, stream=True, timeout=600.0
-            )
-            rows.append(make_row(policy, m))
-            print_table(rows[-1:], COLUMNS, header=len(rows) == 1)
-    return rows
+        for round_ in range(args.rounds):
+            for policy in args.policies.split(","):
+                m = drive_policy(
+                    c, workload, policy, concurrency=args.concurrency, stream=True, timeout=600.0
+                )
+                rows.append(make_row(policy, m, round_))
+                print_table(rows[-1:], COLUMNS, header=len(rows) == 1)
+                missed += mismatches(m, policy, round_)
+    return rows, missed
+
+
+def mismatches(m: Measured, policy: str, round_: int) -> list[dict]:
+    """The answered requests whose prediction missed, in the order they were sent."""
+    t0 = min((r.sent_at for r in m.results), default=0.0)
+    return [
+        {
+            "policy": policy,
+            "round": round_,
+            "conversation": r.conversation,
+            "turn": r.turn,
+            "replica": r.replica,
+            "predicted": r.predicted_cached_tokens,
+            "reported": r.cached_tokens,
+            "prompt_tokens": r.prompt_tokens,
+            "sent_s": round(r.sent_at - t0, 3),
+            "ttft_s": r.ttft_s,
+        }
+        for r in sorted(m.results, key=lambda r: r.sent_at)
+        if r.ok and r.predicted_cached_tokens != r.cached_tokens
+    ]
 
 
 def ratios(rows: list[Row], base: str = "round_robin") -> dict[str, dict[str, float]]:
-    """Each policy against `base`: TTFT as a speedup (base / policy), throughput as a ratio."""
+    """Each policy against `base` in the same round: TTFT as a speedup (base / policy),
+    throughput as a ratio."""
     ref = next((r for r in rows if r.policy == base), None)
     if ref is None:
         return {}
@@ -200,18 +229,26 @@ def main() -> None:
     add_workload_args(ap)
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument(
+        "--rounds", type=int, default=1, help="run every policy this many times, in turn"
+    )
     ap.add_argument("--log-dir", type=Path, default=Path("bench/results/logs/ttft"))
     ap.add_argument("--out", type=Path, default=Path("bench/results/ttft.json"))
     args = ap.parse_args()
     args.num_blocks = args.num_blocks or None
-    rows = run(args)
-    rel = ratios(rows)
-    for policy, entry in rel.items():
-        print(f"{policy} vs round_robin: " + ", ".join(f"{k} {v:.2f}x" for k, v in entry.items()))
+    rows, missed = run(args)
+    rel = [ratios([r for r in rows if r.round == k]) for k in range(args.rounds)]
+    for k, per_round in enumerate(rel):
+        for policy, entry in per_round.items():
+            ratio_text = ", ".join(f"{name} {v:.2f}x" for name, v in entry.items())
+            print(f"run {k}: {policy} vs round_robin: {ratio_text}")
+    for m in missed:
+        print(f"missed: {m}")
     summary = {
         "args": args_dict(args),
         "results": [asdict(r) for r in rows],
         "vs_round_robin": rel,
+        "mismatches": missed,
     }
     write_json(args.out, summary)
 
