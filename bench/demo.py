@@ -203,7 +203,9 @@ def show_adapters(cluster: Cluster) -> None:
     the adapters change the answer, and each one's second ask hits its own cached blocks."""
     print("\nLoRA: the same question with `model` set to the base model and to each adapter")
     print(f"  {'model':<7}{'replica':<24}{'cached':>7}  answer (random weights: not words)")
-    messages = [{"role": "user", "content": "Which replica holds the cache of my adapter?"}]
+    # Long enough for whole blocks of any worker's block size (vLLM's CPU build takes 32).
+    question = " ".join(["Which replica holds the cache of my adapter?"] * 5)
+    messages = [{"role": "user", "content": question}]
     for model in ("demo", *DEMO_ADAPTERS):
         for _ in range(2):
             resp = httpx.post(
