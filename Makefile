@@ -60,9 +60,10 @@ $(VLLM_STAMP): harness/vllm-requirements.txt harness/vllm_cpu.py | $(STAMP)
 
 vllm-env: $(VLLM_STAMP)
 
-# Only `-m vllm` selects the suite (tests/conftest.py leaves it out of every other run).
+# Only `-m vllm` selects the suite (tests/conftest.py leaves it out of every other run). Past
+# the bound pytest gets SIGINT, so that its teardown stops the vLLM servers.
 test-vllm: lint $(VLLM_STAMP)
-	KVGATE_VLLM_VENV=$(VLLM_VENV) timeout --kill-after=30 $(VLLM_TEST_TIMEOUT) \
+	KVGATE_VLLM_VENV=$(VLLM_VENV) timeout --signal=INT --kill-after=60 $(VLLM_TEST_TIMEOUT) \
 	  $(PY) -m pytest -q -m vllm $(PYTEST_ARGS)
 
 demo: $(STAMP)
