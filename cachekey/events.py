@@ -210,7 +210,10 @@ def _consistent(ev: KVEvent) -> str | None:
     n = len(ev.block_hashes)
     if not ev.token_ids and n:
         return "no_token_ids"  # vLLM's offloading tier sends empty metadata in some layouts
-    if len(ev.token_ids) != n * ev.block_size:
+    # Whole blocks, at least one per hash. More blocks than hashes: a sparse group (vLLM's
+    # sliding-window or Mamba group) publishes the tokens of every block it was handed but the
+    # hashes of only those it keeps (`BlockIndex.store` resolves them).
+    if len(ev.token_ids) % ev.block_size or len(ev.token_ids) < n * ev.block_size:
         return "length_mismatch"
     if ev.extra_keys is not None:
         if len(ev.extra_keys) != n:

@@ -186,13 +186,41 @@ def add_flags(parser: argparse.ArgumentParser, *configs: type) -> None:
             kwargs["metavar"] = s.metavar()
             kwargs["choices"] = s.flag.choices
             kwargs["type"] = s.flag.parse or (str if s.kind == "list" else s.kind)
-            if s.kind == "list":
-                kwargs["action"] = "append"
+            if s.kind == "list":  # repeated, and several values after one flag (vLLM's form)
+                kwargs["action"] = "extend"
+                kwargs["nargs"] = "+"
         if s.required:
             kwargs["required"] = True
         else:
             kwargs["default"] = argparse.SUPPRESS  # absent flags keep the dataclass default
         groups[s.group].add_argument(s.option, **kwargs)
+        if s.kind in ("on", "off"):
+            _add_bool_aliases(parser, groups[s.group], s)
+
+
+def _add_bool_aliases(parser: argparse.ArgumentParser, group: Any, s: FlagSpec) -> None:
+    """vLLM's spellings of a boolean flag, both of them (`--enable-lora`, `--no-enable-lora`),
+    where the flag's own name is another: hidden from --help, each sets its value."""
+    name = s.path[-1].replace("_", "-")
+    for alias, value in ((f"--{name}", True), (f"--no-{name}", False)):
+        if alias not in parser._option_string_actions:
+            group.add_argument(
+                alias,
+                dest=s.dest,
+                action="store_const",
+                const=value,
+                default=argparse.SUPPRESS,
+                help=argparse.SUPPRESS,
+            )
+
+
+def split_list(arg: str) -> list[str]:
+    """One value of a list flag as its entries: comma-separated, except a JSON object (the form
+    vLLM also takes for some list flags: `--lora-modules '{"name": "a", "path": "/p"}'`)."""
+    arg = arg.strip()
+    if arg.startswith("{"):
+        return [arg]
+    return [e.strip() for e in arg.split(",") if e.strip()]
 
 
 def given(args: argparse.Namespace, *path: str) -> bool:
@@ -214,7 +242,7 @@ def _build(cls: type, args: argparse.Namespace, path: tuple[str, ...], overrides
         elif _FLAG in f.metadata and hasattr(args, dest):
             value = getattr(args, dest)
             if _kind(hints[f.name], f.default) == "list":  # repeated and/or comma-separated
-                value = tuple(e.strip() for arg in value for e in arg.split(",") if e.strip())
+                value = tuple(e for arg in value for e in split_list(arg))
             kwargs[f.name] = value
     kwargs.update(overrides)
     return cls(**kwargs)

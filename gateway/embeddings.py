@@ -122,11 +122,11 @@ class EmbeddingProxyRequest(ProxyRequest):
         first = ProxyRequest._predicted_for(self, rep)
         if not self.rest or not rep.parity_ok:
             return first
-        bs = self.ns.block_size
+        bs, rule = self.ns.block_size, rep.mm_match_rule
         total = first
         for prompt, keys in self.rest:
             blocks = self.state.index.match(keys, [rep.id]).get(rep.id, 0)
-            total += usable_match(blocks * bs, len(prompt), bs, prompt.mm_items, rep.mm_match_rule)
+            total += usable_match(blocks * bs, len(prompt), bs, prompt.mm_items, rule)
         return total
 
     def prefix_hint(self) -> str | None:

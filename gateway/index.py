@@ -35,7 +35,7 @@ from typing import NewType
 from cachekey.events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from cachekey.keys import HashNamespace
 from cachekey.types import BlockKey, MMItem
-from gateway.index_replica import ReplicaState, stored_keys
+from gateway.index_replica import ReplicaState, is_sparse, stored_keys
 from gateway.speculative import Guess, SpeculativeEntries
 
 ReplicaId = NewType("ReplicaId", str)
@@ -94,16 +94,35 @@ class BlockIndex:
     # ---- ingestion -------------------------------------------------------------------------
 
     def apply(self, replica: ReplicaId, ns: HashNamespace, events: Iterable[KVEvent]) -> int:
-        """Apply one batch of events in order; returns how many events were applied."""
+        """Apply one batch of events in order; returns how many events were applied.
+
+        A sparse group's store (`is_sparse`) names its blocks by engine hash only. vLLM caches a
+        step's groups in order, so a hybrid model's sliding-window group (often group 0) names
+        blocks that the full-attention group's store later in the same batch keys: such a store
+        waits for the batch's next dense store, or its end."""
         applied = 0
+        waiting: list[BlockStored] = []
         for ev in events:
             if isinstance(ev, BlockStored):
+                if is_sparse(ev):
+                    if self.store_sparse(replica, ev, final=False):
+                        applied += 1
+                    else:
+                        waiting.append(ev)
+                    continue
                 applied += self.store(replica, ns, ev)
+                if waiting:
+                    still = [w for w in waiting if not self.store_sparse(replica, w, final=False)]
+                    applied += len(waiting) - len(still)
+                    waiting = still
             elif isinstance(ev, BlockRemoved):
                 applied += self.remove(replica, ev.block_hashes, ev.group_idx, ev.medium)
             elif isinstance(ev, AllBlocksCleared):
                 self.drop_replica(replica)
+                waiting.clear()
                 applied += 1
+        for ev in waiting:
+            applied += self.store_sparse(replica, ev, final=True)
         return applied
 
     def store(self, replica: ReplicaId, ns: HashNamespace, ev: BlockStored) -> bool:
@@ -129,32 +148,57 @@ class BlockIndex:
         except (OverflowError, TypeError):
             self.errors["bad_token_ids"] += 1
             return False
+        hkeys = keys if held_as is None else held_as
+        values = keys if held_as is None else list(zip(keys, held_as, strict=True))
+        hashes = ev.block_hashes
+        if hashes and type(hashes[0]) is bytes:  # a kvgate worker: its hashes are our keys
+            hashes = [k if h == k else h for h, k in zip(hashes, keys, strict=True)]
         with self._lock:
             if self._replicas.get(replica) is not rep:
                 return False  # dropped while we hashed
-            self._add_copies(rep, ev, keys, held_as)
+            if held_as is not None:
+                rep.lookahead = len(ev.lookahead_token_ids[0]) if ev.lookahead_token_ids else 0
+            self._add_copies(rep, ev, hashes, hkeys, values)
             self._evict_over_cap()
+        return True
+
+    def store_sparse(self, replica: ReplicaId, ev: BlockStored, *, final: bool) -> bool:
+        """A sparse group's store: its blocks' keys are those the replica's other groups stored
+        under the same engine hashes (vLLM hashes a block alike in every group). False, unless
+        `final`, while one is still unknown; when `final`, the known ones are stored and the
+        rest skipped as blocks with an unknown parent are (never guessed)."""
+        if ev.medium not in (None, MEDIUM_GPU):
+            self.other_tier_events += 1
+            return True
+        rep = self._replicas.get(replica) or self._add_replica(replica)
+        engine = rep.engine
+        values = [engine.get(h) for h in ev.block_hashes]
+        if None in values:
+            if not final:
+                return False
+            self.skipped_unknown_parent += values.count(None)
+        known = [(h, v) for h, v in zip(ev.block_hashes, values, strict=True) if v is not None]
+        hkeys = [v if type(v) is bytes else v[1] for _, v in known]
+        with self._lock:
+            if self._replicas.get(replica) is rep:
+                self._add_copies(rep, ev, [h for h, _ in known], hkeys, [v for _, v in known])
         return True
 
     def _add_copies(
         self,
         rep: ReplicaState,
         ev: BlockStored,
-        keys: list[BlockKey],
-        held_as: list[BlockKey] | None,
+        hashes: Sequence,
+        hkeys: Sequence[BlockKey],
+        values: Sequence,
     ) -> None:
+        """Each block one more copy in the event's group: engine hash -> value (the key, or
+        (key, lookahead key)), held in the index as `hkeys`."""
         rep.block_size = ev.block_size
         group = rep.group(ev.group_idx, ev.kv_cache_spec_kind, ev.kv_cache_spec_sliding_window)
-        if held_as is not None:
-            rep.lookahead = len(ev.lookahead_token_ids[0]) if ev.lookahead_token_ids else 0
         bit = group.bit
         reannounce = ev.parent_block_hash is None and rep.id in self._reannouncing
         held, engine, spec, extra = self._held, rep.engine, self.spec.mask, self._extra
-        hkeys = keys if held_as is None else held_as
-        values = keys if held_as is None else list(zip(keys, held_as, strict=True))
-        hashes = ev.block_hashes
-        if hashes and type(hashes[0]) is bytes:  # a kvgate worker: its hashes are our keys
-            hashes = [k if h == k else h for h, k in zip(hashes, keys, strict=True)]
         new = dup = 0
         for engine_hash, hkey, value in zip(hashes, hkeys, values, strict=True):
             mask = held.pop(hkey, 0)  # pop + insert: the key becomes the newest

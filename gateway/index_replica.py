@@ -12,6 +12,13 @@ from cachekey.keys import chain_keys, lookahead_key, request_lookahead_keys
 from cachekey.types import BlockKey, MMItem
 
 _SLIDING = ("sliding_window", "sliding_window_mla")
+_MAMBA = "mamba"
+
+
+def is_sparse(ev: BlockStored) -> bool:
+    """A store of only some of the blocks its tokens cover: vLLM's sliding-window and Mamba
+    groups keep just the blocks a later hit can end on, and name only those."""
+    return len(ev.token_ids) > len(ev.block_hashes) * ev.block_size
 
 
 @dataclass(slots=True)
@@ -23,9 +30,15 @@ class Group:
     window: int | None = None  # kv_cache_spec_sliding_window, in tokens
     blocks: int = 0
 
-    @property
-    def sliding(self) -> bool:
-        return self.kind in _SLIDING and bool(self.window)
+    def tail_blocks(self, block_size: int) -> int | None:
+        """For a group whose hit needs only the blocks just before its end (vLLM's
+        sliding-window and Mamba managers), how many; None for a prefix group (full attention,
+        and any kind not reported)."""
+        if self.kind in _SLIDING and self.window:
+            return -(-(self.window - 1) // block_size)
+        if self.kind == _MAMBA:
+            return 1  # the state at the end of the hit's last block
+        return None
 
 
 class ReplicaState:
@@ -76,9 +89,10 @@ class ReplicaState:
 
     def _derive(self) -> None:
         groups = list(self.groups.values())
-        full = tuple(g.bit for g in groups if not g.sliding)
         bs = self.block_size or 1
-        self.sliding = tuple((g.bit, -(-(g.window - 1) // bs)) for g in groups if g.sliding)
+        tails = [(g.bit, g.tail_blocks(bs)) for g in groups]
+        full = tuple(bit for bit, need in tails if need is None)
+        self.sliding = tuple((bit, need) for bit, need in tails if need is not None)
         self.full_bit_list = full or (groups[0].bit,)
         self.full_bits = sum(self.full_bit_list)
         self.all_bits = sum(g.bit for g in groups)

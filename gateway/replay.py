@@ -19,6 +19,9 @@ from cachekey.worker_auth import CurveKeys
 
 log = logging.getLogger(__name__)
 
+# Tail checks in a row that recover batches before the gateway says the live stream is missing.
+REPLAY_ONLY_WARN_AFTER = 3
+
 
 @dataclass(slots=True)
 class ReplayClient:
@@ -83,3 +86,25 @@ class ReplayClient:
             dealer.connect(self.endpoint)
             self._dealer = dealer
         return self._dealer
+
+
+def replay_only_hint(endpoint: str | None, topic: str, checks: int, tail_s: float) -> str:
+    """Why a worker's events reach the gateway only through replay, and what to change.
+    `endpoint`: where its subscriber's SUB connects (None: connect mode, the central SUB)."""
+    head = (
+        f"its KV events reach this gateway only through replay ({checks} tail checks in a row "
+        f"found batches the live stream never delivered; predictions lag its cache by up to "
+        f"{tail_s:g}s meanwhile). "
+    )
+    if endpoint is None:
+        return head + (
+            f"Nothing arrives for topic {topic!r} on the SUB that --kv-events-bind binds: "
+            "the worker's KV-events `endpoint` must name that address (rank r on its port + r), "
+            "with this topic."
+        )
+    return head + (
+        f"Nothing is published on {endpoint} for topic {topic!r}: "
+        "vLLM binds its `endpoint` only with a wildcard host (tcp://*:PORT) and connects "
+        "with any other host (then start the gateway with --kv-events-bind); or the worker's "
+        "kv-events port is another one."
+    )

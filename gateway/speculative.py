@@ -4,12 +4,12 @@ A routed request's keys are a guess about its replica until the worker's own `Bl
 events replace them (`confirm`). A guess counts as a hit for a later request only when the
 worker would really give one:
 
-- on a worker that defers a request whose next prefix block another running request is still
-  computing (kvgate's scheduler, `WorkerInfo.defers_shared_prefill`), at once: the later request
-  is scheduled after the blocks it shares are cached, and hits all of them;
-- on any other worker (plain vLLM), once the request's prefill has finished (its first token, or
-  its end): two requests scheduled in the same step both miss, so a guess for a prefill still
-  running is no hit yet.
+- at once on a worker that gives a later request the blocks an earlier one is still computing
+  (`WorkerInfo.defers_shared_prefill`): kvgate's scheduler defers the later request until the
+  blocks it shares are cached; vLLM caches a request's blocks when it schedules it, so a later
+  request hits them from then on (even in the same step);
+- on any other worker, once the request's prefill has finished (its first token, or its end):
+  two requests computing one prefix at once would both miss it.
 
 A guess lives while its request is in flight and `ttl` seconds after it ends (for its events to
 arrive; without events it is all the gateway knows, see docs/gateway.md). Each replica's shown

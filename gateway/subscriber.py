@@ -40,7 +40,7 @@ from cachekey.worker_auth import CurveKeys
 from gateway.index import BlockIndex, ReplicaId
 from gateway.ingest import INGEST, ingest_batch
 from gateway.metrics import GatewayMetrics
-from gateway.replay import ReplayClient
+from gateway.replay import REPLAY_ONLY_WARN_AFTER, ReplayClient, replay_only_hint
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +109,7 @@ class KVEventSubscriber:
         self.next_seq = 0
         self.synced = asyncio.Event()
         self._last_sub_seq: int | None = None
+        self._replay_only = 0  # tail checks in a row that found batches, no live one between
         self._logged_reasons: set[str] = set()
         # A worker without a snapshot is a plain vLLM worker, whose "full" report mode
         # re-announces the blocks a request hit (gateway/index.py).
@@ -174,6 +175,7 @@ class KVEventSubscriber:
             return None
 
     async def _on_batch(self, seq: int, payload: bytes) -> None:
+        self._replay_only = 0
         last = self._last_sub_seq
         self._last_sub_seq = seq
         if last is not None and seq <= last:
@@ -215,6 +217,12 @@ class KVEventSubscriber:
                 applied,
                 self.next_seq - 1,
             )
+        self._replay_only += 1
+        if self._replay_only == REPLAY_ONLY_WARN_AFTER:
+            src, lag = self.source, self._tail_check_ms / 1000
+            endpoint = None if src.port is None else src.endpoint(src.port)
+            hint = replay_only_hint(endpoint, src.topic, self._replay_only, lag)
+            log.warning("%s: %s", self.replica, hint)
 
     async def _apply(self, seq: int, payload: bytes) -> None:
         loop = asyncio.get_running_loop()

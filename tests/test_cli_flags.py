@@ -36,7 +36,11 @@ def _gateway(*argv: str) -> GatewayConfig:
 @pytest.mark.parametrize("cli", [gateway_cli, worker_cli], ids=["gateway", "worker"])
 def test_every_flag_has_a_description_and_its_default(cli) -> None:
     parser = cli.build_parser()
-    flags = [a for a in parser._actions if a.option_strings and a.dest != "help"]
+    flags = [
+        a
+        for a in parser._actions
+        if a.option_strings and a.dest != "help" and a.help != argparse.SUPPRESS  # vLLM's aliases
+    ]
     assert len(flags) >= 25
     for action in flags:
         text = action.help or ""
@@ -73,6 +77,37 @@ def test_gateway_flags_reach_nested_configs_and_lists() -> None:
     assert cfg.limits == RequestLimits(max_images=4)
     assert cfg.max_inflight_per_replica is None  # 0: unbounded
     assert cfg.remote_images is False and cfg.log_level == "debug"
+
+
+def _worker(*argv: str) -> tuple[EngineConfig, ServerConfig]:
+    args = worker_cli.build_parser().parse_args(["--model", "/models/m", *argv])
+    return worker_cli.configs_from_args(args)
+
+
+def test_the_worker_takes_vllms_spellings_of_the_flags_it_shares() -> None:
+    """A vLLM command line carries over: several adapters after one --lora-modules, each as
+    name=path or vLLM's JSON object, and both spellings of a boolean flag."""
+    engine, _ = _worker(
+        "--lora-modules",
+        "a1=/adapters/one",
+        '{"name": "a2", "path": "/adapters/two", "base_model_name": "m"}',
+        "--lora-modules",
+        "a3=/adapters/three,a4=/adapters/four",
+        "--enable-prefix-caching",
+        "--enforce-eager",
+        "--no-enable-lora",
+    )
+    assert engine.lora_module_paths() == [
+        ("a1", "/adapters/one"),
+        ("a2", "/adapters/two"),
+        ("a3", "/adapters/three"),
+        ("a4", "/adapters/four"),
+    ]
+    assert engine.enable_prefix_caching and engine.enforce_eager
+    assert engine.enable_lora  # implied by --lora-modules, as in vLLM
+    assert not _worker("--no-enable-prefix-caching")[0].enable_prefix_caching
+    assert not _worker("--no-prefix-caching")[0].enable_prefix_caching  # kvgate's own name
+    assert _gateway("--remote-images", "--no-remote-images").remote_images is False  # last wins
 
 
 def test_human_sizes_and_pixels_as_the_docs_write_them() -> None:
@@ -170,6 +205,8 @@ def test_docs_list_every_flag_with_its_default() -> None:
     for doc, cli in (("gateway.md", gateway_cli), ("worker.md", worker_cli)):
         text = (REPO / "docs" / doc).read_text()
         for action in cli.build_parser()._actions:
+            if action.help == argparse.SUPPRESS:
+                continue  # vLLM's spelling of a listed boolean flag (docs: one line for all)
             for option in action.option_strings:
                 if option not in ("-h", "--help"):
                     assert f"| `{option}" in text, f"{doc} does not list {option}"

@@ -137,3 +137,87 @@ def test_drop_replica_and_digest():
     idx.drop_replica(A)
     assert idx.replica_digest(A) != idx.replica_digest(B)
     assert idx.match(block_keys(tokens, NS), [A, B]) == {A: 0, B: 2}
+
+
+def _group_store(tokens, hashes, group, *, first=0, kind="full_attention", window=None):
+    """A hybrid model's store as vLLM 0.32 sends it: the tokens of blocks `first` on (as many as
+    it handed the group), the hashes of only those `hashes` names (block index -> hash)."""
+    n = len(tokens) // 4
+    return BlockStored(
+        block_hashes=list(hashes.values()),
+        parent_block_hash=None if first == 0 else 1000 + first - 1,
+        token_ids=list(tokens[first * 4 : n * 4]),
+        block_size=4,
+        extra_keys=[None] * len(hashes),
+        group_idx=group,
+        kv_cache_spec_kind=kind,
+        kv_cache_spec_sliding_window=window,
+    )
+
+
+def test_sliding_window_group_stores_only_its_kept_blocks():
+    """vLLM's sliding-window group names only the blocks a later hit can end on (here 4 and 5,
+    the window of 8 tokens before the prompt's last full block) with every block's tokens, and
+    comes before the full-attention group's store that keys them in the same batch. The index
+    holds 4 and 5 in the sliding slot only, so a prompt that diverges earlier hits nothing."""
+    tokens = list(range(100, 126))  # 6 full blocks
+    full = {i: 1000 + i for i in range(6)}
+    swa = _group_store(tokens, {4: 1004, 5: 1005}, 0, kind="sliding_window", window=8)
+    batch = msgspec.msgpack.encode([0.0, [swa, _group_store(tokens, full, 1)], 0])
+    decoded = decode_batch(batch)
+    assert decoded.errors == []  # more tokens than hashes is a sparse group, not malformed
+    idx = BlockIndex()
+    assert idx.apply(A, NS, decoded.events) == 2
+    assert idx.skipped_unknown_parent == 0 and not idx.errors
+
+    def hit(prompt):
+        return idx.match(block_keys(prompt, NS), [A], tokens=prompt)[A]
+
+    assert hit([*tokens[:24], 7]) == 6  # the whole prefix: the window's blocks are there
+    assert hit([*tokens[:16], 7]) == 0  # diverges after block 3: nothing kept before it
+    # A later step's sliding-window store of decode-filled blocks keeps none of them.
+    decode = _group_store(tokens, {}, 0, first=5, kind="sliding_window", window=8)
+    assert idx.apply(A, NS, [decode]) == 1 and not idx.errors
+    # Blocks 2 and 3 kept later (a shared-prefix junction): the early prompt hits them.
+    junction = _group_store(tokens[:16], {2: 1002, 3: 1003}, 0, kind="sliding_window", window=8)
+    idx.apply(A, NS, [junction])
+    assert hit([*tokens[:16], 7]) == 4
+
+
+def test_a_sparse_store_never_guesses_a_block_it_cannot_key():
+    """A sliding-window hash no store of the replica has keyed (events lost before a replay
+    buffer's start) is skipped and counted; the ones it can key are held."""
+    tokens = list(range(100, 116))
+    idx = BlockIndex()
+    idx.apply(A, NS, [_group_store(tokens[:8], {0: 1000, 1: 1001}, 1)])
+    swa = _group_store(tokens, {1: 1001, 3: 1003}, 0, kind="sliding_window", window=8)
+    assert idx.apply(A, NS, [swa]) == 1
+    assert idx.skipped_unknown_parent == 1
+    keys = block_keys(tokens, NS)
+    assert idx.holds(A, keys[1]) and not idx.holds(A, keys[3])
+
+
+def test_a_sparse_store_with_too_few_tokens_is_malformed():
+    ev = ["BlockStored", [1, 2], None, list(range(4)), 4]  # 2 hashes, 1 block of tokens
+    ragged = {"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None}
+    ragged |= {"token_ids": list(range(6)), "block_size": 4}  # not whole blocks
+    assert decode_batch(msgspec.msgpack.encode([0.0, [ev, ragged], 0])).errors == [
+        "length_mismatch",
+        "length_mismatch",
+    ]
+
+
+def test_a_mamba_group_hits_where_it_kept_the_state():
+    """vLLM's Mamba manager hits up to the last block whose end state it kept (its
+    find_longest_cache_hit: the rightmost cached block within the full-attention prefix)."""
+    tokens = list(range(100, 124))  # 6 full blocks
+    idx = BlockIndex()
+    mamba = _group_store(tokens, {1: 1001, 5: 1005}, 0, kind="mamba")
+    idx.apply(A, NS, [mamba, _group_store(tokens, {i: 1000 + i for i in range(6)}, 1)])
+
+    def hit(prompt):
+        return idx.match(block_keys(prompt, NS), [A], tokens=prompt)[A]
+
+    assert hit([*tokens, 7]) == 6
+    assert hit([*tokens[:16], 7]) == 2  # the state after block 1, not 3
+    assert hit([*tokens[:4], 7]) == 0

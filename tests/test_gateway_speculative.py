@@ -22,7 +22,7 @@ def test_a_deferring_worker_counts_a_guess_at_once_another_after_its_prefill():
     keys = _keys(1, 3)
     on_a = idx.add_speculative(A, keys, now=0.0)
     on_b = idx.add_speculative(B, keys, now=0.0)
-    # B (plain vLLM) would schedule a sibling in the same step: both miss, so no hit yet.
+    # B's worker would compute a sibling's shared prefix again: no hit until its prefill ends.
     assert idx.match(keys, [A, B], now=0.0) == {A: 3, B: 0}
     idx.spec.show(on_b, now=0.1)  # its first token: the prefill finished
     assert idx.match(keys, [A, B], now=0.1) == {A: 3, B: 3}

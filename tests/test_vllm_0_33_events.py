@@ -21,7 +21,7 @@ import zmq.asyncio
 from test_gateway_subscriber import _count, _until
 
 from cachekey.events import decode_batch, parse_replay_reply, seq_from_bytes
-from cachekey.keys import HashNamespace, block_keys, clamp_match
+from cachekey.keys import HashNamespace, block_keys, usable_match
 from cachekey.types import MMItem
 from gateway.index import BlockIndex, ReplicaId
 from gateway.metrics import GatewayMetrics
@@ -38,12 +38,12 @@ def load(name: str) -> dict:
 
 
 def predicted(index: BlockIndex, probe: dict) -> int:
-    """What the gateway predicts for a probe request: match, then the worker's clamp."""
+    """What the gateway predicts for a probe: the match, kept where it ends inside an image."""
     tokens = probe["tokens"]
     mm = tuple(MMItem(i, "image", off, n) for i, off, n in probe.get("mm", ()))
     keys = block_keys(tokens, NS, mm, probe.get("lora"), probe.get("salt"))
     n = index.match(keys, [R], tokens=tokens, mm_items=mm)[R]
-    return clamp_match(n * NS.block_size, len(tokens), NS.block_size, mm)
+    return usable_match(n * NS.block_size, len(tokens), NS.block_size, mm, "partial")
 
 
 def test_every_scenario_is_there():

@@ -18,11 +18,11 @@ import httpx
 import pytest
 from conftest import free_port
 from test_gateway_subscriber import _count
-from vllm_like import VllmLike, free_port_run, load
+from vllm_like import VllmLike, load
 
 from cachekey.assets import ModelAssets
 from cachekey.events import decode_batch
-from cachekey.keys import block_keys, clamp_match
+from cachekey.keys import block_keys, usable_match
 from cachekey.render import Renderer
 from cachekey.types import MMItem
 from gateway.config import GatewayConfig
@@ -32,7 +32,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.replica import Replica
 from gateway.replica_names import replica_name
 from gateway.replicas import ReplicaSet
-from harness.cluster import Proc
+from harness.cluster import Proc, free_port_run
 
 DP = {r: load(f"data_parallel/rank{r}") for r in (0, 1)}
 
@@ -45,14 +45,14 @@ async def until(cond: Callable[[], bool], what: str, timeout: float = 15.0) -> N
 
 
 def predicted(index: BlockIndex, rep: Replica, probe: dict) -> int:
-    """What the gateway predicts for a recorded probe on one replica: match, then the clamp."""
+    """What the gateway predicts for a recorded probe on one replica: match, then its rule."""
     ns = rep.namespace
     assert ns is not None
     tokens = probe["tokens"]
     mm = tuple(MMItem(i, "image", off, n) for i, off, n in probe.get("mm", ()))
     keys = block_keys(tokens, ns, mm, probe.get("lora"), probe.get("salt"))
     n = index.match(keys, [rep.id], tokens=tokens, mm_items=mm)[rep.id]
-    return clamp_match(n * ns.block_size, len(tokens), ns.block_size, mm)
+    return usable_match(n * ns.block_size, len(tokens), ns.block_size, mm, rep.mm_match_rule)
 
 
 def check_step(index: BlockIndex, rep: Replica, doc: dict, step: int) -> None:
@@ -353,3 +353,30 @@ def test_gateway_predicts_what_vllm_hits_from_the_prompt_tokens(name, tmp_path, 
     finally:
         gw.kill()
         vllm.close()
+
+
+def test_a_worker_whose_events_arrive_only_by_replay_is_named(caplog):
+    """Its `--workers` entry names an events port nothing publishes on (a vLLM `endpoint` with a
+    non-wildcard host connects instead of binding, or a wrong port): every batch comes by the
+    tail check's replay. After three such checks in a row the gateway names the worker and what
+    to change; the index is still right, only late."""
+    vllm = VllmLike({0: load("incremental_int")})
+    silent = free_port_run(1)  # nothing binds it: the live SUB never gets a batch
+
+    async def main() -> None:
+        spec = f"{vllm.url};kv-events={silent};kv-replay={vllm.replay_port}"
+        async with Gateway(workers=(spec,)) as gw:
+            (rep,) = await gw.synced(vllm.url)
+            for step in range(3):
+                vllm.publish(0, deliver=False)
+                await gw.applied(rep, step)
+                check_step(gw.index, rep, vllm.docs[0], step)
+
+    try:
+        asyncio.run(main())
+    finally:
+        vllm.close()
+    (warning,) = [r for r in caplog.records if "only through replay" in r.getMessage()]
+    text = warning.getMessage()
+    assert text.startswith(f"{vllm.url}: ") and f"tcp://127.0.0.1:{silent}" in text
+    assert "--kv-events-bind" in text

@@ -11,13 +11,18 @@ import time
 
 import httpx
 from conftest import free_port
-from vllm_like import free_port_run
 from worker_harness import WorkerProcess
 
 from cachekey.demo_lora import DEMO_ADAPTERS, write_demo_adapter
 from cachekey.documents import Snapshot, WorkerInfo, decode_document
 from gateway.replica_names import replica_name
-from harness.cluster import Proc, index_mismatches, wait_index_converged, wait_until
+from harness.cluster import (
+    Proc,
+    free_port_run,
+    index_mismatches,
+    wait_index_converged,
+    wait_until,
+)
 from harness.extproc_client import ExtProcClient, forward
 
 

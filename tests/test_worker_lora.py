@@ -181,8 +181,11 @@ def test_sim_worker_serves_adapters_without_the_runtime_api(demo_model_dir, adap
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--lora-modules", "alpha"], "--lora-modules takes name=path, got 'alpha'"),
+        (["--lora-modules", "alpha"], "--lora-modules takes name=path or"),
         (["--lora-modules", "alpha=/nonexistent"], "No adapter found for /nonexistent"),
+        (["--lora-modules", '{"name": "alpha"}'], "JSON needs string `name` and `path`"),
+        (["--lora-modules", '{"name": "a", "path": "/p", "rank": 8}'], "unknown fields ['rank']"),
+        (["--lora-modules", '{"name": "a",'], "--lora-modules: not a JSON object"),
     ],
 )
 def test_bad_lora_modules_stop_the_worker_with_a_message(demo_model_dir, args, message):

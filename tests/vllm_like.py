@@ -26,9 +26,9 @@ from pathlib import Path
 
 import msgspec
 import zmq
-from conftest import free_port
 
 from cachekey.events import seq_bytes, seq_from_bytes
+from harness.cluster import free_port, free_port_run
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm_0_33"
 LIVE = {"block_size": 16, "topic": ""}  # live mode: vLLM's default block size and topic
@@ -36,16 +36,6 @@ LIVE = {"block_size": 16, "topic": ""}  # live mode: vLLM's default block size a
 
 def load(name: str) -> dict:
     return json.loads((FIXTURES / f"{name}.json").read_text())
-
-
-def free_port_run(n: int) -> int:
-    """A port p such that p .. p + n - 1 are all free (a base port and its ranks' offsets)."""
-    while True:
-        run = [free_port()]
-        while len(run) < n and (q := free_port()) == run[-1] + 1:
-            run.append(q)
-        if len(run) == n:
-            return run[0]
 
 
 class PrefixCache:

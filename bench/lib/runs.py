@@ -93,7 +93,8 @@ def drive_policy(
 ) -> Measured:
     """One policy's run through the cluster's gateway, on cold caches, each conversation
     pinned by its session header (for the `session` policy). `kwargs` go to `drive`."""
-    reset_caches(cluster.worker_urls)
+    cluster.reset_prefix_caches()
+    time.sleep(SETTLE_S)
     return drive(
         cluster.gateway_url,
         cluster.worker_urls,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import get_args
@@ -98,8 +99,8 @@ class EngineConfig:
     )
     lora_modules: tuple[str, ...] = option(
         (),
-        "LoRA adapters to serve from the start, each name=path to a PEFT adapter directory; "
-        "comma-separated or repeated",
+        "LoRA adapters to serve from the start, each name=path to a PEFT adapter directory "
+        '(or vLLM\'s {"name": ..., "path": ...}); several, comma-separated or repeated',
         metavar="NAME=PATH",
     )
     max_loras: int = option(1, "LoRA adapters in device slots at once (distinct per batch)")
@@ -156,16 +157,40 @@ class EngineConfig:
         _positive("max_lora_rank", self.max_lora_rank)
         self.lora_modules = tuple(self.lora_modules)
         for module in self.lora_modules:
-            name, sep, path = module.partition("=")
-            if not sep or not name.strip() or not path.strip():
-                raise ValueError(f"--lora-modules takes name=path, got {module!r}")
+            parse_lora_module(module)
         if self.lora_modules:
             self.enable_lora = True
 
     def lora_module_paths(self) -> list[tuple[str, str]]:
         """(name, path) of each --lora-modules entry."""
-        pairs = (m.partition("=") for m in self.lora_modules)
-        return [(name.strip(), path.strip()) for name, _, path in pairs]
+        return [parse_lora_module(m) for m in self.lora_modules]
+
+
+_LORA_JSON_FIELDS = {"name", "path", "base_model_name"}
+
+
+def parse_lora_module(entry: str) -> tuple[str, str]:
+    """(name, path) of one --lora-modules entry, in either of vLLM's forms: `name=path`, or a
+    JSON object with `name` and `path` (and `base_model_name`, which a worker of one base model
+    has no use for)."""
+    if entry.lstrip().startswith("{"):
+        try:
+            obj = json.loads(entry)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--lora-modules: not a JSON object ({e.msg}): {entry!r}") from None
+        if not isinstance(obj, dict) or set(obj) - _LORA_JSON_FIELDS:
+            extra = sorted(set(obj) - _LORA_JSON_FIELDS) if isinstance(obj, dict) else obj
+            raise ValueError(f"--lora-modules: unknown fields {extra} in {entry!r}")
+        name, path = obj.get("name"), obj.get("path")
+        if not isinstance(name, str) or not isinstance(path, str) or not name or not path:
+            raise ValueError(f"--lora-modules: JSON needs string `name` and `path`: {entry!r}")
+        return name.strip(), path.strip()
+    name, sep, path = entry.partition("=")
+    if not sep or not name.strip() or not path.strip():
+        raise ValueError(
+            f'--lora-modules takes name=path or {{"name": ..., "path": ...}}, got {entry!r}'
+        )
+    return name.strip(), path.strip()
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
