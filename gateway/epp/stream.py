@@ -31,7 +31,6 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Mapping
 
-import grpc
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 
 from cachekey.keys import PREFIX_HEADER
@@ -59,6 +58,7 @@ from .body import (
     request_style,
     warn_streamed,
 )
+from .rpc import Abort, Call, Status
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ _USAGE_BODY_BYTES = 1 << 20  # a non-streamed answer longer than this is not rea
 
 
 class ExtProcStream:
-    def __init__(self, state: GatewayState, messages: AsyncIterator, context) -> None:
+    def __init__(self, state: GatewayState, messages: AsyncIterator, context: Call) -> None:
         self.state = state
         self.messages = messages
         self.context = context
@@ -105,7 +105,7 @@ class ExtProcStream:
                 async for out in self._response():
                     yield out
         except ProtocolError as e:
-            await self.context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            await self.context.abort(Status.INVALID_ARGUMENT, str(e))
         finally:
             if self.px is not None:
                 self.px.release(self.status, self.usage)
@@ -142,7 +142,7 @@ class ExtProcStream:
                 warn_streamed()
             px = self.px = ProxyRequest.route(st, path, body, headers, tenant=tenant, subset=subset)
             await px.decide()
-        except (ProtocolError, grpc.aio.AbortError):
+        except (ProtocolError, Abort):
             raise
         except Exception as e:
             yield await self._refuse(e)
@@ -209,7 +209,7 @@ class ExtProcStream:
         err = as_gateway_error(exc)  # logs an unexpected one
         if err.status >= 500 and not isinstance(exc, GatewayError):
             # Not the request's fault: the proxy's failure mode decides, as when the EPP is down.
-            await self.context.abort(grpc.StatusCode.INTERNAL, err.message)
+            await self.context.abort(Status.INTERNAL, err.message)
         self.status = status_label(exc, err.status)
         return wire.immediate_response(err)
 
