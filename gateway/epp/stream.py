@@ -18,7 +18,8 @@ mode (`protocol_config`) wants them:
 
 Response phase: the response headers say where the request was served (gateway/epp/served.py)
 and get `x-kvgate-replica` and `x-kvgate-predicted-cached-tokens`; the body passes back
-unchanged while its usage is read. The slot is released when the stream ends, however it ends.
+unchanged while its usage is read. The stream ends with the answer's last message (the slot is
+released then), or earlier, however it ends.
 
 A request the gateway refuses (bad body, unknown model, over a limit, no ready endpoint,
 overload) is an immediate response with the HTTP gateway's status and OpenAI error body. An
@@ -76,6 +77,7 @@ class ExtProcStream:
         self.usage: dict | None = None
         self.style = DUPLEX
         self.echo_response = True  # full duplex answers: the response body is sent back
+        self.duplex_declared = False  # the proxy said full duplex (it never waits for answers)
         self.rank: int | None = None  # the X-data-parallel-rank sent with the pick
         self._relay: SSERelay | None = None
         self._streaming = False  # the stream's first bytes came back
@@ -91,6 +93,7 @@ class ExtProcStream:
             self.style = request_style(first)
             response_mode = wire.body_modes(first)[1]
             self.echo_response = response_mode in (None, ProcessingMode.FULL_DUPLEX_STREAMED)
+            self.duplex_declared = response_mode == ProcessingMode.FULL_DUPLEX_STREAMED
             if log.isEnabledFor(logging.DEBUG):
                 log.debug(
                     "ext_proc stream: request body %s, response body %s: answered %s",
@@ -216,22 +219,45 @@ class ExtProcStream:
     # ---- response phase --------------------------------------------------------------------
 
     async def _response(self) -> AsyncIterator:
+        """Until the answer's last message (its end of stream): then the EPP ends the stream
+        itself, so the slot is released as the answer ends, not when the proxy closes the
+        stream after the client got it (a moment later, often after the client's next
+        request was routed)."""
+        held = None  # a JSON answer's headers answer, sent with its body's
         while (msg := await anext(self.messages, None)) is not None:
             kind = msg.WhichOneof("request")
             if kind == "response_headers":
-                yield wire.headers_response(self._on_response_headers(msg))
+                answer = wire.headers_response(self._on_response_headers(msg))
+                last = msg.response_headers.end_of_stream
+                # A proxy that declared full duplex sends the body without waiting for this
+                # answer, and a JSON body follows at once: one write for both saves the
+                # proxy a wake-up. (A stream's headers go at once: its first token may wait.)
+                if self.duplex_declared and self._relay is None and not last:
+                    held = answer
+                    continue
+                yield answer
             elif kind == "response_body":
+                if held is not None:
+                    yield held
+                    held = None
                 b = msg.response_body
-                self._read_usage(b.body, b.end_of_stream)
+                last = b.end_of_stream
+                self._read_usage(b.body, last)
                 if not self.echo_response:
                     yield wire.body_unchanged(response=True)
-                    continue
-                for out in wire.body_responses(b.body, end=b.end_of_stream, response=True):
-                    yield out
+                else:
+                    for out in wire.body_responses(b.body, end=last, response=True):
+                        yield out
             elif kind == "response_trailers":
+                if held is not None:
+                    yield held
+                    held = None
                 yield wire.trailers_response(response=True)
+                last = True
             else:
                 raise ProtocolError(f"{kind} after the request was answered")
+            if last:
+                return
 
     def _on_response_headers(self, msg) -> dict[str, str]:
         headers = wire.header_dict(msg.response_headers.headers)
