@@ -174,6 +174,7 @@ class H2Connection(asyncio.Protocol):
         self.paused = False  # the transport's buffer is full
         self.closing = False  # GOAWAY sent: no new streams
         self._decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_LIST)
+        self._known_blocks: dict[bytes, dict[str, str]] = {}
         self._buf = bytearray()  # a partial frame
         self._preface = False
         self._header_block: tuple[int, int, bytearray] | None = None  # (stream, flags, block)
@@ -317,10 +318,7 @@ class H2Connection(asyncio.Protocol):
         assert self._header_block is not None
         stream_id, flags, block = self._header_block
         self._header_block = None
-        try:
-            fields = self._decoder.decode(bytes(block), raw=True)
-        except hpack.HPACKError as e:
-            raise ConnectionError_(COMPRESSION_ERROR, f"header block: {e}") from None
+        headers = self._decode(bytes(block))
         s = self.streams.get(stream_id)
         if s is not None:  # trailers: the client's side ends
             s.ended = True
@@ -334,10 +332,30 @@ class H2Connection(asyncio.Protocol):
         if self.closing or len(self.streams) >= MAX_STREAMS:
             self.write(frame(RST_STREAM, 0, stream_id, REFUSED_STREAM.to_bytes(4, "big")))
             return
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in fields}
         s = self.streams[stream_id] = Stream(self, stream_id, headers)
         s.ended = bool(flags & END_STREAM)
         self.on_stream(s)
+
+    def _decode(self, block: bytes) -> dict[str, str]:
+        """HPACK. A block that left the dynamic table as it was decodes the same way until the
+        table changes, and a proxy sends the same one for every stream (Envoy: 47 bytes, all
+        indexed but a Huffman-coded :path): remembered, it costs a lookup, not a decode."""
+        known = self._known_blocks.get(block)
+        if known is not None:
+            return dict(known)
+        table = self._decoder.header_table
+        before = (len(table.dynamic_entries), table.maxsize, _first(table.dynamic_entries))
+        try:
+            fields = self._decoder.decode(block, raw=True)
+        except hpack.HPACKError as e:
+            raise ConnectionError_(COMPRESSION_ERROR, f"header block: {e}") from None
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in fields}
+        after = (len(table.dynamic_entries), table.maxsize, _first(table.dynamic_entries))
+        if after[:2] != before[:2] or after[2] is not before[2]:
+            self._known_blocks.clear()  # decoded against another table from now on
+        elif len(self._known_blocks) < 64:
+            self._known_blocks[block] = headers
+        return dict(headers)
 
     def _on_settings(self, flags: int, stream_id: int, p: bytes) -> None:
         if stream_id:
@@ -468,6 +486,10 @@ class H2Connection(asyncio.Protocol):
 
     async def wait_closed(self) -> None:
         await self._closed.wait()
+
+
+def _first(entries: deque) -> object:
+    return entries[0] if entries else None
 
 
 def _unpad(flags: int, p: bytes) -> bytes:
