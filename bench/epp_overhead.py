@@ -1,27 +1,29 @@
 """What the EPP path adds to a request, next to what the HTTP gateway adds, in one run.
 
 Two sim workers with zero compute time, one HTTP gateway and one EPP (`python -m gateway --epp`)
-with the same flags behind a real Envoy (harness/envoy.py, the ORIGINAL_DST shape, response
-phase on), and a plain Envoy (round robin, no ext_proc), all real processes on 127.0.0.1. For
-each request, in turn:
+with the same flags behind a real Envoy (harness/envoy.py, the ORIGINAL_DST shape, full duplex,
+response phase on), all real processes on 127.0.0.1. For each request, in turn:
 
 - direct: POST straight to a worker;
 - HTTP gateway: POST through the gateway; what it adds is `gateway - direct` (parse, render and
   keys, match, rank, and the proxy hop);
 - Envoy + EPP: POST through Envoy, which asks the EPP; what it adds is `envoy_epp - direct`,
   and the acceptance is its ratio to what the HTTP gateway adds (at most 1.5);
-- plain Envoy: POST through Envoy alone: the proxy hop without the EPP;
+- request phase only: the same EPP behind a second Envoy that sends it no response phase (no
+  served endpoint, x-kvgate-* headers or usage): what the response phase costs;
+- plain Envoy: POST through Envoy alone (round robin, no ext_proc): the proxy hop without the EPP;
 - EPP: the ext_proc exchange a proxy has before it forwards (headers, body, end of stream ->
   the endpoint header and the body sent back), timed at a Python grpc.aio client;
 - EPP floor: the same exchange for a request with no body to key (headers only, picked by
-  load): the cost of the gRPC stream itself, client and server; `EPP - floor` is the EPP's
-  decision (read, parse, render and keys, match, rank, the body sent back).
+  load); `EPP - floor` is the EPP's decision (read, parse, render and keys, match, rank).
 
-Both processes also report their server-side render and routing decision times
-(`kvgate_render_seconds`, `kvgate_routing_decision_seconds`): one code path, so they should
-agree, and the EPP's decision should cost no more than what the HTTP gateway adds.
+The machine's load moves the numbers: every "added" is the median of differences within a
+round (the same moment's load), the rounds are interleaved (each starts at a different step),
+and `--repeat` runs the whole measurement again to show the spread. The load average before and
+after each repeat goes into the table and the JSON. Both processes also report their server-side
+render and routing decision times (`kvgate_render_seconds`, `kvgate_routing_decision_seconds`).
 
-    python -m bench.epp_overhead            # table + bench/results/epp_overhead.json
+    python -m bench.epp_overhead --repeat 5    # table + bench/results/epp_overhead.json
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -39,7 +42,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from bench.lib.closed_loop import ZERO_COMPUTE
-from bench.lib.report import percentile, write_json
+from bench.lib.report import args_dict, percentile, write_json
 from harness.cluster import Cluster, ClusterSpec
 from harness.envoy import Envoy, EnvoySpec
 from harness.epp import EnvoyFront
@@ -48,6 +51,15 @@ from harness.workload import data_url, make_image
 
 CHAT = "/v1/chat/completions"
 GATEWAY_ARGS = ("--poll-interval", "0.5")
+STEPS = ("direct", "gateway", "envoy_epp", "request_phase", "envoy", "epp", "epp_floor")
+# Differences within a round, then their median: (name, minuend, subtrahend).
+ADDED = (
+    ("http_added", "gateway", "direct"),
+    ("envoy_epp_added", "envoy_epp", "direct"),
+    ("request_phase_added", "request_phase", "direct"),
+    ("envoy_added", "envoy", "direct"),
+    ("epp_decision", "epp", "epp_floor"),
+)
 
 
 def bodies() -> dict[str, bytes]:
@@ -99,9 +111,9 @@ async def exchange(stub: pb_grpc.ExternalProcessorStub, body: bytes | None) -> N
     await call.read()  # the stream's end: the EPP releases the request
 
 
-async def measure(c: Cluster, urls: dict[str, str], target: str, body: bytes, n: int) -> dict:
-    steps = ("direct", "gateway", "envoy_epp", "envoy", "epp", "epp_floor")
-    times: dict[str, list[float]] = {name: [] for name in steps}
+async def measure(worker_urls: list[str], urls: dict[str, str], target: str, body: bytes,
+                  n: int) -> dict:  # fmt: skip
+    times: dict[str, list[float]] = {name: [] for name in STEPS}
     headers = {"content-type": "application/json"}
     async with (
         httpx.AsyncClient(timeout=60) as http,
@@ -111,7 +123,7 @@ async def measure(c: Cluster, urls: dict[str, str], target: str, body: bytes, n:
 
         async def run(name: str, i: int) -> None:
             if name == "direct":
-                await http.post(c.worker_urls[i % 2] + CHAT, content=body, headers=headers)
+                await http.post(worker_urls[i % 2] + CHAT, content=body, headers=headers)
             elif name in urls:
                 r = await http.post(urls[name] + CHAT, content=body, headers=headers)
                 assert r.status_code == 200, r.text
@@ -119,8 +131,8 @@ async def measure(c: Cluster, urls: dict[str, str], target: str, body: bytes, n:
                 await exchange(stub, body if name == "epp" else None)
 
         for i in range(n + 20):  # the first 20 rounds warm up
-            k = i % len(steps)
-            for name in steps[k:] + steps[:k]:  # interleaved: no drift bias
+            k = i % len(STEPS)
+            for name in STEPS[k:] + STEPS[:k]:  # interleaved: no drift bias
                 t0 = time.perf_counter()
                 await run(name, i)
                 if i >= 20:
@@ -129,53 +141,80 @@ async def measure(c: Cluster, urls: dict[str, str], target: str, body: bytes, n:
     for name, xs in times.items():
         row[f"{name}_p50_ms"] = 1000 * statistics.median(xs)
         row[f"{name}_p99_ms"] = 1000 * percentile(xs, 0.99)
-    # Differences within a round (the same moment's machine load), then their median.
-    pairs = {
-        "http_added": ("gateway", "direct"),
-        "envoy_epp_added": ("envoy_epp", "direct"),
-        "envoy_added": ("envoy", "direct"),
-        "epp_decision": ("epp", "epp_floor"),
-    }
-    for name, (a, b) in pairs.items():
+    for name, a, b in ADDED:
         diffs = [x - y for x, y in zip(times[a], times[b], strict=True)]
         row[f"{name}_p50_ms"] = 1000 * statistics.median(diffs)
     row["ratio"] = row["envoy_epp_added_p50_ms"] / row["http_added_p50_ms"]
     return row
 
 
+HEAD = (
+    "run  request     load | direct  HTTP added | Envoy+EPP added  ratio | request phase only"
+    " | plain Envoy | EPP decision"
+)
+
+
+def show(run: str, name: str, load: str, r: dict) -> None:
+    print(
+        f"{run:<4} {name:<11}{load:>5} |{r['direct_p50_ms']:>7.2f}{r['http_added_p50_ms']:>12.2f}"
+        f" |{r['envoy_epp_added_p50_ms']:>16.2f}{r['ratio']:>6.2f}x |"
+        f"{r['request_phase_added_p50_ms']:>19.2f} |{r['envoy_added_p50_ms']:>12.2f} |"
+        f"{r['epp_decision_p50_ms']:>13.2f}",
+        flush=True,
+    )
+
+
+def summarize(runs: list[dict]) -> dict[str, dict]:
+    """Per request kind, the median over the repeats of each "added", and the ratio's range."""
+    out: dict[str, dict] = {}
+    for name in runs[0]["rows"]:
+        rows = [run["rows"][name] for run in runs]
+        s = {k: statistics.median(r[k] for r in rows) for k in rows[0] if k.endswith("_ms")}
+        ratios = [r["ratio"] for r in rows]
+        s |= {"ratio": statistics.median(ratios), "ratio_min": min(ratios),
+              "ratio_max": max(ratios)}  # fmt: skip
+        out[name] = s
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--requests", type=int, default=300)
+    ap.add_argument("--requests", type=int, default=300, help="measured rounds per request kind")
+    ap.add_argument("--repeat", type=int, default=3, help="whole measurements, one after another")
     ap.add_argument("--out", type=Path, default=Path("bench/results/epp_overhead.json"))
     args = ap.parse_args()
     log_dir = Path("bench/results/logs/epp_overhead")
     spec = ClusterSpec(workers=2, engine="sim", worker_args=ZERO_COMPUTE,
                        gateway_args=GATEWAY_ARGS, log_dir=log_dir)  # fmt: skip
-    result: dict = {"rows": {}}
+    result: dict = {"args": args_dict(args), "runs": []}
     with (
         Cluster(spec) as c,
         EnvoyFront(c, log_dir, GATEWAY_ARGS) as front,
+        Envoy(EnvoySpec(epp=front.target, response_phase=False, log_dir=log_dir),
+              name="envoy-request-phase") as request_phase,
         Envoy(EnvoySpec(epp="", workers=c.worker_urls, ext_proc=False, log_dir=log_dir),
               name="envoy-plain") as plain,
     ):  # fmt: skip
-        urls = {"gateway": c.gateway_url, "envoy_epp": front.url, "envoy": plain.url}
+        urls = {"gateway": c.gateway_url, "envoy_epp": front.url,
+                "request_phase": request_phase.url, "envoy": plain.url}  # fmt: skip
         time.sleep(2.0)  # both have polled the workers and loaded the render assets
-        for name, body in bodies().items():
-            row = asyncio.run(measure(c, urls, front.target, body, args.requests))
-            result["rows"][name] = row
-        result["server_ms"] = {
-            "http": server_means(c.gateway_url),
-            "epp": server_means(front.epp_url),
-        }
-    print("p50 ms       direct gateway  HTTP added | Envoy+EPP added  ratio | plain Envoy added"
-          " | EPP exchange floor decision")  # fmt: skip
-    for name, r in result["rows"].items():
-        print(
-            f"  {name:<11}{r['direct_p50_ms']:>6.2f}{r['gateway_p50_ms']:>8.2f}"
-            f"{r['http_added_p50_ms']:>12.2f} |{r['envoy_epp_added_p50_ms']:>16.2f}"
-            f"{r['ratio']:>6.2f}x |{r['envoy_added_p50_ms']:>18.2f} |{r['epp_p50_ms']:>13.2f}"
-            f"{r['epp_floor_p50_ms']:>6.2f}{r['epp_decision_p50_ms']:>9.2f}"
-        )
+        print(HEAD)
+        for i in range(1, args.repeat + 1):
+            run: dict = {"load_before": os.getloadavg()[0], "rows": {}}
+            for name, body in bodies().items():
+                row = asyncio.run(measure(c.worker_urls, urls, front.target, body, args.requests))
+                run["rows"][name] = row
+                show(str(i), name, f"{os.getloadavg()[0]:.1f}", row)
+            run["load_after"] = os.getloadavg()[0]
+            result["runs"].append(run)
+        result["server_ms"] = {"http": server_means(c.gateway_url),
+                               "epp": server_means(front.epp_url)}  # fmt: skip
+    result["summary"] = summarize(result["runs"])
+    loads = [x for run in result["runs"] for x in (run["load_before"], run["load_after"])]
+    print(f"median of {args.repeat} runs (load average {min(loads):.1f} to {max(loads):.1f}):")
+    for name, s in result["summary"].items():
+        show("all", name, "", s)
+        print(f"{'':<23}ratio over the runs: {s['ratio_min']:.2f}x to {s['ratio_max']:.2f}x")
     print("(added, ratio and decision: medians of in-round differences with `direct`/`floor`)")
     for mode, m in result["server_ms"].items():
         print(
