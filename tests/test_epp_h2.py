@@ -326,3 +326,21 @@ def test_protocol_errors_end_the_connection_only(first: bytes, code: int) -> Non
         assert [m.value for m in echo_stub(ch)(values(b"still here"), timeout=10)] == [
             b"still here"
         ]
+
+
+def test_a_client_that_reads_nothing_is_cut_off(caplog: pytest.LogCaptureFixture) -> None:
+    # PINGs, never reading the ACKs: once the server's unsent answers pass its bound the
+    # connection goes (its memory stays bounded), and the server serves others as before.
+    with serving() as (port, *_), grpc.insecure_channel(f"{HOST}:{port}") as ch:
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect((HOST, port))
+        s.sendall(PREFACE + frame(SETTINGS, 0, 0))
+        burst = frame(PING, 0, 0, b"12345678") * 50_000
+        t0 = time.monotonic()
+        with pytest.raises(OSError):  # reset by the server
+            while time.monotonic() - t0 < 120:
+                s.sendall(burst)
+        s.close()
+        assert any("reads none of its answers" in r.getMessage() for r in caplog.records)
+        assert [m.value for m in echo_stub(ch)(values(b"ok"), timeout=10)] == [b"ok"]

@@ -28,6 +28,7 @@ from .h2_wire import (
     DATA,
     END_HEADERS,
     END_STREAM,
+    ENHANCE_YOUR_CALM,
     FLOW_CONTROL_ERROR,
     FRAME_SIZE_ERROR,
     GOAWAY,
@@ -61,6 +62,9 @@ FRAME_BYTES = 16_384  # the largest frame we accept (the protocol's default; not
 CONNECTION_WINDOW = 16 << 20  # the connection's window is given back as frames arrive
 MAX_STREAMS = 8192  # concurrent streams per connection; a proxy opens another connection past it
 MAX_HEADER_LIST = 64 << 10
+# Answers a client does not read: past this, while the transport is paused, the control frames
+# it keeps sending (PING, SETTINGS) would be answered into memory without bound.
+MAX_UNREAD = 4 << 20
 
 
 class H2Connection(asyncio.Protocol):
@@ -275,8 +279,12 @@ class H2Connection(asyncio.Protocol):
 
     def _flush(self) -> None:
         out, self._out = self._out, []
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.writelines(out)
+        t = self.transport
+        if t is None or t.is_closing():
+            return
+        t.writelines(out)
+        if self.paused and t.get_write_buffer_size() > MAX_UNREAD:
+            self._fail(ENHANCE_YOUR_CALM, "the client reads none of its answers")
 
     def stream_ended(self, s: Stream) -> None:
         """Our END_STREAM is out: the stream closes; a client still sending is told to stop
@@ -291,12 +299,19 @@ class H2Connection(asyncio.Protocol):
         s.gone()
 
     def _fail(self, code: int, message: str) -> None:
+        """A connection error: GOAWAY(code), then the connection closes (at once when the
+        client reads nothing)."""
+        t = self.transport
+        if t is None or t.is_closing():
+            return
         log.warning("ext_proc connection: %s; closing it (GOAWAY %d)", message, code)
-        self.write(frame(GOAWAY, 0, 0, struct.pack(">II", self.last_stream_id, code)
-                         + message.encode()[:200]))  # fmt: skip
-        self._flush()
-        if self.transport is not None:
-            self.transport.close()
+        goaway = struct.pack(">II", self.last_stream_id, code) + message.encode()[:200]
+        t.writelines([*self._out, frame(GOAWAY, 0, 0, goaway)])
+        self._out = []
+        if code == ENHANCE_YOUR_CALM:
+            t.abort()
+        else:
+            t.close()
 
     # ---- shutdown ---------------------------------------------------------------------------
 
