@@ -11,6 +11,8 @@ response phase on), all real processes on 127.0.0.1. For each request, in turn:
   and the acceptance is its ratio to what the HTTP gateway adds (at most 1.5);
 - request phase only: the same EPP behind a second Envoy that sends it no response phase (no
   served endpoint, x-kvgate-* headers or usage): what the response phase costs;
+- do-nothing EPP: Envoy in front of bench/lib/extproc_null.py, kvgate's ext_proc transport with
+  no decision (a fixed endpoint, bodies echoed): what the protocol's round trips cost alone;
 - plain Envoy: POST through Envoy alone (round robin, no ext_proc): the proxy hop without the EPP;
 - baseline (`--baseline DIR`): Envoy + the EPP of another kvgate checkout (e.g. an older commit from
   `git archive`, run with this Python), side by side with this one;
@@ -40,8 +42,10 @@ import asyncio
 import contextlib
 import json
 import os
+import socket
 import statistics
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -51,7 +55,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from bench.lib.closed_loop import ZERO_COMPUTE
 from bench.lib.report import args_dict, percentile, write_json
-from harness.cluster import Cluster, ClusterSpec
+from harness.cluster import HOST, Cluster, ClusterSpec, Proc, free_port
 from harness.envoy import Envoy, EnvoySpec
 from harness.epp import EnvoyFront
 from harness.extproc_client import header_map
@@ -59,12 +63,23 @@ from harness.workload import data_url, make_image
 
 CHAT = "/v1/chat/completions"
 GATEWAY_ARGS = ("--poll-interval", "0.5")
-STEPS = ("direct", "gateway", "envoy_epp", "request_phase", "envoy", "epp", "epp_floor", "baseline")
+STEPS = (
+    "direct",
+    "gateway",
+    "envoy_epp",
+    "request_phase",
+    "null_epp",
+    "envoy",
+    "epp",
+    "epp_floor",
+    "baseline",
+)
 # Differences within a round, then their median: (name, minuend, subtrahend).
 ADDED = (
     ("http_added", "gateway", "direct"),
     ("envoy_epp_added", "envoy_epp", "direct"),
     ("request_phase_added", "request_phase", "direct"),
+    ("null_epp_added", "null_epp", "direct"),
     ("envoy_added", "envoy", "direct"),
     ("epp_decision", "epp", "epp_floor"),
     ("baseline_added", "baseline", "direct"),
@@ -133,7 +148,8 @@ async def measure(worker_urls: list[str], urls: dict[str, str], target: str, bod
 
         async def run(name: str, i: int) -> None:
             if name == "direct":
-                await http.post(worker_urls[i % 2] + CHAT, content=body, headers=headers)
+                url = worker_urls[i % len(worker_urls)]
+                await http.post(url + CHAT, content=body, headers=headers)
             elif name in urls:
                 r = await http.post(urls[name] + CHAT, content=body, headers=headers)
                 assert r.status_code == 200, r.text
@@ -164,7 +180,7 @@ async def measure(worker_urls: list[str], urls: dict[str, str], target: str, bod
 
 HEAD = (
     "run  request     load | direct  HTTP added | Envoy+EPP added  ratio | request phase only"
-    " | plain Envoy | EPP decision"
+    " | do-nothing EPP | plain Envoy | EPP decision"
 )
 BASELINE_HEAD = " | baseline added  ratio"
 
@@ -176,7 +192,8 @@ def show(run: str, name: str, load: str, r: dict) -> None:
     print(
         f"{run:<4} {name:<11}{load:>5} |{r['direct_p50_ms']:>7.2f}{r['http_added_p50_ms']:>12.2f}"
         f" |{r['envoy_epp_added_p50_ms']:>16.2f}{r['ratio']:>6.2f}x |"
-        f"{r['request_phase_added_p50_ms']:>19.2f} |{r['envoy_added_p50_ms']:>12.2f} |"
+        f"{r['request_phase_added_p50_ms']:>19.2f} |{r['null_epp_added_p50_ms']:>15.2f} |"
+        f"{r['envoy_added_p50_ms']:>12.2f} |"
         f"{r['epp_decision_p50_ms']:>13.2f}{baseline}",
         flush=True,
     )
@@ -194,6 +211,27 @@ def summarize(runs: list[dict]) -> dict[str, dict]:
                 s |= {key: statistics.median(xs), f"{key}_min": min(xs), f"{key}_max": max(xs)}
         out[name] = s
     return out
+
+
+@contextlib.contextmanager
+def null_epp(worker_url: str, log_dir: Path) -> Iterator[str]:
+    """bench/lib/extproc_null.py, naming `worker_url`'s endpoint: its gRPC address."""
+    port = free_port()
+    args = ["-m", "bench.lib.extproc_null", "--port", str(port),
+            "--endpoint", worker_url.split("://", 1)[-1]]  # fmt: skip
+    proc = Proc("extproc-null", args, port, log_dir / "extproc-null.log")
+    proc.start()
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection((HOST, port), 1):
+                break
+            if not proc.alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the do-nothing EPP did not start:\n{proc.log_tail()}")
+            time.sleep(0.1)
+        yield f"{HOST}:{port}"
+    finally:
+        proc.kill()
 
 
 def envoy_clock(envoys: dict[str, Envoy]) -> dict[str, dict[str, float]]:
@@ -247,10 +285,12 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=300, help="measured rounds per request kind")
     ap.add_argument("--repeat", type=int, default=3, help="whole measurements, one after another")
     ap.add_argument("--baseline", type=Path, help="another kvgate checkout whose EPP runs beside")
+    ap.add_argument("--workers", type=int, default=2, help="sim workers (1: every path ends at "
+                    "the same worker, so none gains from a warmer one)")  # fmt: skip
     ap.add_argument("--out", type=Path, default=Path("bench/results/epp_overhead.json"))
     args = ap.parse_args()
     log_dir = Path("bench/results/logs/epp_overhead")
-    spec = ClusterSpec(workers=2, engine="sim", worker_args=ZERO_COMPUTE,
+    spec = ClusterSpec(workers=args.workers, engine="sim", worker_args=ZERO_COMPUTE,
                        gateway_args=GATEWAY_ARGS, log_dir=log_dir)  # fmt: skip
     result: dict = {"args": args_dict(args)}
     with contextlib.ExitStack() as stack:
@@ -268,9 +308,13 @@ def main() -> None:
                 name="envoy-plain",
             )
         )
-        envoys = {"Envoy+EPP": front.envoy, "request phase": request_phase, "plain Envoy": plain}
-        urls = {"gateway": c.gateway_url, "envoy_epp": front.url,
-                "request_phase": request_phase.url, "envoy": plain.url}  # fmt: skip
+        null = stack.enter_context(null_epp(c.worker_urls[0], log_dir))
+        nothing = stack.enter_context(Envoy(EnvoySpec(epp=null, log_dir=log_dir),
+                                            name="envoy-do-nothing"))  # fmt: skip
+        envoys = {"Envoy+EPP": front.envoy, "request phase": request_phase,
+                  "do-nothing EPP": nothing, "plain Envoy": plain}  # fmt: skip
+        urls = {"gateway": c.gateway_url, "envoy_epp": front.url, "request_phase":
+                request_phase.url, "null_epp": nothing.url, "envoy": plain.url}  # fmt: skip
         if args.baseline is not None:
             # Its packages first, not this checkout's (which `-m` would put first, from the cwd).
             env = {"PYTHONPATH": str(args.baseline.resolve()), "PYTHONSAFEPATH": "1"}
