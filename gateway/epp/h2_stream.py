@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from .h2_wire import (
     CONTINUATION,
@@ -21,8 +21,20 @@ from .h2_wire import (
     frame,
 )
 
-if TYPE_CHECKING:
-    from .h2 import H2Connection
+
+class Connection(Protocol):
+    """What a stream needs of its connection (gateway/epp/h2.py's H2Connection)."""
+
+    loop: asyncio.AbstractEventLoop
+    peer_window: int  # the client's initial stream window
+    send_window: int  # the connection's window for what we send
+    peer_frame_bytes: int
+    paused: bool  # the transport's buffer is full
+
+    def write(self, data: bytes) -> None: ...
+
+    def stream_ended(self, s: Stream) -> None: ...
+
 
 # Per stream, what a client may send before we read it: bounds a stream nobody reads.
 STREAM_WINDOW = 1 << 20
@@ -50,7 +62,7 @@ class Stream:
         "window",
     )  # fmt: skip
 
-    def __init__(self, conn: H2Connection, stream_id: int, headers: dict[str, str]) -> None:
+    def __init__(self, conn: Connection, stream_id: int, headers: dict[str, str]) -> None:
         self.conn, self.id, self.headers = conn, stream_id, headers
         self.ended = False  # the client ended its side (END_STREAM)
         self.reset = False  # either side reset the stream, or the connection went
