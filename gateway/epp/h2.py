@@ -316,7 +316,8 @@ class H2Connection(asyncio.Protocol):
     # ---- shutdown ---------------------------------------------------------------------------
 
     def goaway(self) -> None:
-        """No new streams (GOAWAY NO_ERROR); those open go on. Closed once they end."""
+        """No new streams (GOAWAY NO_ERROR); those open go on (RpcServer.stop closes the
+        connection once its calls are done or cancelled)."""
         if not self.closing:
             self.closing = True
             self.write(frame(GOAWAY, 0, 0, struct.pack(">II", self.last_stream_id, NO_ERROR)))
