@@ -50,6 +50,11 @@ _ACCESS_LOG_FORMAT = {
     "path": "%REQ(:PATH)%",
     "request_id": "%REQ(X-REQUEST-ID)%",
     "tag": "%REQ(X-TEST-TAG)%",
+    # Envoy's own clock, in microseconds: from the client's first byte to the upstream's first
+    # (the request phase: with ext_proc, the EPP's pick), and from the upstream's last byte to
+    # the client's last (the response phase).
+    "request_us": "%COMMON_DURATION(DS_RX_BEG:US_TX_BEG:us)%",
+    "response_us": "%COMMON_DURATION(US_RX_END:DS_TX_END:us)%",
 }
 
 

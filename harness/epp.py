@@ -9,7 +9,7 @@ cluster's policy and worker token) and an Envoy in front of it in the ORIGINAL_D
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from harness.cluster import HOST, Cluster, Proc, free_port
@@ -18,9 +18,11 @@ from harness.envoy import Envoy, EnvoySpec
 
 class EnvoyFront:
     def __init__(self, cluster: Cluster, log_dir: Path, epp_args: Sequence[str] = (),
+                 name: str = "epp", epp_env: Mapping[str, str] | None = None,
                  **envoy: object) -> None:  # fmt: skip
-        self.cluster, self.log_dir = cluster, log_dir
+        self.cluster, self.log_dir, self.name = cluster, log_dir, name
         self.epp_args, self.envoy_options = list(epp_args), envoy
+        self.epp_env = dict(epp_env or {})  # on top of the cluster's (e.g. another PYTHONPATH)
         self.epp: Proc | None = None
         self.envoy: Envoy | None = None
         self.target = ""  # the EPP's gRPC address
@@ -44,7 +46,8 @@ class EnvoyFront:
                 "--policy", c.spec.policy, *self.epp_args]  # fmt: skip
         token = c.spec.worker_token
         env = {"KVGATE_WORKER_TOKEN": token} if token else {}
-        self.epp = Proc("epp", args, http, self.log_dir / "epp.log", env=env)
+        self.epp = Proc(self.name, args, http, self.log_dir / f"{self.name}.log",
+                        env={**env, **self.epp_env})  # fmt: skip
         try:
             self.epp.start()
             self.epp.wait_healthy(timeout)
@@ -54,7 +57,7 @@ class EnvoyFront:
                 log_dir=self.log_dir,
                 **self.envoy_options,
             )  # type: ignore[arg-type]
-            self.envoy = Envoy(spec).start()
+            self.envoy = Envoy(spec, name=f"envoy-{self.name}").start()
         except BaseException:
             self.stop()
             raise

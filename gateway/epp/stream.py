@@ -18,7 +18,8 @@ mode (`protocol_config`) wants them:
 
 Response phase: the response headers say where the request was served (gateway/epp/served.py)
 and get `x-kvgate-replica` and `x-kvgate-predicted-cached-tokens`; the body passes back
-unchanged while its usage is read. The slot is released when the stream ends, however it ends.
+unchanged while its usage is read. The stream ends with the answer's last message (the slot is
+released then), or earlier, however it ends.
 
 A request the gateway refuses (bad body, unknown model, over a limit, no ready endpoint,
 overload) is an immediate response with the HTTP gateway's status and OpenAI error body. An
@@ -31,7 +32,6 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Mapping
 
-import grpc
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 
 from cachekey.keys import PREFIX_HEADER
@@ -59,6 +59,7 @@ from .body import (
     request_style,
     warn_streamed,
 )
+from .rpc import Abort, Call, Status
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ _USAGE_BODY_BYTES = 1 << 20  # a non-streamed answer longer than this is not rea
 
 
 class ExtProcStream:
-    def __init__(self, state: GatewayState, messages: AsyncIterator, context) -> None:
+    def __init__(self, state: GatewayState, messages: AsyncIterator, context: Call) -> None:
         self.state = state
         self.messages = messages
         self.context = context
@@ -76,6 +77,7 @@ class ExtProcStream:
         self.usage: dict | None = None
         self.style = DUPLEX
         self.echo_response = True  # full duplex answers: the response body is sent back
+        self.duplex_declared = False  # the proxy said full duplex (it never waits for answers)
         self.rank: int | None = None  # the X-data-parallel-rank sent with the pick
         self._relay: SSERelay | None = None
         self._streaming = False  # the stream's first bytes came back
@@ -91,6 +93,7 @@ class ExtProcStream:
             self.style = request_style(first)
             response_mode = wire.body_modes(first)[1]
             self.echo_response = response_mode in (None, ProcessingMode.FULL_DUPLEX_STREAMED)
+            self.duplex_declared = response_mode == ProcessingMode.FULL_DUPLEX_STREAMED
             if log.isEnabledFor(logging.DEBUG):
                 log.debug(
                     "ext_proc stream: request body %s, response body %s: answered %s",
@@ -105,7 +108,7 @@ class ExtProcStream:
                 async for out in self._response():
                     yield out
         except ProtocolError as e:
-            await self.context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            await self.context.abort(Status.INVALID_ARGUMENT, str(e))
         finally:
             if self.px is not None:
                 self.px.release(self.status, self.usage)
@@ -142,7 +145,7 @@ class ExtProcStream:
                 warn_streamed()
             px = self.px = ProxyRequest.route(st, path, body, headers, tenant=tenant, subset=subset)
             await px.decide()
-        except (ProtocolError, grpc.aio.AbortError):
+        except (ProtocolError, Abort):
             raise
         except Exception as e:
             yield await self._refuse(e, headers)
@@ -212,28 +215,51 @@ class ExtProcStream:
             end(self.state, headers, None, self.status)
         if err.status >= 500 and not isinstance(exc, GatewayError):
             # Not the request's fault: the proxy's failure mode decides, as when the EPP is down.
-            await self.context.abort(grpc.StatusCode.INTERNAL, err.message)
+            await self.context.abort(Status.INTERNAL, err.message)
         return wire.immediate_response(err)
 
     # ---- response phase --------------------------------------------------------------------
 
     async def _response(self) -> AsyncIterator:
+        """Until the answer's last message (its end of stream): then the EPP ends the stream
+        itself, so the slot is released as the answer ends, not when the proxy closes the
+        stream after the client got it (a moment later, often after the client's next
+        request was routed)."""
+        held = None  # a JSON answer's headers answer, sent with its body's
         while (msg := await anext(self.messages, None)) is not None:
             kind = msg.WhichOneof("request")
             if kind == "response_headers":
-                yield wire.headers_response(self._on_response_headers(msg))
+                answer = wire.headers_response(self._on_response_headers(msg))
+                last = msg.response_headers.end_of_stream
+                # A proxy that declared full duplex sends the body without waiting for this
+                # answer, and a JSON body follows at once: one write for both saves the
+                # proxy a wake-up. (A stream's headers go at once: its first token may wait.)
+                if self.duplex_declared and self._relay is None and not last:
+                    held = answer
+                    continue
+                yield answer
             elif kind == "response_body":
+                if held is not None:
+                    yield held
+                    held = None
                 b = msg.response_body
-                self._read_usage(b.body, b.end_of_stream)
+                last = b.end_of_stream
+                self._read_usage(b.body, last)
                 if not self.echo_response:
                     yield wire.body_unchanged(response=True)
-                    continue
-                for out in wire.body_responses(b.body, end=b.end_of_stream, response=True):
-                    yield out
+                else:
+                    for out in wire.body_responses(b.body, end=last, response=True):
+                        yield out
             elif kind == "response_trailers":
+                if held is not None:
+                    yield held
+                    held = None
                 yield wire.trailers_response(response=True)
+                last = True
             else:
                 raise ProtocolError(f"{kind} after the request was answered")
+            if last:
+                return
 
     def _on_response_headers(self, msg) -> dict[str, str]:
         headers = wire.header_dict(msg.response_headers.headers)

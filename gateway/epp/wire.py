@@ -31,7 +31,7 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import (
     TrailersResponse,
 )
 from envoy.type.v3.http_status_pb2 import HttpStatus
-from google.protobuf.struct_pb2 import Struct
+from google.protobuf.struct_pb2 import Struct, Value
 
 from cachekey.openai_errors import error_body
 from gateway.errors import GatewayError
@@ -145,8 +145,9 @@ def _set_headers(headers: Mapping[str, str], remove: tuple[str, ...] = ()) -> He
 def _route_mutation(endpoints: list[str], headers: Mapping[str, str]):
     """The pick as a header mutation (the client's own routing headers removed) and metadata."""
     destination = ",".join(endpoints)
-    metadata = Struct()
-    metadata.update({DESTINATION_NAMESPACE: {DESTINATION_KEY: destination}})
+    # Built from the values (C), not with Struct.update (Python, per key): the per-request path.
+    pick = Struct(fields={DESTINATION_KEY: Value(string_value=destination)})
+    metadata = Struct(fields={DESTINATION_NAMESPACE: Value(struct_value=pick)})
     mutation = _set_headers({DESTINATION_KEY: destination, **headers}, CLIENT_FORBIDDEN[1:])
     return mutation, metadata
 
