@@ -25,6 +25,7 @@ import uvloop
 from google.protobuf.wrappers_pb2 import BytesValue
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from gateway.epp.h2 import RESET_FLOOR
 from gateway.epp.health import NOT_SERVING, SERVING, Health
 from gateway.epp.rpc import Call, Method, RpcServer, Status
 from harness.cluster import HOST, free_port
@@ -303,6 +304,33 @@ def test_ping_and_a_reset_stream() -> None:
         c.message(3, b"again", end=True)
         f = c.until(DATA)
         assert f[2] == 3 and f[3].endswith(b"again")
+
+
+def test_rapid_reset_closes_the_connection() -> None:
+    # Streams opened and reset at once (CVE-2023-44487): past RESET_FLOOR streams with half or
+    # more reset unanswered, GOAWAY ENHANCE_YOUR_CALM. A client that resets some of its streams
+    # (a third, here) keeps its connection; the server serves everyone else as before.
+    with serving() as (port, *_), grpc.insecure_channel(f"{HOST}:{port}") as ch:
+        polite = RawClient(port)
+        for i in range(RESET_FLOOR):
+            stream = 2 * i + 1
+            polite.open(stream)
+            polite.message(stream, b"hang" if i % 3 == 0 else b"ok", end=i % 3 != 0)
+            if i % 3 == 0:
+                polite.send(frame(RST_STREAM, 0, stream, struct.pack(">I", 8)))
+            else:
+                while (f := polite.read_frame()) is not None and not (f[2] == stream and f[1] & 1):
+                    pass
+        polite.open(2 * RESET_FLOOR + 1)
+        polite.message(2 * RESET_FLOOR + 1, b"still", end=True)
+        assert polite.until(DATA)[3].endswith(b"still")
+
+        rude = RawClient(port)
+        for i in range(RESET_FLOOR):
+            rude.open(2 * i + 1)
+            rude.send(frame(RST_STREAM, 0, 2 * i + 1, struct.pack(">I", 8)))
+        assert rude.goaway_code() == 0xB  # ENHANCE_YOUR_CALM
+        assert [m.value for m in echo_stub(ch)(values(b"others"), timeout=10)] == [b"others"]
 
 
 @pytest.mark.parametrize(

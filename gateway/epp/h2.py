@@ -65,6 +65,11 @@ MAX_HEADER_LIST = 64 << 10
 # Answers a client does not read: past this, while the transport is paused, the control frames
 # it keeps sending (PING, SETTINGS) would be answered into memory without bound.
 MAX_UNREAD = 4 << 20
+# "Rapid reset" (CVE-2023-44487): a client that opens streams and resets them before they are
+# answered makes the server start work it then throws away, without the concurrency bound ever
+# applying. As Envoy does (premature resets), once a connection has opened RESET_FLOOR streams
+# it is closed (GOAWAY ENHANCE_YOUR_CALM) when half of them or more were reset unanswered.
+RESET_FLOOR = 200
 
 
 class H2Connection(asyncio.Protocol):
@@ -88,6 +93,8 @@ class H2Connection(asyncio.Protocol):
         self._recv_window = CONNECTION_WINDOW
         self._out: list[bytes] = []
         self._closed = asyncio.Event()
+        self._opened = 0  # streams the client opened
+        self._early_resets = 0  # of them, reset by the client before our answer ended
 
     # ---- transport callbacks --------------------------------------------------------------
 
@@ -185,6 +192,9 @@ class H2Connection(asyncio.Protocol):
                 raise H2Error(FRAME_SIZE_ERROR, "bad RST_STREAM")
             if (s := self.streams.get(stream_id)) is not None:
                 self._drop(s)
+                self._early_resets += 1
+                if self._opened >= RESET_FLOOR and 2 * self._early_resets >= self._opened:
+                    raise H2Error(ENHANCE_YOUR_CALM, "the client resets most streams it opens")
         elif kind == GOAWAY:
             self.closing = True  # the client opens no more streams here; those open go on
         elif kind == PUSH_PROMISE:
@@ -226,6 +236,7 @@ class H2Connection(asyncio.Protocol):
         if self.closing or len(self.streams) >= MAX_STREAMS:
             self.write(frame(RST_STREAM, 0, stream_id, REFUSED_STREAM.to_bytes(4, "big")))
             return
+        self._opened += 1
         s = self.streams[stream_id] = Stream(self, stream_id, headers)
         s.ended = bool(flags & END_STREAM)
         self.on_stream(s)
