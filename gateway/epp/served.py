@@ -19,6 +19,8 @@ from gateway.state import GatewayState
 from . import wire
 
 log = logging.getLogger(__name__)
+_warned: set[str] = set()  # endpoints outside the pool already logged (a misconfigured proxy
+# would otherwise log every request)
 
 
 def settle(state: GatewayState, px: ProxyRequest, msg, rank: int | None) -> None:
@@ -33,7 +35,7 @@ def settle(state: GatewayState, px: ProxyRequest, msg, rank: int | None) -> None
         return
     target = replica_at(state, served, rank)
     if target is None:
-        log.warning("the proxy served a request on %s, which is not a worker of the pool", served)
+        _warn_once(served)
         return
     px.served_by(target, f"the proxy sent it to {target.name}")
 
@@ -44,3 +46,15 @@ def replica_at(state: GatewayState, endpoint: str, rank: int | None) -> Replica 
         if wire.endpoint_of(r.url) == endpoint and r.rank_header == rank:
             return r
     return None
+
+
+def _warn_once(endpoint: str) -> None:
+    if endpoint in _warned or len(_warned) >= 1024:
+        log.debug("the proxy served a request on %s, not a worker of the pool", endpoint)
+        return
+    _warned.add(endpoint)
+    log.warning(
+        "the proxy served a request on %s, which is not a worker of the pool (logged once per "
+        "endpoint; the rest at debug level)",
+        endpoint,
+    )
