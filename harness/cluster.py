@@ -291,7 +291,7 @@ def rss_bytes(pid: int) -> int | None:
     return None
 
 
-def snapshot_digest(worker_url: str) -> tuple[str, int]:
+def snapshot_digest(worker_url: str, client: httpx.Client | None = None) -> tuple[str, int]:
     """(digest, blocks) of a worker's `/kv/snapshot`, computed like the gateway's index digest.
 
     kvgate workers key blocks exactly as the gateway does, so equal digests mean the gateway's
@@ -300,7 +300,7 @@ def snapshot_digest(worker_url: str) -> tuple[str, int]:
     """
     url, _, rank = worker_url.partition("#dp")
     query = f"?rank={rank}" if rank else ""
-    resp = httpx.get(f"{url}/kv/snapshot{query}", timeout=10)
+    resp = (client or httpx).get(f"{url}/kv/snapshot{query}", timeout=10)
     snap = decode_document(resp.content, Snapshot)
     keys = sorted({bytes.fromhex(b.key) for b in snap.blocks})
     h = hashlib.sha256()
@@ -309,12 +309,16 @@ def snapshot_digest(worker_url: str) -> tuple[str, int]:
     return h.hexdigest(), len(keys)
 
 
-def index_mismatches(gateway_url: str, worker_urls: Sequence[str]) -> dict[str, str]:
-    """Workers whose gateway index entry differs from their snapshot (empty: converged)."""
-    replicas = httpx.get(f"{gateway_url}/kvgate/index", timeout=10).json()["replicas"]
+def index_mismatches(
+    gateway_url: str, worker_urls: Sequence[str], client: httpx.Client | None = None
+) -> dict[str, str]:
+    """Workers whose gateway index entry differs from their snapshot (empty: converged).
+    `client` keeps its connections between calls (httpx.get makes a new client each time)."""
+    http = client or httpx
+    replicas = http.get(f"{gateway_url}/kvgate/index", timeout=10).json()["replicas"]
     bad: dict[str, str] = {}
     for url in worker_urls:
-        digest, blocks = snapshot_digest(url)
+        digest, blocks = snapshot_digest(url, client)
         entry = replicas.get(url)
         if entry is None:
             bad[url] = "not in the gateway's index"

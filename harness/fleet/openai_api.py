@@ -49,7 +49,9 @@ def parse_request(model: FleetModel, body: bytes, chat: bool) -> SimRequest:
     name = data.get("model")
     if name is not None and name != model.name:
         raise BadRequest(404, f"The model `{name}` does not exist", "model")
-    max_tokens = data.get("max_completion_tokens", data.get("max_tokens")) or DEFAULT_MAX_TOKENS
+    max_tokens = data.get("max_completion_tokens")
+    if max_tokens is None:
+        max_tokens = data.get("max_tokens", DEFAULT_MAX_TOKENS)
     if type(max_tokens) is not int or max_tokens < 1:
         raise BadRequest(400, "max_tokens must be a positive integer", "max_tokens")
     salt = data.get("cache_salt")

@@ -21,6 +21,7 @@ from cachekey.documents import (
     encode_document,
 )
 from cachekey.events import topic
+from cachekey.keys import PREFIX_HEADER, parse_prefix_header
 from harness.fleet.engine import Job, SimEngine, Timing
 from harness.fleet.events import FleetZmq, ReplicaEvents
 from harness.fleet.http_server import Exchange
@@ -32,6 +33,7 @@ from worker.engine.sequence import Sequence
 _json = msgspec.json.Encoder()
 _ids = itertools.count()
 _METRICS = "text/plain; version=0.0.4; charset=utf-8"
+_HINT = PREFIX_HEADER.encode()
 
 
 class SimReplica:
@@ -98,6 +100,11 @@ class SimReplica:
     # -- endpoints ---------------------------------------------------------------------------
 
     def _generate(self, ex: Exchange, chat: bool) -> None:
+        hint = ex.request.headers.get(_HINT)
+        if hint is not None:  # the gateway's predicted chain, kept from eviction (as the worker)
+            key = parse_prefix_header(hint.decode("latin-1"))
+            if key is not None:
+                self.engine.bm.refresh_chain(key)
         try:
             req = parse_request(self.model, ex.request.body, chat)
         except BadRequest as e:
