@@ -23,6 +23,7 @@ class Ingested(NamedTuple):
     errors: list[str]  # a reason per malformed batch, event or field skipped
     applied: int  # events applied
     unknown_parents: int = 0  # stored blocks skipped: their parent is not in the index
+    stamped_at: float | None = None  # the batch's `ts`: when the worker published it (epoch s)
 
 
 def ingest_batch(
@@ -52,4 +53,5 @@ def ingest_batch(
     errors = list(batch.errors)
     for reason, n in (index.errors - before_errors).items():
         errors += [reason] * n
-    return Ingested(errors, applied, index.skipped_unknown_parent - before_parent)
+    unknown = index.skipped_unknown_parent - before_parent
+    return Ingested(errors, applied, unknown, batch.ts or None)

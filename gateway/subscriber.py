@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 
 import httpx
@@ -222,6 +223,8 @@ class KVEventSubscriber:
         )
         # Only now: whoever reads last_seq (/kvgate/index, tests) finds the batch in the index.
         self.next_seq = seq + 1
+        if done.stamped_at is not None:  # the worker's clock: meaningful where clocks agree
+            self._metrics.event_lag.observe(max(time.time() - done.stamped_at, 0.0))
         self._metrics.events_applied.labels(self.replica).inc(done.applied)
         if done.unknown_parents:
             self._metrics.skipped_unknown_parent.inc(done.unknown_parents)
