@@ -6,6 +6,7 @@ Only calls the index; the subscriber (gateway/subscriber.py) owns ordering, gaps
 from __future__ import annotations
 
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
@@ -24,6 +25,7 @@ class Ingested(NamedTuple):
     applied: int  # events applied
     unknown_parents: int = 0  # stored blocks skipped: their parent is not in the index
     stamped_at: float | None = None  # the batch's `ts`: when the worker published it (epoch s)
+    cpu_seconds: float = 0.0  # the ingestion thread's CPU time on it
 
 
 def ingest_batch(
@@ -34,10 +36,24 @@ def ingest_batch(
     seq: int,
     payload: bytes,
 ) -> Ingested:
-    """What applying one batch of `replica`'s stream did; never raises.
+    """What applying one batch of `replica`'s stream did, and the CPU time it took; never
+    raises.
 
     `rank` is the data-parallel rank the stream belongs to: a batch naming another rank is
     skipped whole, never merged."""
+    t0 = time.thread_time()
+    done = _ingest(index, replica, ns, rank, seq, payload)
+    return done._replace(cpu_seconds=time.thread_time() - t0)
+
+
+def _ingest(
+    index: BlockIndex,
+    replica: ReplicaId,
+    ns: HashNamespace,
+    rank: int | None,
+    seq: int,
+    payload: bytes,
+) -> Ingested:
     try:
         batch = decode_batch(payload)
     except DecodeError as e:

@@ -81,6 +81,12 @@ class GatewayMetrics:
             buckets=_LAG_BUCKETS,
             registry=r,
         )
+        self.ingest_seconds = Counter(
+            "kvgate_event_ingest_cpu_seconds",
+            "CPU time of the ingestion thread decoding, hashing and applying KV-event batches: "
+            "near 1 per second, the gateway cannot keep up with the workers' events",
+            registry=r,
+        )
         self.event_replays = Counter("kvgate_event_replays", "Gaps closed by replay", registry=r)
         self.event_resyncs = Counter("kvgate_event_resyncs", "Snapshot reloads", registry=r)
         self.event_tail_gaps = Counter(

@@ -223,6 +223,7 @@ class KVEventSubscriber:
         )
         # Only now: whoever reads last_seq (/kvgate/index, tests) finds the batch in the index.
         self.next_seq = seq + 1
+        self._metrics.ingest_seconds.inc(done.cpu_seconds)
         if done.stamped_at is not None:  # the worker's clock: meaningful where clocks agree
             self._metrics.event_lag.observe(max(time.time() - done.stamped_at, 0.0))
         self._metrics.events_applied.labels(self.replica).inc(done.applied)

@@ -275,7 +275,7 @@ def test_live_events_and_gap_closed_by_replay():
     run_scenario(scenario)
 
 
-def test_event_lag_is_the_time_from_a_batch_stamp_to_its_indexing():
+def test_event_lag_and_ingest_cpu_are_measured_per_batch():
     t1, t2 = list(range(8)), list(range(100, 108))
 
     async def scenario(pub, snap, sub, index, metrics):
@@ -287,6 +287,7 @@ def test_event_lag_is_the_time_from_a_batch_stamp_to_its_indexing():
         fresh = _count(metrics, "kvgate_event_lag_seconds_bucket", {"le": "5.0"})
         assert fresh == 1  # the first batch; the stale one lands in the 10 s bucket
         assert 7.0 <= _count(metrics, "kvgate_event_lag_seconds_sum") < 7.0 + 5.0
+        assert 0 < _count(metrics, "kvgate_event_ingest_cpu_seconds_total") < 1.0
 
     run_scenario(scenario)
 
