@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -96,18 +97,31 @@ class FleetCluster(Cluster):
         try:
             self.fleet = FleetProc.create(self.fleet_spec, self.spec.log_dir)
             self.fleet.start(self.fleet_spec.startup_timeout)
-            self.gateways = [self.make_gateway(i) for i in range(self.spec.gateways)]
-            for g in self.gateways:
-                g.start()
-            for g in self.gateways:
-                g.wait_healthy(self.spec.startup_timeout)
+            self.start_gateways()
         except BaseException:
             self.stop()
             raise
         return self
 
-    def stop(self) -> None:
+    def start_gateways(self, src: Path | None = None) -> None:
+        """`spec.gateways` gateways (after any running ones are stopped); `src`: import
+        `gateway` from that checkout instead of this one (a baseline to compare with)."""
+        self.stop_gateways()
+        self.gateways = [self.make_gateway(i) for i in range(self.spec.gateways)]
+        for g in self.gateways:
+            g.log_path = g.log_path.resolve()
+            # `python -m` puts the working directory first on sys.path.
+            with contextlib.chdir(src or Path.cwd()):
+                g.start()
+        for g in self.gateways:
+            g.wait_healthy(self.spec.startup_timeout)
+
+    def stop_gateways(self) -> None:
         for g in self.gateways:
             g.kill()
+        self.gateways = []
+
+    def stop(self) -> None:
+        self.stop_gateways()
         if self.fleet is not None:
             self.fleet.kill()
