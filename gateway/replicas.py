@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
+from dataclasses import dataclass
 
 import httpx
 import zmq.asyncio
@@ -34,7 +36,7 @@ from gateway.rank_events import EventFollowers
 from gateway.ranks import RankSlot, parse_engine_load, rank_loras, rank_slots, worker_layout
 from gateway.replica import Replica
 from gateway.replica_names import replica_name
-from gateway.upstream import UpstreamPool
+from gateway.upstream import UpstreamError, UpstreamPool
 from gateway.vllm_compat import vllm_info
 
 log = logging.getLogger(__name__)
@@ -42,18 +44,35 @@ log = logging.getLogger(__name__)
 _REWARN_SECONDS = 30.0  # how often an unreachable worker is logged again
 
 
-def _reason(resp: httpx.Response) -> str:
+@dataclass(frozen=True, slots=True)
+class Polled:
+    """One answer to a poll: its status and whole body."""
+
+    status: int
+    body: bytes
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8", "replace")
+
+
+async def _get(pool: UpstreamPool, path: str) -> Polled:
+    resp = await pool.get(path)
+    return Polled(resp.status, await resp.read())
+
+
+def _reason(resp: Polled) -> str:
     """The message of a worker's error body, else the start of its text."""
     try:
-        return str(resp.json()["error"]["message"])
+        return str(json.loads(resp.body)["error"]["message"])
     except (ValueError, KeyError, TypeError):
-        return resp.text[:200] or resp.reason_phrase
+        return resp.text[:200] or f"HTTP {resp.status}"
 
 
-def _refusal(info_r: httpx.Response) -> str:
-    if info_r.status_code == 401:
+def _refusal(info_r: Polled) -> str:
+    if info_r.status == 401:
         return "/kvgate/info answered 401: the worker does not take this gateway's worker token"
-    return f"/kvgate/info answered {info_r.status_code}"
+    return f"/kvgate/info answered {info_r.status}"
 
 
 async def _cancel(task: asyncio.Task | None) -> None:
@@ -179,18 +198,27 @@ class ReplicaSet:
             await asyncio.sleep(self.config.poll_interval)
 
     async def poll_once(self, rep: Replica) -> None:
-        t = self.config.connect_timeout
+        """One poll of a worker: /kvgate/info, /health and /metrics, one after the other on
+        one kept-alive connection of its pool (the request path's), within twice the connect
+        timeout: a connection, and answers that are small."""
+        if rep.pool is None:
+            rep.pool = self._new_pool(rep.url)
+        pool = rep.pool
         try:
-            info_r, health_r, metrics_r = await asyncio.gather(
-                self._http.get(f"{rep.url}/kvgate/info", timeout=t),
-                self._http.get(f"{rep.url}/health", timeout=t),
-                self._http.get(f"{rep.url}/metrics", timeout=t),
+            async with asyncio.timeout(2 * self.config.connect_timeout):
+                info_r = await _get(pool, "/kvgate/info")
+                health_r = await _get(pool, "/health")
+                metrics_r = await _get(pool, "/metrics")
+        except TimeoutError:
+            await self._mark_down(
+                rep, f"unreachable: no answer in {2 * self.config.connect_timeout:g}s"
             )
-        except httpx.HTTPError as e:
-            await self._mark_down(rep, f"unreachable: {type(e).__name__}: {e}".rstrip(": "))
+            return
+        except UpstreamError as e:  # the cause's type only: clients see it, never the address
+            await self._mark_down(rep, f"unreachable: {type(e.__cause__ or e).__name__}")
             return
         info = self._read_info(rep, info_r)
-        if info is None and info_r.status_code == 404 and health_r.status_code == 200:
+        if info is None and info_r.status == 404 and health_r.status == 200:
             info = await vllm_info(self._http, rep.url, metrics_r.text, self.config, rep.endpoint)
         if info is None:
             reason = rep.info_error or _refusal(info_r)
@@ -200,7 +228,7 @@ class ReplicaSet:
             await self._new_instance(rep, info)
         for r, lora in zip(rep.ranks, rank_loras(info), strict=False):
             r.lora = lora  # adapters come and go without a restart
-        if metrics_r.status_code == 200:
+        if metrics_r.status == 200:
             self._set_load(rep, parse_engine_load(metrics_r.text))
             sums = parse_prefill_sums(metrics_r.text)  # the worker's, shared by its ranks
             for r in rep.ranks:
@@ -216,11 +244,11 @@ class ReplicaSet:
             for attr, value in (load or {}).items():
                 setattr(rep, attr, value)
 
-    def _set_health(self, rep: Replica, health_r: httpx.Response) -> None:
+    def _set_health(self, rep: Replica, health_r: Polled) -> None:
         ejected = time.monotonic() < rep.ejected_until
-        healthy = health_r.status_code == 200 and not ejected
+        healthy = health_r.status == 200 and not ejected
         if not healthy and not ejected:
-            rep.down_reason = f"/health {health_r.status_code}: {_reason(health_r)}"
+            rep.down_reason = f"/health {health_r.status}: {_reason(health_r)}"
         if healthy != rep.healthy:
             if healthy:
                 log.info("replica %s healthy", rep.id)
@@ -234,11 +262,11 @@ class ReplicaSet:
             self._warn_down(rep)
         self.metrics.replica_healthy.labels(rep.id).set(1 if healthy else 0)
 
-    def _read_info(self, rep: Replica, resp: httpx.Response) -> WorkerInfo | None:
-        if resp.status_code != 200:
+    def _read_info(self, rep: Replica, resp: Polled) -> WorkerInfo | None:
+        if resp.status != 200:
             return None
         try:
-            info = decode_document(resp.content, WorkerInfo)
+            info = decode_document(resp.body, WorkerInfo)
         except DocumentError as e:
             if str(e) != rep.info_error:
                 log.error("replica %s is not usable: %s", rep.id, e)

@@ -237,6 +237,19 @@ class UpstreamPool:
                 extra_headers,
             )
         )
+        return await self._request(head, body)
+
+    async def get(self, path: str) -> UpstreamResponse:
+        """GET `path` (the pollers' /health, /metrics, /kvgate/info) on a kept-alive connection."""
+        head = b"GET %s%s HTTP/1.1\r\nHost: %s\r\n%s\r\n" % (
+            self.base_path,
+            path.encode(),
+            self._host_header,
+            self._auth,
+        )
+        return await self._request(head, b"")
+
+    async def _request(self, head: bytes, body: bytes) -> UpstreamResponse:
         while self._idle:
             conn = self._idle.pop()
             try:
