@@ -25,6 +25,7 @@ from gateway.endpoints import WorkerEndpoint
 from gateway.event_hub import EventHub
 from gateway.index import BlockIndex, ReplicaId
 from gateway.metrics import GatewayMetrics
+from gateway.pace import Pace
 from gateway.ranks import RankSlot
 from gateway.subscriber import EventSource, KVEventSubscriber
 from gateway.vllm_compat import INSTANCE
@@ -66,6 +67,8 @@ class EventFollowers:
         self.hub = (
             EventHub(zmq_ctx, config.kv_events_bind, metrics) if config.kv_events_bind else None
         )
+        # One pace for every subscriber's tail checks (gateway/pace.py).
+        self._tail_pace = Pace(config.event_tail_check_interval, config.max_tail_checks_per_second)
 
     def start(self, rep: Replica) -> None:
         """Follow one rank's KV events: its own SUB, or its inbox on the central SUB."""
@@ -105,10 +108,11 @@ class EventFollowers:
             self._http,
             self._zmq,
             self.metrics,
-            tail_check_interval=self.config.event_tail_check_interval,
+            tail_check_interval=self._tail_pace,
             inbox=inbox,
         )
         rep.subscriber = sub
+        self._tail_pace.join()
         rep.sub_task = asyncio.create_task(self._run(rep, sub))
 
     async def _run(self, rep: Replica, sub: KVEventSubscriber) -> None:
@@ -123,6 +127,8 @@ class EventFollowers:
 
     async def stop(self, rep: Replica) -> None:
         sub, rep.subscriber = rep.subscriber, None
+        if sub is not None:
+            self._tail_pace.leave()
         task, rep.sub_task = rep.sub_task, None
         if task is not None and not task.done() and task is not asyncio.current_task():
             task.cancel()

@@ -3,7 +3,8 @@
 A replica is one data-parallel rank of one worker base URL (gateway/ranks.py): a worker serving
 one rank is one replica whose id is its URL; one serving several is one replica per rank, the
 first keeping the URL as its id and rank r being `URL#dp<r>`. Each URL has one poller task (on
-its first replica, the "head") reading /kvgate/info, /health and /metrics every `poll_interval`:
+its first replica, the "head") reading /kvgate/info, /health and /metrics every `poll_interval`
+(longer past `max_polls_per_second` workers per second, gateway/pace.py):
 the info gives the instance id and the ranks (a change means a restarted worker: its index
 entries are dropped and new event subscribers, one per rank, reload them), /metrics gives each
 rank's queue and KV usage (vLLM's `engine` label). The gateway's own in-flight count
@@ -30,6 +31,7 @@ from gateway.config import GatewayConfig
 from gateway.endpoints import WorkerEndpoint
 from gateway.index import BlockIndex, ReplicaId
 from gateway.metrics import GatewayMetrics
+from gateway.pace import Pace
 from gateway.parity import check_parity
 from gateway.prefill_rate import parse_prefill_sums
 from gateway.rank_events import EventFollowers
@@ -103,6 +105,7 @@ class ReplicaSet:
         self._curve = CurveKeys.from_token(token) if token else None
         self.replicas: dict[ReplicaId, Replica] = {}
         self._heads: dict[str, Replica] = {}  # URL -> the replica polling it
+        self._poll_pace = Pace(config.poll_interval, config.max_polls_per_second)
         self.changed = asyncio.Event()
         self.events = EventFollowers(config, index, metrics, http, self._zmq, self._curve)
 
@@ -122,6 +125,7 @@ class ReplicaSet:
                 rid = ReplicaId(url)
                 rep = self._new_replica(rid, url, endpoint, self._new_pool(url))
                 self.replicas[rid] = self._heads[url] = rep
+                self._poll_pace.join()
                 rep.poll_task = asyncio.create_task(self._poll_loop(rep))
                 self.metrics.replica_healthy.labels(rid).set(0)
 
@@ -132,6 +136,7 @@ class ReplicaSet:
     async def _remove(self, head: Replica) -> None:
         if self._heads.get(head.url) is head:
             del self._heads[head.url]
+            self._poll_pace.leave()
         await _cancel(head.poll_task)
         for rep in head.ranks:
             await self._forget(rep)
@@ -188,6 +193,9 @@ class ReplicaSet:
     # ---- polling ---------------------------------------------------------------------------
 
     async def _poll_loop(self, rep: Replica) -> None:
+        """Poll at once, then every poll period (gateway/pace.py: --poll-interval, stretched
+        past --max-polls-per-second), from a random phase."""
+        delay = self._poll_pace.first_delay
         while True:
             try:
                 await self.poll_once(rep)
@@ -195,7 +203,8 @@ class ReplicaSet:
                 raise
             except Exception as e:  # a poll must never kill the loop
                 log.warning("poll %s failed: %s", rep.id, e)
-            await asyncio.sleep(self.config.poll_interval)
+            await asyncio.sleep(delay())
+            delay = self._poll_pace.delay
 
     async def poll_once(self, rep: Replica) -> None:
         """One poll of a worker: /kvgate/info, /health and /metrics, one after the other on
