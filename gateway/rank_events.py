@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import resource
 from typing import Protocol
 from urllib.parse import urlparse
 
@@ -31,6 +32,15 @@ from gateway.subscriber import EventSource, KVEventSubscriber
 from gateway.vllm_compat import INSTANCE
 
 log = logging.getLogger(__name__)
+
+
+def event_context() -> zmq.asyncio.Context:
+    """The gateway's ZMQ context. libzmq caps a context at 1023 sockets by default, which stops
+    at 511 workers (a SUB and a replay DEALER each): the open-files limit is the real bound."""
+    ctx = zmq.asyncio.Context()
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    ctx.MAX_SOCKETS = 1 << 16 if soft == resource.RLIM_INFINITY else max(1023, min(soft, 1 << 20))
+    return ctx
 
 
 class Replica(Protocol):

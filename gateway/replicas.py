@@ -23,7 +23,6 @@ import time
 from dataclasses import dataclass
 
 import httpx
-import zmq.asyncio
 
 from cachekey.documents import DocumentError, WorkerInfo, decode_document
 from cachekey.worker_auth import CurveKeys, bearer
@@ -34,7 +33,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.pace import Pace
 from gateway.parity import check_parity
 from gateway.prefill_rate import parse_prefill_sums
-from gateway.rank_events import EventFollowers
+from gateway.rank_events import EventFollowers, event_context
 from gateway.ranks import RankSlot, parse_engine_load, rank_loras, rank_slots, worker_layout
 from gateway.replica import Replica
 from gateway.replica_names import replica_name
@@ -99,7 +98,7 @@ class ReplicaSet:
         self.index = index
         self.metrics = metrics
         self._http = http
-        self._zmq = zmq.asyncio.Context()
+        self._zmq = event_context()
         self._ssl = httpx.create_ssl_context()  # built once: loading CA files costs ~0.1 s
         token = config.worker_token
         self._curve = CurveKeys.from_token(token) if token else None

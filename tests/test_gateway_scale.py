@@ -1,5 +1,6 @@
-"""Pace: a gateway's polls and event tail checks stay within their rate however many workers
-it fronts (gateway/pace.py), measured on real polls of a simulated fleet."""
+"""What fronting hundreds of workers takes: polls and event tail checks within their rate however
+many workers (gateway/pace.py, measured on real polls of a simulated fleet), and a ZMQ context
+that holds a SUB and a replay DEALER for each of them."""
 
 from __future__ import annotations
 
@@ -7,11 +8,13 @@ import asyncio
 
 import httpx
 import pytest
+import zmq
 
 from gateway.config import GatewayConfig
 from gateway.index import BlockIndex
 from gateway.metrics import GatewayMetrics
 from gateway.pace import Pace
+from gateway.rank_events import event_context
 from gateway.replicas import ReplicaSet
 from harness.fleet.engine import Timing
 from harness.fleet.fleet import Fleet, FleetConfig
@@ -61,3 +64,16 @@ def test_polls_of_a_fleet_stay_within_max_polls_per_second():
     # Unbounded, 8 workers every 0.05 s would be ~320 polls in 2 s. At 20/s each is polled
     # every 0.4 s: at once, after a random share of one period, then every 0.36 s at least.
     assert 16 <= polls <= 8 * (2 + int(2.0 / 0.36)), polls
+
+
+def test_event_context_holds_two_sockets_for_each_of_600_workers():
+    ctx = event_context()  # libzmq's default context refuses the 1,024th socket
+    sockets = []
+    try:
+        for _ in range(600):
+            sockets += [ctx.socket(zmq.SUB), ctx.socket(zmq.DEALER)]
+        assert len(sockets) == 1200
+    finally:
+        for s in sockets:
+            s.close(linger=0)
+        ctx.term()
