@@ -116,6 +116,8 @@ def run_fleet(n: int, model: FleetModel, args: argparse.Namespace) -> list[Point
         users_per_tenant=args.users_per_tenant, turns=args.turns, system_words=args.system_words
     )
     trace = build_trace(n, shape, model)
+    if args.max_requests:
+        trace.requests = trace.requests[: args.max_requests]  # a quick look: mostly first turns
     blocks = trace.blocks_per_replica(n, args.cache_share)
     timing = Timing(args.prefill_s_per_token, args.decode_s_per_step, args.step_s)
     log_dir = (args.log_dir / f"n{n}").resolve()
@@ -136,9 +138,10 @@ def run_fleet(n: int, model: FleetModel, args: argparse.Namespace) -> list[Point
                     t0 = time.monotonic()
                     c.start_gateways(src)
                 ready = probe.wait_ready(client, c.gateways, n, args.ready_timeout)
+                pids = ", ".join(str(g.pid) for g in c.gateways)
                 print(
-                    f"N={n} {label}: ready in {time.monotonic() - t0:.0f}s ({ready:.0f}s "
-                    "after the gateways listened)",
+                    f"N={n} {label}: ready in {time.monotonic() - t0:.0f}s ({ready:.0f}s after "
+                    f"the gateways listened; pids {pids}, the fleet's {c.fleet.pid})",
                     flush=True,
                 )
                 idle = idle_cpu(c, client, args.idle_seconds)
@@ -181,6 +184,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--decode-s-per-step", type=float, default=Timing().decode_s_per_step)
     ap.add_argument("--step-s", type=float, default=Timing().step_s)
     ap.add_argument("--seed", type=int, default=0, help="of the arrival times")
+    ap.add_argument("--max-requests", type=int, help="serve only the trace's first requests")
     ap.add_argument("--no-bound", dest="bound", action="store_false")
     ap.add_argument("--idle-seconds", type=float, default=10.0)
     ap.add_argument("--ready-timeout", type=float, default=300.0)

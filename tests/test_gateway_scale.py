@@ -1,6 +1,7 @@
 """What fronting hundreds of workers takes: polls and event tail checks within their rate however
-many workers (gateway/pace.py, measured on real polls of a simulated fleet), and a ZMQ context
-that holds a SUB and a replay DEALER for each of them."""
+many workers (gateway/pace.py, measured on real polls of a simulated fleet), a ZMQ context
+that holds a SUB and a replay DEALER for each of them, and a match that looks only at the
+replicas holding a request's prefix."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import httpx
 import pytest
 import zmq
 
+from cachekey.events import BlockStored
+from cachekey.keys import HashNamespace, block_keys
 from gateway.config import GatewayConfig
-from gateway.index import BlockIndex
+from gateway.index import BlockIndex, ReplicaId
 from gateway.metrics import GatewayMetrics
 from gateway.pace import Pace
 from gateway.rank_events import event_context
@@ -77,3 +80,23 @@ def test_event_context_holds_two_sockets_for_each_of_600_workers():
         for s in sockets:
             s.close(linger=0)
         ctx.term()
+
+
+def test_hits_name_only_the_replicas_holding_a_prefix():
+    ns = HashNamespace("demo", block_size=4)
+    index = BlockIndex()
+    chains = {}
+    for i in range(1000):  # each replica holds a chain of its own, of 3 blocks
+        tokens = [i, i + 1, i + 2, i + 3] * 3
+        keys = block_keys(tokens, ns)
+        index.store(ReplicaId(f"r{i}"), ns, BlockStored(list(keys), None, tokens, 4))
+        chains[i] = (tokens, keys)
+    tokens, keys = chains[7]
+    request = block_keys([*tokens, 99, 98, 97, 96], ns)  # the chain and one block more
+    assert index.hits(request) == {"r7": 3}
+    assert index.match(request, ["r7", "r8"]) == {"r7": 3, "r8": 0}
+    index.add_speculative(ReplicaId("r9"), request[:2])  # a request was just routed to r9
+    assert index.hits(request) == {"r7": 3, "r9": 2}
+    assert index.hits(request, speculative=False) == {"r7": 3}
+    index.drop_replica(ReplicaId("r7"))
+    assert index.hits(request) == {"r9": 2}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -65,10 +66,16 @@ def usage_of(body: bytes) -> tuple[int, int]:
 
 
 class _Conn:
-    __slots__ = ("reader", "writer")
+    __slots__ = ("idle_since", "reader", "writer")
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader, self.writer = reader, writer
+        self.idle_since = 0.0
+
+
+# A server closes a keep-alive connection after a while (uvicorn: 5 s); one idle that long is
+# not reused, and one the server closed just as it was reused is replaced once.
+_MAX_IDLE_S = 2.0
 
 
 class Target:
@@ -85,10 +92,26 @@ class Target:
         self._idle: deque[_Conn] = deque()
 
     async def post(self, body: bytes) -> tuple[int, dict[bytes, bytes], bytes]:
-        conn = self._idle.pop() if self._idle else None
-        if conn is None:
-            reader, writer = await asyncio.open_connection(self.host, self.port, limit=2**22)
-            conn = _Conn(reader, writer)
+        conn = self._take_idle()
+        if conn is not None:
+            try:
+                return await self._exchange(conn, body)
+            except (asyncio.IncompleteReadError, ConnectionError) as e:
+                if isinstance(e, asyncio.IncompleteReadError) and e.partial:
+                    raise  # the server answered part of it: not a connection it had closed
+        reader, writer = await asyncio.open_connection(self.host, self.port, limit=2**22)
+        return await self._exchange(_Conn(reader, writer), body)
+
+    def _take_idle(self) -> _Conn | None:
+        now = time.monotonic()
+        while self._idle:
+            conn = self._idle.pop()
+            if now - conn.idle_since < _MAX_IDLE_S:
+                return conn
+            conn.writer.close()
+        return None
+
+    async def _exchange(self, conn: _Conn, body: bytes) -> tuple[int, dict[bytes, bytes], bytes]:
         try:
             conn.writer.write(self._head + b"%d\r\n\r\n" % len(body) + body)
             status, headers, data = await _read_response(conn.reader)
@@ -98,6 +121,7 @@ class Target:
         if headers.get(b"connection", b"").lower() == b"close":
             conn.writer.close()
         else:
+            conn.idle_since = time.monotonic()
             self._idle.append(conn)
         return status, headers, data
 
