@@ -61,7 +61,9 @@ async def measure(n: int, requests: int, model_dir: str) -> dict:
         state.index.set_traits(rid, True, 4096)
         reps.append(rep)
     renderer = await state.get_renderer()
-    workload = Workload(WorkloadSpec(tenants=max(1, n * 3 // 2), users_per_tenant=1, turns=1))
+    workload = Workload(
+        WorkloadSpec(tenants=max(1, n * 3 // 2), users_per_tenant=1, turns=1, image_prob=0.0)
+    )
     for t in range(workload.spec.tenants):  # each tenant's system prompt cached on one replica
         prompt = renderer.render_chat(workload.initial_messages(t))
         keys = block_keys(prompt.token_ids, ns)

@@ -6,6 +6,8 @@ replicas holding a request's prefix."""
 from __future__ import annotations
 
 import asyncio
+import random
+import time
 
 import httpx
 import pytest
@@ -17,7 +19,11 @@ from gateway.config import GatewayConfig
 from gateway.index import BlockIndex, ReplicaId
 from gateway.metrics import GatewayMetrics
 from gateway.pace import Pace
+from gateway.policies import RouteContext
+from gateway.policies.base import tie_order
+from gateway.policies.cache_aware import TOP, CacheAwarePolicy
 from gateway.rank_events import event_context
+from gateway.replica import Replica
 from gateway.replicas import ReplicaSet
 from harness.fleet.engine import Timing
 from harness.fleet.fleet import Fleet, FleetConfig
@@ -82,6 +88,11 @@ def test_event_context_holds_two_sockets_for_each_of_600_workers():
         ctx.term()
 
 
+def _ctx(reps: list[Replica], tokens: list[int], matched: dict) -> RouteContext:
+    keys = block_keys(tokens, HashNamespace("demo", 16))
+    return RouteContext(reps, keys, len(tokens), 16, matched, {}, keys[0])
+
+
 def test_hits_name_only_the_replicas_holding_a_prefix():
     ns = HashNamespace("demo", block_size=4)
     index = BlockIndex()
@@ -100,3 +111,33 @@ def test_hits_name_only_the_replicas_holding_a_prefix():
     assert index.hits(request, speculative=False) == {"r7": 3}
     index.drop_replica(ReplicaId("r7"))
     assert index.hits(request) == {"r9": 2}
+
+
+def test_cache_aware_ranks_the_first_places_of_hundreds_of_replicas_exactly():
+    policy = CacheAwarePolicy(GatewayConfig())
+    rng = random.Random(3)
+    reps = [Replica(ReplicaId(f"http://w{i}"), f"http://w{i}", healthy=True) for i in range(300)]
+    half_life = GatewayConfig().recent_half_life
+    for trial in range(30):
+        now = time.monotonic()
+        for r in reps:  # most idle, a few busy, recent prefill on some (or none: ties)
+            r.in_flight = r.in_flight_prefill_tokens = 0
+            r.running = r.waiting = 0.0
+            r.recent_prefill, r.recent_at, r.recent_key = 0.0, 0.0, float("-inf")
+            if trial % 3 and rng.random() < 0.5:
+                r.add_recent_prefill(rng.randrange(1, 50) * 1000, now - rng.random(), half_life)
+            if rng.random() < 0.05:
+                r.in_flight = rng.randrange(1, 4)
+                r.in_flight_prefill_tokens = rng.randrange(0, 3000)
+            if rng.random() < 0.05:
+                r.running = float(rng.randrange(0, 3))
+        tokens = list(range(trial, trial + 2600))
+        matched = {reps[i].id: rng.randrange(1, 160) for i in rng.sample(range(300), 3)}
+        ctx = _ctx(reps, tokens, matched)
+        ranked = asyncio.run(policy.rank(ctx))
+        assert sorted(map(id, ranked)) == sorted(map(id, reps))  # each candidate once
+        later = time.monotonic()
+        exact = sorted(
+            reps, key=lambda r: (policy.cost(ctx, r, later, 1.0).total, tie_order(ctx.tie_seed, r))
+        )
+        assert ranked[:TOP] == exact[:TOP], trial
