@@ -150,7 +150,7 @@ class GatewayConfig:
         "the live stream missed: bounds how long a silent gap lasts (docs/reliability.md)",
     )
     max_tail_checks_per_second: float | None = option(
-        100.0,
+        50.0,
         "replay-buffer tail checks per second at most, over all workers: with more workers "
         "the interval above stretches for each; 0: no bound",
         parse=_rate_or_unbounded,

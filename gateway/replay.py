@@ -61,7 +61,8 @@ class ReplayClient:
         await dealer.send_multipart([b"", seq_bytes(start)])
         batches: list[tuple[int, bytes]] = []
         while True:
-            reply = await asyncio.wait_for(dealer.recv_multipart(), self.timeout)
+            async with asyncio.timeout(self.timeout):  # no task per reply, as wait_for makes
+                reply = await dealer.recv_multipart()
             item = parse_replay_reply(reply)
             if item is None:
                 return batches
