@@ -28,6 +28,7 @@ class PointRow:
     over_rr: float | None = col("/rr", 6, ".1f")
     of_bound: float | None = col("/bound", 7, ".2f")
     exact: float | None = col("exact", 7, ".1%")
+    spills: int = col("spills", 7)  # placed on a shorter prefix than another candidate held
     latency_p50_ms: float = col("p50 ms", 8, ".0f")
     latency_p99_ms: float = col("p99 ms", 8, ".0f")
     cpu_ms_per_request: float = col("cpu/req", 8, ".2f")  # every gateway's CPU, ms
@@ -96,6 +97,7 @@ def make_row(
         exact=sum(o.predicted == o.cached_tokens for o in predicted) / len(predicted)
         if predicted
         else None,
+        spills=round(m.total("kvgate_route_spills_total")),
         latency_p50_ms=percentile([(o.done - o.sent) * 1e3 for o in ok], 0.5),
         latency_p99_ms=percentile([(o.done - o.sent) * 1e3 for o in ok], 0.99),
         cpu_ms_per_request=after.cpu_since(before) * 1e3 / max(len(ok), 1),
