@@ -35,7 +35,7 @@ from pathlib import Path
 import httpx
 
 from bench.lib import fleet_probe as probe
-from bench.lib.fleet_rows import COLUMNS, PointRow, make_row
+from bench.lib.fleet_rows import COLUMNS, IDLE_COLUMNS, IdleRow, PointRow, make_row
 from bench.lib.fleet_trace import FleetTrace, TraceShape, build_trace
 from bench.lib.open_loop import Outcome, Target, describe_progress, run_open_loop, usage_of
 from bench.lib.report import args_dict, print_table, write_json
@@ -111,7 +111,7 @@ def bound_hit_rate(trace: FleetTrace, replicas: int, blocks: int, log_dir: Path)
         fleet.kill()
 
 
-def run_fleet(n: int, model: FleetModel, args: argparse.Namespace) -> list[PointRow]:
+def run_fleet(n: int, model: FleetModel, args: argparse.Namespace) -> list[PointRow | IdleRow]:
     shape = TraceShape(
         users_per_tenant=args.users_per_tenant, turns=args.turns, system_words=args.system_words
     )
@@ -123,10 +123,10 @@ def run_fleet(n: int, model: FleetModel, args: argparse.Namespace) -> list[Point
     log_dir = (args.log_dir / f"n{n}").resolve()
     log_dir.mkdir(parents=True, exist_ok=True)
     bound = None
-    if args.bound:
+    if args.bound and not args.idle_only:
         bound = bound_hit_rate(trace, n, blocks, log_dir)
         print(f"N={n}: single-cache bound ({n} x {blocks} blocks): hit {bound:.1%}", flush=True)
-    rows: list[PointRow] = []
+    rows: list[PointRow | IdleRow] = []
     for g in args.gateways:
         spec = ClusterSpec(workers=0, gateways=g, gateway_args=args.gateway_args, log_dir=log_dir)
         t0 = time.monotonic()
@@ -137,35 +137,45 @@ def run_fleet(n: int, model: FleetModel, args: argparse.Namespace) -> list[Point
                 if src is not None:
                     t0 = time.monotonic()
                     c.start_gateways(src)
-                ready = probe.wait_ready(client, c.gateways, n, args.ready_timeout)
-                pids = ", ".join(str(g.pid) for g in c.gateways)
-                print(
-                    f"N={n} {label}: ready in {time.monotonic() - t0:.0f}s ({ready:.0f}s after "
-                    f"the gateways listened; pids {pids}, the fleet's {c.fleet.pid})",
-                    flush=True,
-                )
-                idle = idle_cpu(c, client, args.idle_seconds)
-                block: list[PointRow] = []
-                for rate in args.rates:
-                    block.append(run_point(c, client, trace, rate, "cache_aware", label, args))
+                idle = measure_idle(c, client, label, t0, args)
+                rows.append(idle)
+                if idle.ready_s is None or args.idle_only:
+                    continue
+                block = [
+                    run_point(c, client, trace, rate, "cache_aware", label, args)
+                    for rate in args.rates
+                ]
                 rr_rate = args.rr_rate or args.rates[0]
                 block.append(run_point(c, client, trace, rr_rate, "round_robin", label, args))
                 for row in block:
-                    row.finish(idle, block[-1].hit_rate, bound, blocks)
-                print_table(block, COLUMNS, header=not rows)
+                    row.finish(idle.idle, block[-1].hit_rate, bound, blocks)
+                print_table(block, COLUMNS)
                 rows += block
     return rows
 
 
-def idle_cpu(c: FleetCluster, client: httpx.Client, seconds: float) -> float:
-    """Each gateway's CPU seconds per second with no request (polls, event tail checks)."""
+def measure_idle(
+    c: FleetCluster, client: httpx.Client, label: str, t0: float, args: argparse.Namespace
+) -> IdleRow:
+    """Once every gateway is ready: each one's CPU per second with no request (polls, event
+    tail checks), over `--idle-seconds`. A set-up not ready in `--ready-timeout` is a row too."""
     assert c.fleet is not None and c.fleet.pid is not None
+    n = len(c.worker_urls)
+    try:
+        probe.wait_ready(client, c.gateways, n, args.ready_timeout)
+    except TimeoutError as e:
+        print(f"N={n} {label}: {e}", flush=True)
+        return IdleRow(n, label, None, None, 0.0)
+    ready = time.monotonic() - t0
+    pids = ", ".join(str(g.pid) for g in c.gateways)
+    print(f"N={n} {label}: ready in {ready:.0f}s (pids {pids}, the fleet's {c.fleet.pid})")
     before = probe.read(client, c.gateways, c.fleet.pid)
-    time.sleep(seconds)
+    time.sleep(args.idle_seconds)
     after = probe.read(client, c.gateways, c.fleet.pid)
-    per_gateway = after.cpu_since(before) / (after.at - before.at) / len(c.gateways)
-    print(f"  idle: {per_gateway:.1%} of a core per gateway", flush=True)
-    return per_gateway
+    idle = after.cpu_since(before) / (after.at - before.at) / len(c.gateways)
+    row = IdleRow(n, label, round(ready, 1), idle, max(after.rss) / 2**20)
+    print_table([row], IDLE_COLUMNS)
+    return row
 
 
 def parser() -> argparse.ArgumentParser:
@@ -187,6 +197,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-requests", type=int, help="serve only the trace's first requests")
     ap.add_argument("--no-bound", dest="bound", action="store_false")
     ap.add_argument("--idle-seconds", type=float, default=10.0)
+    ap.add_argument("--idle-only", action="store_true", help="measure the idle gateways only")
     ap.add_argument("--ready-timeout", type=float, default=300.0)
     ap.add_argument("--quiet-timeout", type=float, default=60.0)
     ap.add_argument("--gateway-args", type=lambda s: tuple(s.split()), default=())
@@ -200,10 +211,12 @@ def main() -> None:
     args = parser().parse_args()
     model = FleetModel.load("demo", "demo")
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}", flush=True)
-    rows: list[PointRow] = []
+    rows: list[PointRow | IdleRow] = []
     for n in args.replicas:
         rows += run_fleet(n, model, args)
-        write_json(args.out, {"args": args_dict(args), "points": [asdict(r) for r in rows]})
+        idle = [asdict(r) for r in rows if isinstance(r, IdleRow)]
+        points = [asdict(r) for r in rows if isinstance(r, PointRow)]
+        write_json(args.out, {"args": args_dict(args), "idle": idle, "points": points})
 
 
 if __name__ == "__main__":

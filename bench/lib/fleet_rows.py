@@ -59,6 +59,21 @@ class PointRow:
 COLUMNS = columns(PointRow)
 
 
+@dataclass(slots=True)
+class IdleRow:
+    """The gateways of a set-up before any request: how long until every replica was healthy
+    and synced on every gateway (None: not within --ready-timeout), and their CPU then."""
+
+    replicas: int = col("N", 4)
+    label: str = col("gw", 9, left=True, sep=" ")
+    ready_s: float | None = col("ready s", 8, ".1f")
+    idle: float | None = col("idle cpu", 9, ".1%")  # per gateway, share of a core
+    rss_mb: float = col("rss MB", 7, ".0f")
+
+
+IDLE_COLUMNS = columns(IdleRow)
+
+
 def make_row(
     label: str,
     replicas: int,
