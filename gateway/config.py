@@ -138,6 +138,12 @@ class GatewayConfig:
     poll_interval: float = option(
         0.5, "seconds between polls of each worker's /kvgate/info, /health and /metrics"
     )
+    down_after_failed_polls: int = option(
+        3,
+        "polls in a row a healthy worker must leave unanswered (unreachable, or no answer in "
+        "twice --connect-timeout) before it is marked down and its index entries dropped; an "
+        "error from its /health marks it down at once",
+    )
     max_polls_per_second: float | None = option(
         100.0,
         "workers polled per second at most: with more than --poll-interval x this many "
@@ -273,6 +279,8 @@ class GatewayConfig:
             raise ValueError("speculative_ttl and retries must be >= 0")
         if self.connect_timeout <= 0 or self.request_timeout <= 0 or self.poll_interval <= 0:
             raise ValueError("timeouts and poll_interval must be positive")
+        if self.down_after_failed_polls < 1:
+            raise ValueError("down_after_failed_polls must be >= 1")
         if self.event_tail_check_interval <= 0:
             raise ValueError("event_tail_check_interval must be positive")
         for rate in (self.max_polls_per_second, self.max_tail_checks_per_second):

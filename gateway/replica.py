@@ -54,6 +54,7 @@ class Replica:
     # log2 of recent_prefill at time 0: orders replicas by their decayed recent prefill at any
     # time, without decaying each one (cache_aware ranks hundreds of idle replicas by it).
     recent_key: float = -math.inf
+    failed_polls: int = 0  # in a row, on the head replica (gateway/replicas.py)
     # Circuit breaker (gateway/breaker.py).
     failures: int = 0
     ejected_until: float = 0.0

@@ -218,13 +218,12 @@ class ReplicaSet:
                 health_r = await _get(pool, "/health")
                 metrics_r = await _get(pool, "/metrics")
         except TimeoutError:
-            await self._mark_down(
-                rep, f"unreachable: no answer in {2 * self.config.connect_timeout:g}s"
-            )
+            await self._unreachable(rep, f"no answer in {2 * self.config.connect_timeout:g}s")
             return
         except UpstreamError as e:  # the cause's type only: clients see it, never the address
-            await self._mark_down(rep, f"unreachable: {type(e.__cause__ or e).__name__}")
+            await self._unreachable(rep, type(e.__cause__ or e).__name__)
             return
+        rep.failed_polls = 0
         info = self._read_info(rep, info_r)
         if info is None and info_r.status == 404 and health_r.status == 200:
             info = await vllm_info(self._http, rep.url, metrics_r.text, self.config, rep.endpoint)
@@ -282,6 +281,24 @@ class ReplicaSet:
             return None
         rep.info_error = None
         return info
+
+    async def _unreachable(self, head: Replica, why: str) -> None:
+        """A poll got no answer. A healthy worker is marked down (its index entries dropped)
+        only after --down-after-failed-polls in a row: one poll too slow on an overloaded host
+        would otherwise drop the index of every worker it fronts, and rebuilding them all at
+        once deepens the overload (seen at 512 workers behind 4 gateways, docs/benchmarks.md)."""
+        head.failed_polls += 1
+        limit = self.config.down_after_failed_polls
+        if head.healthy and head.failed_polls < limit:
+            log.warning(
+                "worker %s: poll failed (%s), %d of %d before it is marked down",
+                head.url,
+                why,
+                head.failed_polls,
+                limit,
+            )
+            return
+        await self._mark_down(head, f"unreachable: {why}")
 
     async def _mark_down(self, head: Replica, reason: str) -> None:
         for rep in head.ranks:

@@ -141,3 +141,36 @@ def test_cache_aware_ranks_the_first_places_of_hundreds_of_replicas_exactly():
             reps, key=lambda r: (policy.cost(ctx, r, later, 1.0).total, tie_order(ctx.tie_seed, r))
         )
         assert ranked[:TOP] == exact[:TOP], trial
+
+
+def test_a_healthy_worker_is_marked_down_only_after_three_unanswered_polls():
+    async def run() -> None:
+        config = FleetConfig(replicas=1, num_blocks=20, timing=Timing(0.0, 0.0, 0.0))
+        async with Fleet(config) as fleet, httpx.AsyncClient() as http:
+            url, sim = fleet.urls[0], fleet.replicas[0]
+            gw = GatewayConfig(connect_timeout=0.2)
+            index = BlockIndex()
+            replicas = ReplicaSet(gw, index, GatewayMetrics(), http)
+            rep = replicas.replicas[ReplicaId(url)] = Replica(ReplicaId(url), url)
+            try:
+                await replicas.poll_once(rep)
+                assert rep.healthy and rep.subscriber is not None
+                await asyncio.wait_for(rep.subscriber.synced.wait(), 10)  # its snapshot loaded
+                tokens = list(range(16))
+                index.store(rep.id, sim.model.namespace, BlockStored([b"k"], None, tokens, 16))
+                answer = sim._routes[("GET", "/kvgate/info")]
+                sim._routes[("GET", "/kvgate/info")] = lambda ex: None  # never answered
+                for failed in (1, 2):
+                    await replicas.poll_once(rep)  # no answer in 0.4 s
+                    assert rep.healthy and rep.failed_polls == failed
+                    assert index.replica_blocks(rep.id) == 1  # its index entries kept
+                await replicas.poll_once(rep)
+                assert not rep.healthy and rep.down_reason == "unreachable: no answer in 0.4s"
+                assert index.replica_blocks(rep.id) == 0
+                sim._routes[("GET", "/kvgate/info")] = answer
+                await replicas.poll_once(rep)
+                assert rep.healthy and rep.failed_polls == 0
+            finally:
+                await replicas.close()
+
+    asyncio.run(run())
