@@ -29,6 +29,7 @@ class PointRow:
     of_bound: float | None = col("/bound", 7, ".2f")
     exact: float | None = col("exact", 7, ".1%")
     spills: int = col("spills", 7)  # placed on a shorter prefix than another candidate held
+    resyncs: int = col("resync", 7)  # a replica's index entries dropped and reloaded
     latency_p50_ms: float = col("p50 ms", 8, ".0f")
     latency_p99_ms: float = col("p99 ms", 8, ".0f")
     cpu_ms_per_request: float = col("cpu/req", 8, ".2f")  # every gateway's CPU, ms
@@ -113,6 +114,7 @@ def make_row(
         if predicted
         else None,
         spills=round(m.total("kvgate_route_spills_total")),
+        resyncs=round(m.total("kvgate_event_resyncs_total")),
         latency_p50_ms=percentile([(o.done - o.sent) * 1e3 for o in ok], 0.5),
         latency_p99_ms=percentile([(o.done - o.sent) * 1e3 for o in ok], 0.99),
         cpu_ms_per_request=after.cpu_since(before) * 1e3 / max(len(ok), 1),
