@@ -5,6 +5,9 @@ cached tokens, and every gateway's index equals the replicas' caches."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import time
 
 import httpx
 import msgspec
@@ -16,7 +19,13 @@ from cachekey.documents import Snapshot, WorkerInfo, decode_document
 from cachekey.events import BlockRemoved, BlockStored, decode_batch, parse_replay_reply, seq_bytes
 from cachekey.events import seq_from_bytes as seq_of
 from gateway.index import BlockIndex, ReplicaId
-from harness.cluster import ClusterSpec, index_mismatches, snapshot_digest, wait_until
+from harness.cluster import (
+    ClusterSpec,
+    index_mismatches,
+    metric_total,
+    snapshot_digest,
+    wait_until,
+)
 from harness.fleet.engine import Timing
 from harness.fleet.fleet import Fleet, FleetConfig
 from harness.fleet.process import FleetCluster, FleetSpec
@@ -167,3 +176,35 @@ def test_small_fleet_behind_two_gateways_predicts_exactly(tmp_path):
         assert max(computed.values()) > 64, computed  # some replica evicted blocks
         for g in gateways:
             wait_until(converged(g), 15, "the index to converge")
+
+
+@pytest.mark.slow
+def test_a_frozen_host_drops_no_index_below_the_failed_polls_limit(tmp_path):
+    # The whole fleet stops answering for 1.5 s (SIGSTOP), as an overloaded host can: every
+    # poll in that window times out (1 s). A gateway that marks a worker down at its first
+    # unanswered poll drops and reloads every index; one that waits for 5 in a row drops none.
+    spec = ClusterSpec(workers=0, gateways=0, log_dir=tmp_path)
+    fleet = FleetSpec(replicas=4, num_blocks=64, timing=Timing(0.0, 0.0, 0.0))
+    common = ("--poll-interval", "0.2", "--connect-timeout", "0.5")
+    with FleetCluster(spec, fleet) as c, httpx.Client(timeout=30) as client:
+        urls = c.worker_urls
+        eager, patient = c.make_gateway(0), c.make_gateway(1)
+        eager.args += [*common, "--down-after-failed-polls", "1"]
+        patient.args += [*common, "--down-after-failed-polls", "5"]
+        c.gateways = [eager, patient]
+        for g in c.gateways:
+            g.start()
+        for g in c.gateways:
+            g.wait_healthy(60)
+        for g in c.gateways:
+            wait_until(lambda g=g: not index_mismatches(g.url, urls, client), 15, "converged")
+        resyncs = {g.name: metric_total(g.url, "kvgate_event_resyncs_total") for g in c.gateways}
+        assert c.fleet is not None and c.fleet.pid is not None
+        os.kill(c.fleet.pid, signal.SIGSTOP)
+        time.sleep(1.5)
+        os.kill(c.fleet.pid, signal.SIGCONT)
+        for g in c.gateways:  # both end up with every replica healthy and indexed again
+            wait_until(lambda g=g: not index_mismatches(g.url, urls, client), 20, "converged")
+        after = {g.name: metric_total(g.url, "kvgate_event_resyncs_total") for g in c.gateways}
+        assert after[patient.name] == resyncs[patient.name]
+        assert after[eager.name] >= resyncs[eager.name] + len(urls)  # each replica reloaded
