@@ -20,7 +20,6 @@ import contextlib
 import json
 import logging
 import time
-from dataclasses import dataclass
 
 import httpx
 
@@ -37,7 +36,7 @@ from gateway.rank_events import EventFollowers, event_context
 from gateway.ranks import RankSlot, parse_engine_load, rank_loras, rank_slots, worker_layout
 from gateway.replica import Replica
 from gateway.replica_names import replica_name
-from gateway.upstream import UpstreamError, UpstreamPool
+from gateway.upstream import Fetched, UpstreamError, UpstreamPool
 from gateway.vllm_compat import vllm_info
 
 log = logging.getLogger(__name__)
@@ -45,24 +44,7 @@ log = logging.getLogger(__name__)
 _REWARN_SECONDS = 30.0  # how often an unreachable worker is logged again
 
 
-@dataclass(frozen=True, slots=True)
-class Polled:
-    """One answer to a poll: its status and whole body."""
-
-    status: int
-    body: bytes
-
-    @property
-    def text(self) -> str:
-        return self.body.decode("utf-8", "replace")
-
-
-async def _get(pool: UpstreamPool, path: str) -> Polled:
-    resp = await pool.get(path)
-    return Polled(resp.status, await resp.read())
-
-
-def _reason(resp: Polled) -> str:
+def _reason(resp: Fetched) -> str:
     """The message of a worker's error body, else the start of its text."""
     try:
         return str(json.loads(resp.body)["error"]["message"])
@@ -70,7 +52,7 @@ def _reason(resp: Polled) -> str:
         return resp.text[:200] or f"HTTP {resp.status}"
 
 
-def _refusal(info_r: Polled) -> str:
+def _refusal(info_r: Fetched) -> str:
     if info_r.status == 401:
         return "/kvgate/info answered 401: the worker does not take this gateway's worker token"
     return f"/kvgate/info answered {info_r.status}"
@@ -214,9 +196,9 @@ class ReplicaSet:
         pool = rep.pool
         try:
             async with asyncio.timeout(2 * self.config.connect_timeout):
-                info_r = await _get(pool, "/kvgate/info")
-                health_r = await _get(pool, "/health")
-                metrics_r = await _get(pool, "/metrics")
+                info_r = await pool.fetch("/kvgate/info")
+                health_r = await pool.fetch("/health")
+                metrics_r = await pool.fetch("/metrics")
         except TimeoutError:
             await self._unreachable(rep, f"no answer in {2 * self.config.connect_timeout:g}s")
             return
@@ -251,7 +233,7 @@ class ReplicaSet:
             for attr, value in (load or {}).items():
                 setattr(rep, attr, value)
 
-    def _set_health(self, rep: Replica, health_r: Polled) -> None:
+    def _set_health(self, rep: Replica, health_r: Fetched) -> None:
         ejected = time.monotonic() < rep.ejected_until
         healthy = health_r.status == 200 and not ejected
         if not healthy and not ejected:
@@ -269,7 +251,7 @@ class ReplicaSet:
             self._warn_down(rep)
         self.metrics.replica_healthy.labels(rep.id).set(1 if healthy else 0)
 
-    def _read_info(self, rep: Replica, resp: Polled) -> WorkerInfo | None:
+    def _read_info(self, rep: Replica, resp: Fetched) -> WorkerInfo | None:
         if resp.status != 200:
             return None
         try:

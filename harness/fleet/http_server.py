@@ -39,7 +39,7 @@ class Exchange:
     request: Request
     conn: Connection
     oversize: bool = False  # its body was over MAX_BODY (and was not kept)
-    _started: bool = field(default=False, init=False)
+    started: bool = field(default=False, init=False)
 
     def send(self, status: int, body: bytes, content_type: str = "application/json") -> None:
         head = _head(status, content_type, f"content-length: {len(body)}")
@@ -50,7 +50,7 @@ class Exchange:
         self.send(status, _json.encode(error_body(status, message, param=param)))
 
     def start(self, content_type: str = "text/event-stream") -> None:
-        self._started = True
+        self.started = True
         self.conn.write(_head(200, content_type, "transfer-encoding: chunked"))
 
     def chunk(self, data: bytes) -> None:
@@ -144,7 +144,7 @@ class Connection(asyncio.Protocol):
         try:
             self._handler(ex)
         except Exception as e:  # a bug in a handler must not leave the client hanging
-            if self._current is ex and not ex._started:
+            if self._current is ex and not ex.started:
                 ex.error(500, f"fleet handler failed: {type(e).__name__}: {e}")
             raise
 

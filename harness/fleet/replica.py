@@ -184,19 +184,28 @@ class SimReplica:
             f'block_size="{e.block_size}",num_gpu_blocks="{e.bm.num_blocks}",'
             'enable_prefix_caching="True",engine="0"'
         )
-        rows = (
-            ("vllm:num_requests_running", "gauge", e.running),
-            ("vllm:num_requests_waiting", "gauge", e.waiting),
-            ("vllm:kv_cache_usage_perc", "gauge", e.bm.usage()),
-            ("vllm:prefix_cache_queries_total", "counter", c.prompt_tokens),
-            ("vllm:prefix_cache_hits_total", "counter", c.cached_tokens),
-            ("vllm:prompt_tokens_total", "counter", c.prompt_tokens),
-            ("vllm:generation_tokens_total", "counter", c.generation_tokens),
-            ("vllm:request_prefill_time_seconds_sum", "summary", c.prefill_seconds),
-            ("vllm:request_prefill_time_seconds_count", "summary", c.requests),
-            ("vllm:request_prefill_kv_computed_tokens_sum", "summary", c.computed_tokens),
-            ("vllm:request_prefill_kv_computed_tokens_count", "summary", c.requests),
+        families = (  # (name, type, ((sample suffix, value), ...))
+            ("vllm:num_requests_running", "gauge", (("", e.running),)),
+            ("vllm:num_requests_waiting", "gauge", (("", e.waiting),)),
+            ("vllm:kv_cache_usage_perc", "gauge", (("", e.bm.usage()),)),
+            ("vllm:prefix_cache_queries", "counter", (("_total", c.prompt_tokens),)),
+            ("vllm:prefix_cache_hits", "counter", (("_total", c.cached_tokens),)),
+            ("vllm:prompt_tokens", "counter", (("_total", c.prompt_tokens),)),
+            ("vllm:generation_tokens", "counter", (("_total", c.generation_tokens),)),
+            (
+                "vllm:request_prefill_time_seconds",
+                "summary",
+                (("_sum", c.prefill_seconds), ("_count", c.requests)),
+            ),
+            (
+                "vllm:request_prefill_kv_computed_tokens",
+                "summary",
+                (("_sum", c.computed_tokens), ("_count", c.requests)),
+            ),
         )
-        lines = [f"# TYPE {n} {t}\n{n}{{{labels}}} {v}" for n, t, v in rows]
-        lines.append(f"vllm:cache_config_info{{{config}}} 1.0")
+        lines = []
+        for name, kind, samples in families:
+            lines.append(f"# TYPE {name} {kind}")
+            lines += [f"{name}{suffix}{{{labels}}} {v}" for suffix, v in samples]
+        lines += ["# TYPE vllm:cache_config_info gauge", f"vllm:cache_config_info{{{config}}} 1.0"]
         return ("\n".join(lines) + "\n").encode()
