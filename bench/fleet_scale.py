@@ -45,6 +45,7 @@ from harness.fleet.model import FleetModel
 from harness.fleet.process import FleetCluster, FleetProc, FleetSpec
 
 POLICY_HEADER = "x-kvgate-routing-policy"
+IDLE_SETTLE_S = 5.0
 
 
 def drive(gateways: list[str], trace: FleetTrace, rate: float, policy: str, seed: int):
@@ -157,8 +158,9 @@ def run_fleet(n: int, model: FleetModel, args: argparse.Namespace) -> list[Point
 def measure_idle(
     c: FleetCluster, client: httpx.Client, label: str, t0: float, args: argparse.Namespace
 ) -> IdleRow:
-    """Once every gateway is ready: each one's CPU per second with no request (polls, event
-    tail checks), over `--idle-seconds`. A set-up not ready in `--ready-timeout` is a row too."""
+    """Once every gateway is ready, and 5 s more: each one's CPU per second with no request
+    (polls, event tail checks), over `--idle-seconds`. A set-up not ready in `--ready-timeout`
+    is a row too."""
     assert c.fleet is not None and c.fleet.pid is not None
     n = len(c.worker_urls)
     try:
@@ -169,6 +171,7 @@ def measure_idle(
     ready = time.monotonic() - t0
     pids = ", ".join(str(g.pid) for g in c.gateways)
     print(f"N={n} {label}: ready in {ready:.0f}s (pids {pids}, the fleet's {c.fleet.pid})")
+    time.sleep(IDLE_SETTLE_S)  # the first polls and tail checks after the start are done
     before = probe.read(client, c.gateways, c.fleet.pid)
     time.sleep(args.idle_seconds)
     after = probe.read(client, c.gateways, c.fleet.pid)
