@@ -137,7 +137,12 @@ def run_fleet(n: int, model: FleetModel, args: argparse.Namespace) -> list[Point
                 label = f"{name}{g}gw"
                 if src is not None:
                     t0 = time.monotonic()
-                    c.start_gateways(src)
+                    try:
+                        c.start_gateways(src)
+                    except TimeoutError as e:  # its /health never said a worker is healthy
+                        print(f"N={n} {label}: {str(e).splitlines()[0]}", flush=True)
+                        rows.append(IdleRow(n, label, None, None, 0.0))
+                        continue
                 idle = measure_idle(c, client, label, t0, args)
                 rows.append(idle)
                 if idle.ready_s is None or args.idle_only:
