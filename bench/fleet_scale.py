@@ -20,6 +20,7 @@ kept up (no failure, the rate achieved, event lag under a second).
     python -m bench.fleet_scale --replicas 512 --gateways 4 --rates 10,20,40
     python -m bench.fleet_scale --replicas 32,512 --gateways 1 --rates 10 --no-bound
     python -m bench.fleet_scale --replicas 64 --rates 10 --baseline /tmp/kvgate-before
+    python -m bench.fleet_scale --idle-only --replicas 32,512 --baseline /tmp/a --baseline /tmp/b
 """
 
 from __future__ import annotations
@@ -132,7 +133,7 @@ def run_fleet(n: int, model: FleetModel, args: argparse.Namespace) -> list[Point
         spec = ClusterSpec(workers=0, gateways=g, gateway_args=args.gateway_args, log_dir=log_dir)
         t0 = time.monotonic()
         with FleetCluster(spec, FleetSpec(n, blocks, timing)) as c, httpx.Client() as client:
-            variants = [("", None)] + ([("base ", args.baseline)] if args.baseline else [])
+            variants = [("", None), *((f"{b.name} ", b) for b in args.baseline)]
             for name, src in variants:
                 label = f"{name}{g}gw"
                 if src is not None:
@@ -209,7 +210,13 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--ready-timeout", type=float, default=300.0)
     ap.add_argument("--quiet-timeout", type=float, default=60.0)
     ap.add_argument("--gateway-args", type=lambda s: tuple(s.split()), default=())
-    ap.add_argument("--baseline", type=Path, help="also run gateways from this checkout")
+    ap.add_argument(
+        "--baseline",
+        type=Path,
+        action="append",
+        default=[],
+        help="also run gateways from this checkout (repeatable; labelled by its directory)",
+    )
     ap.add_argument("--log-dir", type=Path, default=Path("bench/results/logs/fleet_scale"))
     ap.add_argument("--out", type=Path, default=Path("bench/results/fleet_scale.json"))
     return ap

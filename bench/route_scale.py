@@ -10,8 +10,8 @@ system prompt of each of 1.5 N tenants on one replica each, as after serving the
     python -m bench.route_scale                                   # N = 32, 128, 512, 2048
     python -m bench.route_scale --baseline /tmp/kvgate-before     # and another checkout's gateway
 
-With `--baseline DIR` the same measurement runs again in a process that imports `gateway` (and
-`cachekey`) from DIR, and both are printed side by side.
+With `--baseline DIR` (repeatable) the same measurement runs again in a process that imports
+`gateway` (and `cachekey`) from DIR, and all are printed side by side.
 """
 
 from __future__ import annotations
@@ -119,11 +119,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--replicas", default="32,128,512,2048")
     ap.add_argument("--requests", type=int, default=200)
-    ap.add_argument("--baseline", type=Path, help="a checkout whose gateway to measure alongside")
+    ap.add_argument(
+        "--baseline",
+        type=Path,
+        action="append",
+        default=[],
+        help="a checkout whose gateway to measure alongside (repeatable)",
+    )
     ap.add_argument("--out", type=Path, default=Path("bench/results/route_scale.json"))
     args = ap.parse_args()
     sizes = [int(x) for x in args.replicas.split(",")]
-    trees = {"this tree": None, **({"baseline": args.baseline} if args.baseline else {})}
+    trees: dict[str, Path | None] = {"this tree": None, **{b.name: b for b in args.baseline}}
     results = {name: run_tree(src, sizes, args.requests) for name, src in trees.items()}
     print(
         f"{'replicas':>8}" + "".join(f"{name + ' ms/req':>22}{'decision ms':>13}" for name in trees)

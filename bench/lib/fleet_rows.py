@@ -18,7 +18,7 @@ LAG_LIMIT_S = 1.0
 @dataclass(slots=True)
 class PointRow:
     replicas: int = col("N", 4)
-    label: str = col("gw", 9, left=True, sep=" ")
+    label: str = col("gw", 9, left=True, sep=" ")  # gateways, and the baseline's name
     policy: str = col("policy", 12, left=True)
     rate: float = col("rate", 6, ".0f")
     achieved: float = col("done/s", 7, ".1f")
@@ -66,7 +66,7 @@ class IdleRow:
     and synced on every gateway (None: not within --ready-timeout), and their CPU then."""
 
     replicas: int = col("N", 4)
-    label: str = col("gw", 9, left=True, sep=" ")
+    label: str = col("gateways", 22, left=True, sep=" ")
     ready_s: float | None = col("ready s", 8, ".1f")
     idle: float | None = col("idle cpu", 9, ".1%")  # per gateway, share of a core
     rss_mb: float = col("rss MB", 7, ".0f")
