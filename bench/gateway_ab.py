@@ -14,19 +14,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import statistics
 from pathlib import Path
 
 from bench.lib.closed_loop import ZERO_COMPUTE, measure
+from bench.lib.proc_stats import cpu_seconds
 from bench.lib.report import write_json
 from harness.cluster import Cluster, ClusterSpec, Proc
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def start_baseline(c: Cluster, src: Path) -> Proc:

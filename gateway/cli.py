@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import resource
 import sys
 
 from cachekey.flags import add_flags, config_from_flags
@@ -24,6 +26,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_flags(p, *CONFIGS)
     return p
+
+
+def raise_open_files_limit() -> None:
+    """Up to the hard limit: every worker takes a few sockets (a connection, a SUB, a replay
+    DEALER), so a few hundred workers pass the soft limit some systems start with (1024)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
@@ -48,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     # their own level, so --log-level debug shows the gateway's decisions, not their traffic.
     for name in HTTP_LOGGERS:
         logging.getLogger(name).setLevel(config.log_level_http.upper())
+    raise_open_files_limit()
     try:
         sockets = [listen_socket(config.host, config.port)]
         if config.admin_port is not None:  # same server, same app: gateway/admin.py

@@ -18,6 +18,10 @@ def _unbounded_if_zero(text: str) -> int | None:
     return int(text) or None
 
 
+def _rate_or_unbounded(text: str) -> float | None:
+    return float(text) or None
+
+
 @dataclass(slots=True)
 class CostWeights:
     """Weights of the cache_aware cost's terms beyond the time estimate (docs/gateway.md)."""
@@ -147,10 +151,28 @@ class GatewayConfig:
     poll_interval: float = option(
         0.5, "seconds between polls of each worker's /kvgate/info, /health and /metrics"
     )
+    down_after_failed_polls: int = option(
+        3,
+        "polls in a row a healthy worker must leave unanswered (unreachable, or no answer in "
+        "twice --connect-timeout) before it is marked down and its index entries dropped; an "
+        "error from its /health marks it down at once",
+    )
+    max_polls_per_second: float | None = option(
+        100.0,
+        "workers polled per second at most: with more than --poll-interval x this many "
+        "workers, each is polled less often (docs/kubernetes.md, Sizing); 0: no bound",
+        parse=_rate_or_unbounded,
+    )
     event_tail_check_interval: float = option(
         1.0,
         "seconds without a KV-event batch before asking the worker's replay buffer for batches "
         "the live stream missed: bounds how long a silent gap lasts (docs/reliability.md)",
+    )
+    max_tail_checks_per_second: float | None = option(
+        50.0,
+        "replay-buffer tail checks per second at most, over all workers: with more workers "
+        "the interval above stretches for each; 0: no bound",
+        parse=_rate_or_unbounded,
     )
     eject_after_failures: int = option(
         3, "consecutive failures that eject a replica (circuit breaker)"
@@ -278,8 +300,13 @@ class GatewayConfig:
             raise ValueError("speculative_ttl, retries and epp_fallbacks must be >= 0")
         if self.connect_timeout <= 0 or self.request_timeout <= 0 or self.poll_interval <= 0:
             raise ValueError("timeouts and poll_interval must be positive")
+        if self.down_after_failed_polls < 1:
+            raise ValueError("down_after_failed_polls must be >= 1")
         if self.event_tail_check_interval <= 0:
             raise ValueError("event_tail_check_interval must be positive")
+        for rate in (self.max_polls_per_second, self.max_tail_checks_per_second):
+            if rate is not None and rate <= 0:
+                raise ValueError("max_polls_per_second and max_tail_checks_per_second must be > 0")
         if self.recent_half_life <= 0:
             raise ValueError("recent_half_life must be positive")
         if self.softmax_temperature < 0:

@@ -67,6 +67,10 @@ class BlockIndex:
         self._held: dict[BlockKey, int] = {}
         self._extra: dict[tuple[BlockKey, int], int] = {}  # (key, slot bit) -> copies beyond 1
         self._replicas: dict[ReplicaId, ReplicaState] = {}
+        # Slot bit -> its replica, and the replicas with lookahead keys (replaced whole): a match
+        # looks only at the replicas holding a request's block 0, and at those.
+        self._by_bit: dict[int, ReplicaState] = {}
+        self._lookahead: tuple[ReplicaState, ...] = ()
         self._reannouncing: set[ReplicaId] = set()
         self._free_slots: list[int] = []
         self._next_slot = 0
@@ -158,6 +162,8 @@ class BlockIndex:
                 return False  # dropped while we hashed
             if held_as is not None:
                 rep.lookahead = len(ev.lookahead_token_ids[0]) if ev.lookahead_token_ids else 0
+                if rep.lookahead and rep not in self._lookahead:
+                    self._lookahead = (*self._lookahead, rep)
             self._add_copies(rep, ev, hashes, hkeys, values)
             self._evict_over_cap()
         return True
@@ -196,6 +202,7 @@ class BlockIndex:
         (key, lookahead key)), held in the index as `hkeys`."""
         rep.block_size = ev.block_size
         group = rep.group(ev.group_idx, ev.kv_cache_spec_kind, ev.kv_cache_spec_sliding_window)
+        self._by_bit[group.bit] = rep
         bit = group.bit
         reannounce = ev.parent_block_hash is None and rep.id in self._reannouncing
         held, engine, spec, extra = self._held, rep.engine, self.spec.mask, self._extra
@@ -279,12 +286,17 @@ class BlockIndex:
             self._copies -= rep.blocks()
             self.spec.drop(rep.home_bit)
             self._free_slots.extend(rep.slots())
+            for group in rep.groups.values():
+                self._by_bit.pop(group.bit, None)
+            if rep in self._lookahead:
+                self._lookahead = tuple(r for r in self._lookahead if r is not rep)
 
     def _add_replica(self, replica: ReplicaId) -> ReplicaState:
         with self._lock:
             rep = self._replicas.get(replica)
             if rep is None:
                 rep = self._replicas[replica] = ReplicaState(replica, self._take_slot)
+                self._by_bit[rep.home_bit] = rep
             return rep
 
     def _take_slot(self) -> int:
@@ -333,26 +345,45 @@ class BlockIndex:
         tokens: Sequence[int] | None = None,
         mm_items: Sequence[MMItem] = (),
     ) -> dict[ReplicaId, int]:
-        """Blocks of the longest prefix of `keys` (from block 0) each replica would hit.
+        """Blocks of the longest prefix of `keys` (from block 0) each of `replicas` would hit,
+        0 for none (`hits` has the arguments)."""
+        found = self.hits(keys, speculative=speculative, now=now, tokens=tokens, mm_items=mm_items)
+        return {r: found.get(r, 0) for r in replicas}
 
-        One pass over the keys for all replicas' full-attention slots at once: a slot drops out
-        at its first miss. Then per replica, only where it applies: the sliding-window rule of a
-        hybrid model, and lookahead keys (EAGLE/MTP), which need the request's `tokens` (without
-        them such a replica is predicted to hit nothing).
+    def hits(
+        self,
+        keys: Sequence[BlockKey],
+        *,
+        speculative: bool = True,
+        now: float | None = None,
+        tokens: Sequence[int] | None = None,
+        mm_items: Sequence[MMItem] = (),
+    ) -> dict[ReplicaId, int]:
+        """The replicas that would hit at least block 0 of `keys`, and how many blocks.
+
+        Only the replicas holding block 0 (or guessed to, `speculative`) can, and those with
+        lookahead keys (EAGLE/MTP, whose hit needs the request's `tokens`): a replica that
+        holds nothing of the request costs nothing. One pass over the keys for all of their
+        full-attention slots at once: a slot drops out at its first miss. Then per replica,
+        where it applies, the sliding-window rule of a hybrid model.
         """
-        replicas = list(replicas)
         now = time.monotonic() if now is None else now
         if speculative and self.spec.due(now):
             with self._lock:
                 self.spec.expire(now)
         spec = self.spec.mask if speculative else None
-        reps = [self._replicas.get(r) for r in replicas]
+        held = self._held
+        reps: dict[ReplicaId, ReplicaState] = {r.id: r for r in self._lookahead}
+        first = (held.get(keys[0], 0) | (spec.get(keys[0], 0) if spec else 0)) if keys else 0
         alive = 0
-        for rep in reps:
-            if rep is not None:
+        while first:
+            bit = first & -first
+            first ^= bit
+            rep = self._by_bit.get(bit)
+            if rep is not None and rep.id not in reps:
+                reps[rep.id] = rep
                 alive |= rep.full_bits
         stops: dict[int, int] = {}
-        held = self._held
         for i, key in enumerate(keys):
             if not alive:
                 break
@@ -366,10 +397,12 @@ class BlockIndex:
                     bit = gone & -gone
                     gone ^= bit
                     stops[bit] = i
-        return {
-            r: 0 if rep is None else rep.hit(held, keys, stops, tokens, mm_items)
-            for r, rep in zip(replicas, reps, strict=True)
-        }
+        found = {}
+        for rid, rep in reps.items():
+            n = rep.hit(held, keys, stops, tokens, mm_items)
+            if n:
+                found[rid] = n
+        return found
 
     def holds(self, replica: ReplicaId, key: BlockKey) -> bool:
         rep = self._replicas.get(replica)

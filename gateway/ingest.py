@@ -6,6 +6,7 @@ Only calls the index; the subscriber (gateway/subscriber.py) owns ordering, gaps
 from __future__ import annotations
 
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
@@ -23,6 +24,8 @@ class Ingested(NamedTuple):
     errors: list[str]  # a reason per malformed batch, event or field skipped
     applied: int  # events applied
     unknown_parents: int = 0  # stored blocks skipped: their parent is not in the index
+    stamped_at: float | None = None  # the batch's `ts`: when the worker published it (epoch s)
+    cpu_seconds: float = 0.0  # the ingestion thread's CPU time on it
 
 
 def ingest_batch(
@@ -33,10 +36,24 @@ def ingest_batch(
     seq: int,
     payload: bytes,
 ) -> Ingested:
-    """What applying one batch of `replica`'s stream did; never raises.
+    """What applying one batch of `replica`'s stream did, and the CPU time it took; never
+    raises.
 
     `rank` is the data-parallel rank the stream belongs to: a batch naming another rank is
     skipped whole, never merged."""
+    t0 = time.thread_time()
+    done = _ingest(index, replica, ns, rank, seq, payload)
+    return done._replace(cpu_seconds=time.thread_time() - t0)
+
+
+def _ingest(
+    index: BlockIndex,
+    replica: ReplicaId,
+    ns: HashNamespace,
+    rank: int | None,
+    seq: int,
+    payload: bytes,
+) -> Ingested:
     try:
         batch = decode_batch(payload)
     except DecodeError as e:
@@ -52,4 +69,5 @@ def ingest_batch(
     errors = list(batch.errors)
     for reason, n in (index.errors - before_errors).items():
         errors += [reason] * n
-    return Ingested(errors, applied, index.skipped_unknown_parent - before_parent)
+    unknown = index.skipped_unknown_parent - before_parent
+    return Ingested(errors, applied, unknown, batch.ts or None)

@@ -10,6 +10,7 @@ from prometheus_client.registry import Collector
 
 _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
 _TOKEN_BUCKETS = (0, 1, 16, 64, 256, 1024, 4096, 16384)
+_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
 class GatewayMetrics:
@@ -75,6 +76,19 @@ class GatewayMetrics:
         )
         self.event_gaps = Counter(
             "kvgate_event_gaps", "Sequence gaps found (live stream or tail check)", registry=r
+        )
+        self.event_lag = Histogram(
+            "kvgate_event_lag_seconds",
+            "From a KV-event batch's timestamp (the worker publishing it) to its being applied "
+            "to the index; needs the workers' and gateway's clocks in step (NTP)",
+            buckets=_LAG_BUCKETS,
+            registry=r,
+        )
+        self.ingest_seconds = Counter(
+            "kvgate_event_ingest_cpu_seconds",
+            "CPU time of the ingestion thread decoding, hashing and applying KV-event batches: "
+            "near 1 per second, the gateway cannot keep up with the workers' events",
+            registry=r,
         )
         self.event_replays = Counter("kvgate_event_replays", "Gaps closed by replay", registry=r)
         self.event_resyncs = Counter("kvgate_event_resyncs", "Snapshot reloads", registry=r)

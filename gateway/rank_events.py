@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 from typing import Protocol
 from urllib.parse import urlparse
 
@@ -24,12 +25,22 @@ from gateway.endpoints import WorkerEndpoint
 from gateway.event_hub import EventHub
 from gateway.index import BlockIndex, ReplicaId
 from gateway.metrics import GatewayMetrics
+from gateway.pace import Pace
 from gateway.ranks import RankSlot
 from gateway.subscriber import EventSource, KVEventSubscriber
 from gateway.tasks import cancel_and_wait
 from gateway.vllm_compat import INSTANCE
 
 log = logging.getLogger(__name__)
+
+
+def event_context() -> zmq.asyncio.Context:
+    """The gateway's ZMQ context. libzmq caps a context at 1023 sockets by default, which stops
+    at 511 workers (a SUB and a replay DEALER each): the open-files limit is the real bound."""
+    ctx = zmq.asyncio.Context()
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    ctx.MAX_SOCKETS = 1 << 16 if soft == resource.RLIM_INFINITY else max(1023, min(soft, 1 << 20))
+    return ctx
 
 
 class Replica(Protocol):
@@ -66,6 +77,8 @@ class EventFollowers:
         self.hub = (
             EventHub(zmq_ctx, config.kv_events_bind, metrics) if config.kv_events_bind else None
         )
+        # One pace for every subscriber's tail checks (gateway/pace.py).
+        self._tail_pace = Pace(config.event_tail_check_interval, config.max_tail_checks_per_second)
 
     def start(self, rep: Replica) -> None:
         """Follow one rank's KV events: its own SUB, or its inbox on the central SUB."""
@@ -105,10 +118,11 @@ class EventFollowers:
             self._http,
             self._zmq,
             self.metrics,
-            tail_check_interval=self.config.event_tail_check_interval,
+            tail_check_interval=self._tail_pace,
             inbox=inbox,
         )
         rep.subscriber = sub
+        self._tail_pace.join()
         rep.sub_task = asyncio.create_task(self._run(rep, sub))
 
     async def _run(self, rep: Replica, sub: KVEventSubscriber) -> None:
@@ -123,6 +137,8 @@ class EventFollowers:
 
     async def stop(self, rep: Replica) -> None:
         sub, rep.subscriber = rep.subscriber, None
+        if sub is not None:
+            self._tail_pace.leave()
         task, rep.sub_task = rep.sub_task, None
         await cancel_and_wait(task)
         if sub is not None and sub.inbox is not None and self.hub is not None:

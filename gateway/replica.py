@@ -4,6 +4,7 @@ the set of them in step with the workers)."""
 from __future__ import annotations
 
 import asyncio
+import math
 from dataclasses import dataclass, field
 
 from cachekey.documents import LoRAAdapters, WorkerInfo
@@ -51,6 +52,10 @@ class Replica:
     # over replicas even when nothing is in flight (a sequential trace).
     recent_prefill: float = 0.0
     recent_at: float = 0.0
+    # log2 of recent_prefill at time 0: orders replicas by their decayed recent prefill at any
+    # time, without decaying each one (cache_aware ranks hundreds of idle replicas by it).
+    recent_key: float = -math.inf
+    failed_polls: int = 0  # in a row, on the head replica (gateway/replicas.py)
     # Circuit breaker (gateway/breaker.py).
     failures: int = 0
     ejected_until: float = 0.0
@@ -86,6 +91,8 @@ class Replica:
     def add_recent_prefill(self, tokens: int, now: float, half_life: float) -> None:
         self.recent_prefill = self.recent_prefill_at(now, half_life) + tokens
         self.recent_at = now
+        if self.recent_prefill > 0:
+            self.recent_key = math.log2(self.recent_prefill) + now / half_life
 
     def describe(self, now: float) -> str:
         """`name (why it takes no traffic)`, or `name (healthy...)`: for clients, so no URL."""

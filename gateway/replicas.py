@@ -3,7 +3,8 @@
 A replica is one data-parallel rank of one worker base URL (gateway/ranks.py): a worker serving
 one rank is one replica whose id is its URL; one serving several is one replica per rank, the
 first keeping the URL as its id and rank r being `URL#dp<r>`. Each URL has one poller task (on
-its first replica, the "head") reading /kvgate/info, /health and /metrics every `poll_interval`:
+its first replica, the "head") reading /kvgate/info, /health and /metrics every `poll_interval`
+(longer past `max_polls_per_second` workers per second, gateway/pace.py):
 the info gives the instance id and the ranks (a change means a restarted worker: its index
 entries are dropped and new event subscribers, one per rank, reload them), /metrics gives each
 rank's queue and KV usage (vLLM's `engine` label). The gateway's own in-flight count
@@ -16,11 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 
 import httpx
-import zmq.asyncio
 
 from cachekey.documents import DocumentError, WorkerInfo, decode_document
 from cachekey.worker_auth import CurveKeys, bearer
@@ -28,14 +29,15 @@ from gateway.config import GatewayConfig
 from gateway.endpoints import WorkerEndpoint
 from gateway.index import BlockIndex, ReplicaId
 from gateway.metrics import GatewayMetrics
+from gateway.pace import Pace
 from gateway.parity import check_parity
 from gateway.prefill_rate import parse_prefill_sums
-from gateway.rank_events import EventFollowers
+from gateway.rank_events import EventFollowers, event_context
 from gateway.ranks import RankSlot, parse_engine_load, rank_loras, rank_slots, worker_layout
 from gateway.replica import Replica
 from gateway.replica_names import replica_name
 from gateway.tasks import cancel_and_wait
-from gateway.upstream import UpstreamPool
+from gateway.upstream import Fetched, UpstreamError, UpstreamPool
 from gateway.vllm_compat import vllm_info
 
 log = logging.getLogger(__name__)
@@ -43,18 +45,18 @@ log = logging.getLogger(__name__)
 _REWARN_SECONDS = 30.0  # how often an unreachable worker is logged again
 
 
-def _reason(resp: httpx.Response) -> str:
+def _reason(resp: Fetched) -> str:
     """The message of a worker's error body, else the start of its text."""
     try:
-        return str(resp.json()["error"]["message"])
+        return str(json.loads(resp.body)["error"]["message"])
     except (ValueError, KeyError, TypeError):
-        return resp.text[:200] or resp.reason_phrase
+        return resp.text[:200] or f"HTTP {resp.status}"
 
 
-def _refusal(info_r: httpx.Response) -> str:
-    if info_r.status_code == 401:
+def _refusal(info_r: Fetched) -> str:
+    if info_r.status == 401:
         return "/kvgate/info answered 401: the worker does not take this gateway's worker token"
-    return f"/kvgate/info answered {info_r.status_code}"
+    return f"/kvgate/info answered {info_r.status}"
 
 
 def _cause(reason: str | None) -> str | None:
@@ -77,12 +79,13 @@ class ReplicaSet:
         self.index = index
         self.metrics = metrics
         self._http = http
-        self._zmq = zmq.asyncio.Context()
+        self._zmq = event_context()
         self._ssl = httpx.create_ssl_context()  # built once: loading CA files costs ~0.1 s
         token = config.worker_token
         self._curve = CurveKeys.from_token(token) if token else None
         self.replicas: dict[ReplicaId, Replica] = {}
         self._heads: dict[str, Replica] = {}  # URL -> the replica polling it
+        self._poll_pace = Pace(config.poll_interval, config.max_polls_per_second)
         self.changed = asyncio.Event()
         self.events = EventFollowers(config, index, metrics, http, self._zmq, self._curve)
 
@@ -102,6 +105,7 @@ class ReplicaSet:
                 rid = ReplicaId(url)
                 rep = self._new_replica(rid, url, endpoint, self._new_pool(url))
                 self.replicas[rid] = self._heads[url] = rep
+                self._poll_pace.join()
                 rep.poll_task = asyncio.create_task(self._poll_loop(rep))
                 self.metrics.replica_healthy.labels(rid).set(0)
 
@@ -112,6 +116,7 @@ class ReplicaSet:
     async def _remove(self, head: Replica) -> None:
         if self._heads.get(head.url) is head:
             del self._heads[head.url]
+            self._poll_pace.leave()
         await cancel_and_wait(head.poll_task)
         for rep in head.ranks:
             await self._forget(rep)
@@ -168,6 +173,9 @@ class ReplicaSet:
     # ---- polling ---------------------------------------------------------------------------
 
     async def _poll_loop(self, rep: Replica) -> None:
+        """Poll at once, then every poll period (gateway/pace.py: --poll-interval, stretched
+        past --max-polls-per-second), from a random phase."""
+        delay = self._poll_pace.first_delay
         while True:
             try:
                 await self.poll_once(rep)
@@ -175,21 +183,30 @@ class ReplicaSet:
                 raise
             except Exception as e:  # a poll must never kill the loop
                 log.warning("poll %s failed: %s", rep.id, e)
-            await asyncio.sleep(self.config.poll_interval)
+            await asyncio.sleep(delay())
+            delay = self._poll_pace.delay
 
     async def poll_once(self, rep: Replica) -> None:
-        t = self.config.connect_timeout
+        """One poll of a worker: /kvgate/info, /health and /metrics, one after the other on
+        one kept-alive connection of its pool (the request path's), within twice the connect
+        timeout: a connection, and answers that are small."""
+        if rep.pool is None:
+            rep.pool = self._new_pool(rep.url)
+        pool = rep.pool
         try:
-            info_r, health_r, metrics_r = await asyncio.gather(
-                self._http.get(f"{rep.url}/kvgate/info", timeout=t),
-                self._http.get(f"{rep.url}/health", timeout=t),
-                self._http.get(f"{rep.url}/metrics", timeout=t),
-            )
-        except httpx.HTTPError as e:
-            await self._mark_down(rep, f"unreachable: {type(e).__name__}: {e}".rstrip(": "))
+            async with asyncio.timeout(2 * self.config.connect_timeout):
+                info_r = await pool.fetch("/kvgate/info")
+                health_r = await pool.fetch("/health")
+                metrics_r = await pool.fetch("/metrics")
+        except TimeoutError:
+            await self._unreachable(rep, f"no answer in {2 * self.config.connect_timeout:g}s")
             return
+        except UpstreamError as e:  # the cause's type only: clients see it, never the address
+            await self._unreachable(rep, type(e.__cause__ or e).__name__)
+            return
+        rep.failed_polls = 0
         info = self._read_info(rep, info_r)
-        if info is None and info_r.status_code == 404 and health_r.status_code == 200:
+        if info is None and info_r.status == 404 and health_r.status == 200:
             info = await vllm_info(self._http, rep.url, metrics_r.text, self.config, rep.endpoint)
         if info is None:
             reason = rep.info_error or _refusal(info_r)
@@ -199,7 +216,7 @@ class ReplicaSet:
             await self._new_instance(rep, info)
         for r, lora in zip(rep.ranks, rank_loras(info), strict=False):
             r.lora = lora  # adapters come and go without a restart
-        if metrics_r.status_code == 200:
+        if metrics_r.status == 200:
             self._set_load(rep, parse_engine_load(metrics_r.text))
             sums = parse_prefill_sums(metrics_r.text)  # the worker's, shared by its ranks
             for r in rep.ranks:
@@ -215,11 +232,11 @@ class ReplicaSet:
             for attr, value in (load or {}).items():
                 setattr(rep, attr, value)
 
-    def _set_health(self, rep: Replica, health_r: httpx.Response) -> None:
+    def _set_health(self, rep: Replica, health_r: Fetched) -> None:
         ejected = time.monotonic() < rep.ejected_until
-        healthy = health_r.status_code == 200 and not ejected
+        healthy = health_r.status == 200 and not ejected
         if not healthy and not ejected:
-            rep.down_reason = f"/health {health_r.status_code}: {_reason(health_r)}"
+            rep.down_reason = f"/health {health_r.status}: {_reason(health_r)}"
         if healthy != rep.healthy:
             if healthy:
                 log.info("replica %s healthy", rep.id)
@@ -233,11 +250,11 @@ class ReplicaSet:
             self._warn_down(rep)
         self.metrics.replica_healthy.labels(rep.id).set(1 if healthy else 0)
 
-    def _read_info(self, rep: Replica, resp: httpx.Response) -> WorkerInfo | None:
-        if resp.status_code != 200:
+    def _read_info(self, rep: Replica, resp: Fetched) -> WorkerInfo | None:
+        if resp.status != 200:
             return None
         try:
-            info = decode_document(resp.content, WorkerInfo)
+            info = decode_document(resp.body, WorkerInfo)
         except DocumentError as e:
             if str(e) != rep.info_error:
                 log.error("replica %s is not usable: %s", rep.id, e)
@@ -245,6 +262,24 @@ class ReplicaSet:
             return None
         rep.info_error = None
         return info
+
+    async def _unreachable(self, head: Replica, why: str) -> None:
+        """A poll got no answer. A healthy worker is marked down (its index entries dropped)
+        only after --down-after-failed-polls in a row: one poll too slow on an overloaded host
+        would otherwise drop the index of every worker it fronts, and rebuilding them all at
+        once deepens the overload (seen at 512 workers behind 4 gateways, docs/benchmarks.md)."""
+        head.failed_polls += 1
+        limit = self.config.down_after_failed_polls
+        if head.healthy and head.failed_polls < limit:
+            log.warning(
+                "worker %s: poll failed (%s), %d of %d before it is marked down",
+                head.url,
+                why,
+                head.failed_polls,
+                limit,
+            )
+            return
+        await self._mark_down(head, f"unreachable: {why}")
 
     async def _mark_down(self, head: Replica, reason: str) -> None:
         for rep in head.ranks:

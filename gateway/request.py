@@ -177,12 +177,12 @@ class ProxyRequest:
         bs = self.ns.block_size
         keys = self.keys
         prompt = self.prompt  # its tokens: lookahead (EAGLE/MTP) and sliding-window replicas
-        self.matched = st.index.match(
-            keys,
-            [r.id for r in self.candidates if r.parity_ok],
-            tokens=prompt.token_ids,
-            mm_items=prompt.mm_items,
-        )
+        # Only replicas holding a prefix: those holding none cost nothing (gateway/index.py).
+        hits = st.index.hits(keys, tokens=prompt.token_ids, mm_items=prompt.mm_items)
+        if hits:
+            allowed = {r.id for r in self.candidates if r.parity_ok}
+            hits = {rid: n for rid, n in hits.items() if rid in allowed}
+        self.matched = hits
         seed = (
             keys[0] if keys else xxhash.xxh3_128_digest(repr(self.prompt.token_ids[:bs]).encode())
         )

@@ -8,7 +8,9 @@ whatever the worker's buffer holds after it, and from then on apply live batches
 - A lost batch with no later batch shows no gap. So after every `tail_check_interval` without a
   live batch the subscriber asks the replay buffer for anything after its last seq: a silent gap
   (the window before a new SUB is live, a batch over the publisher's high-water mark) never
-  outlives one interval. Without a replay endpoint only the live stream is followed.
+  outlives one interval. The interval is a gateway's shared Pace (gateway/pace.py): past
+  `max_tail_checks_per_second` subscribers per interval it stretches, so the checks of a large
+  fleet stay within that rate. Without a replay endpoint only the live stream is followed.
 A new worker instance gets a new subscriber (the replica manager sees the instance id change).
 
 One subscriber per data-parallel rank (gateway/ranks.py): each follows its rank's own ports, and
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 
 import httpx
@@ -40,6 +43,7 @@ from cachekey.worker_auth import CurveKeys
 from gateway.index import BlockIndex, ReplicaId
 from gateway.ingest import INGEST, ingest_batch
 from gateway.metrics import GatewayMetrics
+from gateway.pace import Pace
 from gateway.replay import REPLAY_ONLY_WARN_AFTER, ReplayClient, replay_only_hint
 
 log = logging.getLogger(__name__)
@@ -78,11 +82,10 @@ class KVEventSubscriber:
         zmq_ctx: zmq.asyncio.Context,
         metrics: GatewayMetrics,
         replay_timeout: float = 2.0,
-        tail_check_interval: float = 1.0,
+        tail_check_interval: float | Pace = 1.0,
         inbox: asyncio.Queue[tuple[int, bytes]] | None = None,
     ) -> None:
-        if tail_check_interval <= 0:
-            raise ValueError("tail_check_interval must be positive")
+        """`tail_check_interval`: seconds, or the Pace every subscriber of a gateway shares."""
         if (inbox is None) == (source.port is None):
             raise ValueError("a subscriber follows either its own SUB (a port) or an inbox")
         self._inbox = inbox
@@ -93,7 +96,9 @@ class KVEventSubscriber:
         self._http = http
         self._ctx = zmq_ctx
         self._metrics = metrics
-        self._tail_check_ms = int(tail_check_interval * 1000)
+        pace = tail_check_interval
+        self._pace = pace if isinstance(pace, Pace) else Pace(pace)
+        self._idle_wait = self._pace.first_delay
         self._replay = (
             ReplayClient(
                 zmq_ctx,
@@ -158,9 +163,14 @@ class KVEventSubscriber:
             else:
                 await self._on_batch(*item)
 
+    def _idle_seconds(self) -> float:
+        """How long to wait for a live batch before the tail check (gateway/pace.py)."""
+        wait, self._idle_wait = self._idle_wait(), self._pace.delay
+        return wait
+
     async def _from_sub(self, sub: zmq.asyncio.Socket) -> tuple[int, bytes] | None:
         """The next live batch, or None after an idle interval (a malformed one is dropped)."""
-        while await sub.poll(self._tail_check_ms, zmq.POLLIN):
+        while await sub.poll(int(self._idle_seconds() * 1000), zmq.POLLIN):
             frames = await sub.recv_multipart()
             if len(frames) == 3 and len(frames[1]) == 8:
                 return seq_of(frames[1]), frames[2]
@@ -169,7 +179,7 @@ class KVEventSubscriber:
     async def _from_inbox(self) -> tuple[int, bytes] | None:
         assert self._inbox is not None
         try:
-            async with asyncio.timeout(self._tail_check_ms / 1000):  # not wait_for: tasks.py
+            async with asyncio.timeout(self._idle_seconds()):  # not wait_for: tasks.py
                 return await self._inbox.get()
         except TimeoutError:
             return None
@@ -219,7 +229,7 @@ class KVEventSubscriber:
             )
         self._replay_only += 1
         if self._replay_only == REPLAY_ONLY_WARN_AFTER:
-            src, lag = self.source, self._tail_check_ms / 1000
+            src, lag = self.source, self._pace.period()
             endpoint = None if src.port is None else src.endpoint(src.port)
             hint = replay_only_hint(endpoint, src.topic, self._replay_only, lag)
             log.warning("%s: %s", self.replica, hint)
@@ -231,6 +241,9 @@ class KVEventSubscriber:
         )
         # Only now: whoever reads last_seq (/kvgate/index, tests) finds the batch in the index.
         self.next_seq = seq + 1
+        self._metrics.ingest_seconds.inc(done.cpu_seconds)
+        if done.stamped_at is not None:  # the worker's clock: meaningful where clocks agree
+            self._metrics.event_lag.observe(max(time.time() - done.stamped_at, 0.0))
         self._metrics.events_applied.labels(self.replica).inc(done.applied)
         if done.unknown_parents:
             self._metrics.skipped_unknown_parent.inc(done.unknown_parents)

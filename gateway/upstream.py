@@ -12,6 +12,7 @@ import asyncio
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import httptools
@@ -194,6 +195,18 @@ class _Connection(asyncio.Protocol):
                 self.transport.close()
 
 
+@dataclass(frozen=True, slots=True)
+class Fetched:
+    """A whole answer to a GET: its status and body (the pollers' documents)."""
+
+    status: int
+    body: bytes
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8", "replace")
+
+
 class UpstreamPool:
     """Keep-alive connections to one worker base URL (http or https)."""
 
@@ -237,6 +250,24 @@ class UpstreamPool:
                 extra_headers,
             )
         )
+        return await self._request(head, body)
+
+    async def get(self, path: str) -> UpstreamResponse:
+        """GET `path` (the pollers' /health, /metrics, /kvgate/info) on a kept-alive connection."""
+        head = b"GET %s%s HTTP/1.1\r\nHost: %s\r\n%s\r\n" % (
+            self.base_path,
+            path.encode(),
+            self._host_header,
+            self._auth,
+        )
+        return await self._request(head, b"")
+
+    async def fetch(self, path: str) -> Fetched:
+        """GET `path` and read the whole answer."""
+        resp = await self.get(path)
+        return Fetched(resp.status, await resp.read())
+
+    async def _request(self, head: bytes, body: bytes) -> UpstreamResponse:
         while self._idle:
             conn = self._idle.pop()
             try:

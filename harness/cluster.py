@@ -334,7 +334,9 @@ def rss_bytes(pid: int) -> int | None:
     return None
 
 
-def snapshot_digest(worker_url: str, headers: dict[str, str] | None = None) -> tuple[str, int]:
+def snapshot_digest(
+    worker_url: str, headers: dict[str, str] | None = None, client: httpx.Client | None = None
+) -> tuple[str, int]:
     """(digest, blocks) of a worker's `/kv/snapshot`, computed like the gateway's index digest.
 
     kvgate workers key blocks exactly as the gateway does, so equal digests mean the gateway's
@@ -343,7 +345,7 @@ def snapshot_digest(worker_url: str, headers: dict[str, str] | None = None) -> t
     """
     url, _, rank = worker_url.partition("#dp")
     query = f"?rank={rank}" if rank else ""
-    resp = httpx.get(f"{url}/kv/snapshot{query}", headers=headers, timeout=10)
+    resp = (client or httpx).get(f"{url}/kv/snapshot{query}", headers=headers, timeout=10)
     snap = decode_document(resp.content, Snapshot)
     keys = sorted({bytes.fromhex(b.key) for b in snap.blocks})
     h = hashlib.sha256()
@@ -353,13 +355,18 @@ def snapshot_digest(worker_url: str, headers: dict[str, str] | None = None) -> t
 
 
 def index_mismatches(
-    gateway_url: str, worker_urls: Sequence[str], headers: dict[str, str] | None = None
+    gateway_url: str,
+    worker_urls: Sequence[str],
+    headers: dict[str, str] | None = None,
+    client: httpx.Client | None = None,
 ) -> dict[str, str]:
-    """Workers whose gateway index entry differs from their snapshot (empty: converged)."""
-    replicas = httpx.get(f"{gateway_url}/kvgate/index", timeout=10).json()["replicas"]
+    """Workers whose gateway index entry differs from their snapshot (empty: converged).
+    `client` keeps its connections between calls (httpx.get makes a new client each time)."""
+    http = client or httpx
+    replicas = http.get(f"{gateway_url}/kvgate/index", timeout=10).json()["replicas"]
     bad: dict[str, str] = {}
     for url in worker_urls:
-        digest, blocks = snapshot_digest(url, headers)
+        digest, blocks = snapshot_digest(url, headers, client)
         entry = replicas.get(url)
         if entry is None:
             bad[url] = "not in the gateway's index"

@@ -11,15 +11,24 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
+import msgspec
 import pytest
 import zmq
 import zmq.asyncio
 from conftest import free_port
 
-from cachekey.events import END_SEQ, BlockStored, encode_batch, seq_bytes, seq_from_bytes
+from cachekey.events import (
+    END_SEQ,
+    BlockStored,
+    KVEventBatch,
+    encode_batch,
+    seq_bytes,
+    seq_from_bytes,
+)
 from cachekey.keys import HashNamespace, block_keys
 from gateway.index import BlockIndex, ReplicaId
 from gateway.metrics import GatewayMetrics
@@ -49,9 +58,12 @@ class Publisher:
         self._thread = threading.Thread(target=self._serve_replay, daemon=True)
         self._thread.start()
 
-    def publish(self, events, deliver: bool = True) -> int:
+    def publish(self, events, deliver: bool = True, ts: float | None = None) -> int:
+        """`ts` stamps the batch as published then (default: now)."""
         seq, self.seq = self.seq, self.seq + 1
         payload = encode_batch(events)
+        if ts is not None:
+            payload = msgspec.msgpack.encode(KVEventBatch(ts=ts, events=list(events)))
         self.buffer.append((seq, payload))
         if deliver:
             self.pub.send_multipart([TOPIC.encode(), seq_bytes(seq), payload])
@@ -241,8 +253,8 @@ def run_scenario(
         snap.close()
 
 
-def _count(metrics: GatewayMetrics, name: str) -> float:
-    return metrics.registry.get_sample_value(name) or 0.0
+def _count(metrics: GatewayMetrics, name: str, labels: dict[str, str] | None = None) -> float:
+    return metrics.registry.get_sample_value(name, labels) or 0.0
 
 
 def test_live_events_and_gap_closed_by_replay():
@@ -259,6 +271,23 @@ def test_live_events_and_gap_closed_by_replay():
         assert _count(metrics, "kvgate_event_replays_total") == 1
         assert sub.last_seq == 2
         assert snap.hits == 1  # only the start-up snapshot
+
+    run_scenario(scenario)
+
+
+def test_event_lag_and_ingest_cpu_are_measured_per_batch():
+    t1, t2 = list(range(8)), list(range(100, 108))
+
+    async def scenario(pub, snap, sub, index, metrics):
+        pub.publish(chain(t1, b"a")[0])
+        await _until(lambda: index.match(block_keys(t1, NS), [R])[R] == 2)
+        pub.publish(chain(t2, b"b")[0], ts=time.time() - 7.0)  # stamped 7 s ago
+        await _until(lambda: index.match(block_keys(t2, NS), [R])[R] == 2)
+        assert _count(metrics, "kvgate_event_lag_seconds_count") == 2
+        fresh = _count(metrics, "kvgate_event_lag_seconds_bucket", {"le": "5.0"})
+        assert fresh == 1  # the first batch; the stale one lands in the 10 s bucket
+        assert 7.0 <= _count(metrics, "kvgate_event_lag_seconds_sum") < 7.0 + 5.0
+        assert 0 < _count(metrics, "kvgate_event_ingest_cpu_seconds_total") < 1.0
 
     run_scenario(scenario)
 

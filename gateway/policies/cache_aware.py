@@ -18,10 +18,17 @@ The cost is a sum of named terms, in seconds at the candidates' median measured 
 queue + prefill is its time to first token; interference is what it costs the others. A longer
 prefix wins until the queue behind it costs more than recomputing it elsewhere: that is a spill
 (`kvgate_route_spills_total`, counted by the request path). docs/gateway.md has the model.
+
+Candidates that cannot win cost nothing: an idle replica holding no prefix of the request (no
+request in flight, none queued or running there) costs every such request the same 2 x its
+prompt plus its recent prefill, so of those only the `TOP` with the least recent prefill are
+costed. With hundreds of replicas the first `TOP` places are exact and the rest follow in no
+particular order (retries and the EPP's fallbacks take the first few).
 """
 
 from __future__ import annotations
 
+import heapq
 import logging
 import math
 import random
@@ -35,6 +42,8 @@ from gateway.policies.base import RouteContext, tie_order
 from gateway.replica import Replica
 
 log = logging.getLogger(__name__)
+
+TOP = 8  # places ranked exactly when most candidates are idle and hold nothing of the request
 
 
 @dataclass(slots=True)
@@ -83,14 +92,19 @@ class CacheAwarePolicy:
     async def rank(self, ctx: RouteContext) -> list[Replica]:
         now = time.monotonic()
         rate = fleet_rate(ctx.candidates)
+        exact = self.temperature > 0 or ctx.lora_name is not None or len(ctx.candidates) <= 2 * TOP
+        contenders = ctx.candidates if exact else self._contenders(ctx)
         scored = sorted(
             (
                 (self.cost(ctx, r, now, rate).total, tie_order(ctx.tie_seed, r), r)
-                for r in ctx.candidates
+                for r in contenders
             ),
             key=lambda t: (t[0], t[1]),
         )
         ranked = [r for _, _, r in scored]
+        if not exact:
+            first = {id(r) for r in ranked[:TOP]}
+            ranked = ranked[:TOP] + [r for r in ctx.candidates if id(r) not in first]
         if log.isEnabledFor(logging.DEBUG):
             log.debug("cache_aware %d prompt tokens: %s", ctx.num_prompt_tokens, explain(self, ctx))
         if self.temperature > 0 and len(ranked) > 1:
@@ -99,6 +113,34 @@ class CacheAwarePolicy:
             first = self._rng.choices(range(len(ranked)), weights=weights)[0]
             ranked.insert(0, ranked.pop(first))
         return ranked
+
+    def _contenders(self, ctx: RouteContext) -> list[Replica]:
+        """The candidates that may be among the `TOP` cheapest: those holding a prefix of the
+        request or with work there, and the `TOP` idle ones with the least recent prefill."""
+        matched, busy, idle = ctx.matched, [], []
+        for r in ctx.candidates:
+            if (
+                r.in_flight
+                or r.in_flight_prefill_tokens
+                or r.running
+                or r.waiting
+                or r.id in matched
+            ):
+                busy.append(r)
+            else:
+                idle.append(r)
+        return busy + quietest(idle, TOP, ctx.tie_seed)
+
+
+def quietest(idle: list[Replica], k: int, seed: bytes) -> list[Replica]:
+    """The `k` replicas with the least recent prefill now (`Replica.recent_key` orders them
+    at any time), ties in rendezvous order; only a tie at the k-th place is hashed."""
+    if len(idle) <= k:
+        return idle
+    kth = heapq.nsmallest(k, (r.recent_key for r in idle))[-1]
+    below = [r for r in idle if r.recent_key < kth]
+    tied = sorted((r for r in idle if r.recent_key == kth), key=lambda r: tie_order(seed, r))
+    return below + tied[: k - len(below)]
 
 
 def explain(policy: CacheAwarePolicy, ctx: RouteContext) -> str:

@@ -1,0 +1,19 @@
+"""CPU time and memory of processes from /proc (Linux): what a benchmark charges to a process,
+whatever else runs on the machine."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu(stat: Path) -> float:
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK  # utime + stime
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a whole process, every thread included."""
+    return _cpu(Path(f"/proc/{pid}/stat"))
