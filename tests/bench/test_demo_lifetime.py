@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_harness_lifetime import alive, wait_dead
+from tests.support.paths import REPO
+from tests.support.processes import alive, wait_dead
 
-ROOT = Path(__file__).resolve().parent.parent
 TINY = "--workers 1 --tenants 1 --users 1 --turns 1"
 
 pytestmark = pytest.mark.slow
@@ -41,7 +41,7 @@ class Demo:
     def __init__(self, args: str, log_dir: Path) -> None:
         self.proc = subprocess.Popen(
             ["make", "--no-print-directory", "demo", f"ARGS={args} --log-dir {log_dir}"],
-            cwd=ROOT,
+            cwd=REPO,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

@@ -13,7 +13,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 import zmq.asyncio
-from conftest import free_port
 
 from cachekey import DEFAULT_HASH_SEED, HashNamespace, MMItem, block_keys
 from cachekey.documents import (
@@ -34,6 +33,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.replica import Replica
 from gateway.replicas import ReplicaSet
 from gateway.subscriber import EventSource, KVEventSubscriber
+from harness.cluster import free_port
 
 INFO = {
     "model": "demo",

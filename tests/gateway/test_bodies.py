@@ -10,9 +10,9 @@ import json
 
 import httpx
 import pytest
-from json_bombs import many_keys, many_objects, reset_peak_rss, status_kib
 
 from harness.cluster import Cluster, ClusterSpec
+from tests.support.json_bombs import many_keys, many_objects, reset_peak_rss, status_kib
 
 pytestmark = pytest.mark.slow
 

@@ -22,10 +22,10 @@ import grpc
 import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from service_front import ServiceFront
 
 from harness.cluster import HOST, Cluster, ClusterSpec, Proc, free_port, metric_total, wait_until
 from harness.extproc_client import ExtProcClient, forward
+from tests.support.service_front import ServiceFront
 
 pytestmark = pytest.mark.slow
 

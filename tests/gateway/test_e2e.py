@@ -6,13 +6,13 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
 from harness.cluster import Cluster, ClusterSpec, wait_index_converged
 from harness.workload import Workload, WorkloadSpec
+from tests.support.paths import REPO
 
 GATEWAY_ARGS = ("--poll-interval", "0.2", "--image-fetch-allow", "127.0.0.1/32")
 
@@ -189,8 +189,7 @@ def test_bad_requests_get_openai_errors(cluster, path, body, headers, status, pa
 
 def test_gateway_import_leaves_torch_out():
     code = "import sys, gateway, gateway.app, gateway.cli; assert 'torch' not in sys.modules"
-    root = Path(__file__).resolve().parents[1]
-    subprocess.run([sys.executable, "-c", code], cwd=root, check=True)
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
 
 
 class _ImageServer:

@@ -14,12 +14,12 @@ import time
 import tracemalloc
 
 import pytest
-from image_server import BOMB_INFLATED, ImageServer
 
 from cachekey.errors import ImageFetchError, ImageTooLargeError
 from gateway.fetch import FetchBudget, ImageFetcher
 from gateway.image_fetch import AllowList, FetchPolicy
 from harness.workload import make_image
+from tests.support.image_server import BOMB_INFLATED, ImageServer
 
 NETWORK_FAILURE = "could not fetch the image from its URL"
 

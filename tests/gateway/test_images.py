@@ -15,12 +15,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from image_server import ImageServer
 from PIL import Image
 
 from cachekey import image_identifier
 from harness.cluster import Cluster, ClusterSpec
 from harness.workload import make_image
+from tests.support.image_server import ImageServer
 
 pytestmark = pytest.mark.slow
 

@@ -17,13 +17,15 @@ import httpx
 import pytest
 import zmq
 import zmq.asyncio
-from conftest import free_port
 
 from cachekey.events import END_SEQ, BlockStored, encode_batch, seq_bytes, seq_from_bytes
 from cachekey.keys import HashNamespace, block_keys
 from gateway.index import BlockIndex, ReplicaId
 from gateway.metrics import GatewayMetrics
 from gateway.subscriber import EventSource, KVEventSubscriber
+from harness.cluster import free_port
+from tests.support.metrics import sample
+from tests.support.waits import until
 
 NS = HashNamespace("demo", block_size=4)
 R = ReplicaId("http://worker")
@@ -143,14 +145,6 @@ def snapshot_blocks(tokens: list[int], tag: bytes) -> list[dict]:
     ]
 
 
-async def _until(cond, timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not cond():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not reached")
-        await asyncio.sleep(0.01)
-
-
 class GatedRelay:
     """A TCP relay on 127.0.0.1 that holds every connection until `open()`.
 
@@ -241,22 +235,18 @@ def run_scenario(
         snap.close()
 
 
-def _count(metrics: GatewayMetrics, name: str) -> float:
-    return metrics.registry.get_sample_value(name) or 0.0
-
-
 def test_live_events_and_gap_closed_by_replay():
     t1, t2, t3 = list(range(8)), list(range(100, 108)), list(range(200, 208))
 
     async def scenario(pub, snap, sub, index, metrics):
         pub.publish(chain(t1, b"a")[0])
-        await _until(lambda: index.match(block_keys(t1, NS), [R])[R] == 2)
+        await until(lambda: index.match(block_keys(t1, NS), [R])[R] == 2)
         pub.publish(chain(t2, b"b")[0], deliver=False)  # lost on the wire
         pub.publish(chain(t3, b"c")[0])
-        await _until(lambda: index.match(block_keys(t3, NS), [R])[R] == 2)
+        await until(lambda: index.match(block_keys(t3, NS), [R])[R] == 2)
         assert index.match(block_keys(t2, NS), [R])[R] == 2
-        assert _count(metrics, "kvgate_event_gaps_total") == 1
-        assert _count(metrics, "kvgate_event_replays_total") == 1
+        assert sample(metrics, "kvgate_event_gaps_total") == 1
+        assert sample(metrics, "kvgate_event_replays_total") == 1
         assert sub.last_seq == 2
         assert snap.hits == 1  # only the start-up snapshot
 
@@ -268,7 +258,7 @@ def test_replay_too_short_reloads_snapshot():
 
     async def scenario(pub, snap, sub, index, metrics):
         pub.publish(chain(t1, b"a")[0])
-        await _until(lambda: index.match(block_keys(t1, NS), [R])[R] == 2)
+        await until(lambda: index.match(block_keys(t1, NS), [R])[R] == 2)
         pub.publish(chain(t2, b"b")[0], deliver=False)
         pub.buffer.clear()  # the replay buffer no longer reaches back to seq 1
         # The worker's cache now holds t1 and t2 (seq 1 reflected), and t3 arrives as seq 2.
@@ -279,10 +269,10 @@ def test_replay_too_short_reloads_snapshot():
             "blocks": snapshot_blocks(t1, b"a") + snapshot_blocks(t2, b"b"),
         }
         pub.publish(chain(t3, b"c")[0])
-        await _until(lambda: index.match(block_keys(t3, NS), [R])[R] == 2)
+        await until(lambda: index.match(block_keys(t3, NS), [R])[R] == 2)
         assert index.match(block_keys(t2, NS), [R])[R] == 2
         assert index.match(block_keys(t1, NS), [R])[R] == 2
-        assert _count(metrics, "kvgate_event_resyncs_total") == 2  # start-up + this one
+        assert sample(metrics, "kvgate_event_resyncs_total") == 2  # start-up + this one
         assert snap.hits == 2
 
     run_scenario(scenario)
@@ -294,15 +284,15 @@ def test_seq_going_backwards_drops_and_resyncs():
     async def scenario(pub, snap, sub, index, metrics):
         pub.publish(chain(t1, b"a")[0])
         pub.publish([])
-        await _until(lambda: sub.last_seq == 1)
+        await until(lambda: sub.last_seq == 1)
         # Engine restart under the same topic: seq starts again at 0 with an empty cache.
         snap.snapshot = {"instance_id": "inst1", "seq": None, "block_size": 4, "blocks": []}
         pub.seq = 0
         pub.buffer.clear()
         pub.publish(chain(t2, b"b")[0])
-        await _until(lambda: index.match(block_keys(t2, NS), [R])[R] == 2)
+        await until(lambda: index.match(block_keys(t2, NS), [R])[R] == 2)
         assert index.match(block_keys(t1, NS), [R])[R] == 0
-        assert _count(metrics, "kvgate_event_resyncs_total") == 2
+        assert sample(metrics, "kvgate_event_resyncs_total") == 2
 
     run_scenario(scenario)
 
@@ -313,12 +303,12 @@ def test_copies_and_unknown_parent_over_the_wire():
     async def scenario(pub, snap, sub, index, metrics):
         events, _ = chain(t1, b"a")
         pub.publish(events)
-        await _until(lambda: sub.last_seq == 0)
+        await until(lambda: sub.last_seq == 0)
         pub.publish(events)  # a second copy (seq 1): per-copy count goes to 2
         pub.publish([BlockStored([b"zz"], b"nope", t2[:4], 4)])  # unknown parent
-        await _until(lambda: sub.last_seq == 2)
+        await until(lambda: sub.last_seq == 2)
         assert index.match(block_keys(t1, NS), [R])[R] == 2
-        assert _count(metrics, "kvgate_events_skipped_unknown_parent_total") == 1
+        assert sample(metrics, "kvgate_events_skipped_unknown_parent_total") == 1
         assert index.stats().copies == 4
 
     run_scenario(scenario)
@@ -347,12 +337,12 @@ def test_batch_lost_before_the_sub_is_live_is_found_by_the_tail_check():
         pub.publish(chain(t2, b"b")[0])  # no live subscription: the XPUB drops it
         relay.open()
         await pub.subscribed()
-        await _until(lambda: _held(index, t2) == 2)
+        await until(lambda: _held(index, t2) == 2)
         assert sub.last_seq == 1
-        assert _count(metrics, "kvgate_event_tail_gaps_total") == 1
-        assert _count(metrics, "kvgate_event_gaps_total") == 1
-        assert _count(metrics, "kvgate_event_replays_total") == 1
-        assert _count(metrics, "kvgate_event_resyncs_total") == 1  # only the start
+        assert sample(metrics, "kvgate_event_tail_gaps_total") == 1
+        assert sample(metrics, "kvgate_event_gaps_total") == 1
+        assert sample(metrics, "kvgate_event_replays_total") == 1
+        assert sample(metrics, "kvgate_event_resyncs_total") == 1  # only the start
 
     run_scenario(scenario, gated=True)
 
@@ -366,7 +356,7 @@ def test_batch_published_while_the_snapshot_is_served_is_applied_before_synced()
         snap.after_snapshot = lambda: pub.publish(chain(t1, b"a")[0])  # seq 0, after seq None
         await asyncio.wait_for(sub.synced.wait(), 5)
         assert _held(index, t1) == 2 and sub.last_seq == 0
-        assert _count(metrics, "kvgate_event_tail_gaps_total") == 0
+        assert sample(metrics, "kvgate_event_tail_gaps_total") == 0
         relay.open()
         await pub.subscribed()
 
@@ -388,8 +378,8 @@ def test_plain_vllm_worker_rebuilt_from_replay_alone(replay_frames):
         relay.open()
         await pub.subscribed()
         pub.publish(chain(t3, b"c")[0], deliver=False)
-        await _until(lambda: _held(index, t3) == 2)
-        assert _count(metrics, "kvgate_event_tail_gaps_total") == 1
+        await until(lambda: _held(index, t3) == 2)
+        assert sample(metrics, "kvgate_event_tail_gaps_total") == 1
         assert snap.hits == 0
 
     run_scenario(scenario, snapshot=False, replay_frames=replay_frames, gated=True)
@@ -408,7 +398,7 @@ def test_replay_buffer_that_rolled_over_starts_a_vllm_index_at_its_oldest_batch(
         assert sub.last_seq == 2
         # t2's second block names a parent the gateway never saw: skipped, never mis-keyed.
         assert _held(index, t1) == _held(index, t2) == 0
-        assert _count(metrics, "kvgate_events_skipped_unknown_parent_total") == 1
+        assert sample(metrics, "kvgate_events_skipped_unknown_parent_total") == 1
         relay.open()
 
     run_scenario(scenario, snapshot=False, gated=True)

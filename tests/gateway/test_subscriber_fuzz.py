@@ -23,7 +23,6 @@ import zmq
 import zmq.asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_gateway_subscriber import _count, _until
 
 from cachekey.events import seq_bytes
 from cachekey.keys import HashNamespace, block_keys
@@ -31,6 +30,8 @@ from gateway.index import BlockIndex, ReplicaId
 from gateway.ingest import ingest_batch
 from gateway.metrics import GatewayMetrics
 from gateway.subscriber import EventSource, KVEventSubscriber
+from tests.support.metrics import sample
+from tests.support.waits import until
 
 pytestmark = pytest.mark.slow
 
@@ -244,10 +245,10 @@ def test_mutated_batches_over_zmq_keep_the_subscriber_and_the_index():
                 sent = [base, *KNOWN_BAD.values(), *batches]
                 for seq, payload in enumerate(sent):
                     await pub.send_multipart([b"kv", seq_bytes(seq), payload])
-                await _until(lambda: sub.last_seq == len(sent) - 1, timeout=30)
+                await until(lambda: sub.last_seq == len(sent) - 1, timeout=30)
                 assert not task.done()
                 assert _held(index, BASE) == 3
-                assert _count(metrics, "kvgate_event_resyncs_total") == 1  # the start only
+                assert sample(metrics, "kvgate_event_resyncs_total") == 1  # the start only
                 count = metrics.registry.get_sample_value
                 for reason in KNOWN_BAD:
                     assert (count("kvgate_event_errors_total", {"reason": reason}) or 0) >= 1

@@ -12,13 +12,11 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from pathlib import Path
 
 import httpx
 import pytest
 import zmq
 import zmq.asyncio
-from test_gateway_subscriber import _count, _until
 
 from cachekey.events import decode_batch, parse_replay_reply, seq_from_bytes
 from cachekey.keys import HashNamespace, block_keys, usable_match
@@ -26,15 +24,18 @@ from cachekey.types import MMItem
 from gateway.index import BlockIndex, ReplicaId
 from gateway.metrics import GatewayMetrics
 from gateway.subscriber import EventSource, KVEventSubscriber
+from tests.support.metrics import sample
+from tests.support.paths import FIXTURES
+from tests.support.waits import until
 
-FIXTURES = Path(__file__).parent / "fixtures" / "vllm_0_33"
-SCENARIOS = sorted(p.stem for p in FIXTURES.glob("*.json"))
+RECORDED = FIXTURES / "vllm_0_33"
+SCENARIOS = sorted(p.stem for p in RECORDED.glob("*.json"))
 R = ReplicaId("http://vllm")
 NS = HashNamespace("demo", block_size=4)
 
 
 def load(name: str) -> dict:
-    return json.loads((FIXTURES / f"{name}.json").read_text())
+    return json.loads((RECORDED / f"{name}.json").read_text())
 
 
 def predicted(index: BlockIndex, probe: dict) -> int:
@@ -154,14 +155,14 @@ def test_recorded_vllm_stream_with_a_gap_closed_by_vllms_replay():
                 await asyncio.wait_for(sub.synced.wait(), 5)
                 await vllm.subscribed()
                 vllm.publish()
-                await _until(lambda: sub.last_seq == 0)
+                await until(lambda: sub.last_seq == 0)
                 vllm.publish(deliver=False)  # lost on the wire; vLLM's replay has it
                 vllm.publish()
-                await _until(lambda: sub.last_seq == 2)
+                await until(lambda: sub.last_seq == 2)
                 for probe in doc["steps"][2]["probes"]:
                     assert predicted(index, probe) == probe["vllm_hit_tokens"]
-                assert _count(metrics, "kvgate_event_replays_total") == 1
-                assert _count(metrics, "kvgate_event_resyncs_total") == 1  # the start only
+                assert sample(metrics, "kvgate_event_replays_total") == 1
+                assert sample(metrics, "kvgate_event_resyncs_total") == 1  # the start only
             finally:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)

@@ -11,10 +11,9 @@ import time
 
 import httpx
 import pytest
-from conftest import free_port
-from vllm_like import VllmLike
 
-from harness.cluster import Proc
+from harness.cluster import Proc, free_port
+from tests.support.vllm_like import VllmLike
 
 
 @pytest.fixture()

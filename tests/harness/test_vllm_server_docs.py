@@ -10,8 +10,9 @@ import shlex
 from pathlib import Path
 
 from harness.vllm_server import VllmProc, VllmSpec, vllm_args, vllm_env
+from tests.support.paths import REPO
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "gateway.md"
+DOC = REPO / "docs" / "gateway.md"
 
 
 def walkthrough() -> str:

@@ -6,7 +6,6 @@ import importlib.util
 import json
 import re
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -14,11 +13,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from tests.support.paths import CHART, REPO
+
 helm = pytest.importorskip("helm_python", reason="pip install helm-python-sdk (the test extra)")
 
-ROOT = Path(__file__).resolve().parent.parent
-CHART = ROOT / "helm" / "kvgate"
-MANIFESTS = ROOT / "manifests"
+MANIFESTS = REPO / "manifests"
 K8S_VERSION = kubernetes_validate.latest_version()
 
 # ServiceMonitor is a Prometheus Operator CRD, absent from the Kubernetes schemas: the fields we

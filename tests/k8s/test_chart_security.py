@@ -4,7 +4,6 @@ scraper reach the admin port of the gateways and the EPPs."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
@@ -12,10 +11,9 @@ import pytest
 import yaml
 
 from gateway.cli import build_parser, config_from_args
+from tests.support.paths import CHART
 
 helm = pytest.importorskip("helm_python", reason="pip install helm-python-sdk (the test extra)")
-
-CHART = Path(__file__).resolve().parent.parent / "helm" / "kvgate"
 
 
 def _render(values: dict[str, Any] | None) -> list[dict[str, Any]]:

@@ -16,11 +16,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import free_port
 
-ROOT = Path(__file__).resolve().parent.parent
-DASHBOARD = ROOT / "helm" / "kvgate" / "dashboards" / "kvgate.json"
-DOCS = ROOT / "docs"
+from harness.cluster import free_port
+from tests.support.paths import CHART, REPO
+
+DASHBOARD = CHART / "dashboards" / "kvgate.json"
+DOCS = REPO / "docs"
 METRIC_NAME = re.compile(r"\b(?:vllm:[a-z0-9_:]+|kvgate_[a-z0-9_]+)\b")
 # A family declared with # TYPE exposes these sample names even before its first labelled sample.
 SUFFIXES = {
@@ -113,7 +114,7 @@ def cluster(tmp_path: Path) -> Iterator[tuple[str, str]]:
     try:
         for cmd in (worker, gateway):
             log = open(tmp_path / f"{cmd[2]}.log", "wb")  # noqa: SIM115 - closed with the process
-            procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=log))
+            procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=log))
         wait_ok(f"http://127.0.0.1:{wport}/health", procs[0])
         wait_ok(f"http://127.0.0.1:{gport}/health", procs[1])
         yield f"http://127.0.0.1:{wport}", f"http://127.0.0.1:{gport}"

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -20,12 +19,11 @@ import pytest
 import yaml
 
 from gateway.cli import build_parser, config_from_args
+from tests.support.paths import CHART, FIXTURES
 
 helm = pytest.importorskip("helm_python", reason="pip install helm-python-sdk (the test extra)")
 
-ROOT = Path(__file__).resolve().parent.parent
-CHART = ROOT / "helm" / "kvgate"
-CRD = Path(__file__).resolve().parent / "crds" / "inference.networking.k8s.io_inferencepools.yaml"
+CRD = FIXTURES / "crds" / "inference.networking.k8s.io_inferencepools.yaml"
 K8S_VERSION = kubernetes_validate.latest_version()
 
 _NAME = {"type": "string", "minLength": 1, "maxLength": 253}

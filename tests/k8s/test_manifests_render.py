@@ -15,11 +15,12 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from tests.support.paths import CHART, REPO
+
 pytest.importorskip("helm_python", reason="pip install helm-python-sdk (the test extra)")
 
-ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "manifests" / "render.py"
-CPU_DEMO = ROOT / "helm" / "kvgate" / "values-cpu-demo.yaml"
+SCRIPT = REPO / "manifests" / "render.py"
+CPU_DEMO = CHART / "values-cpu-demo.yaml"
 
 
 def run_render(*args: str | Path) -> subprocess.CompletedProcess[str]:
@@ -28,7 +29,7 @@ def run_render(*args: str | Path) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         timeout=120,
-        cwd=ROOT,
+        cwd=REPO,
     )
 
 
@@ -144,7 +145,7 @@ def fenced_blocks(markdown: str, lang: str) -> list[str]:
 
 
 def test_kubernetes_md_values_claim_and_job(tmp_path: Path) -> None:
-    doc = (ROOT / "docs" / "kubernetes.md").read_text()
+    doc = (REPO / "docs" / "kubernetes.md").read_text()
     yaml_blocks = fenced_blocks(doc, "yaml")
     (values_block,) = [b for b in yaml_blocks if b.startswith("# my-values.yaml")]
     (heredoc,) = [

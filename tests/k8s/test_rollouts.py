@@ -5,7 +5,6 @@ against the Kubernetes schemas."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
@@ -13,10 +12,10 @@ import pytest
 import yaml
 
 from gateway.cli import build_parser, config_from_args
+from tests.support.paths import CHART
 
 helm = pytest.importorskip("helm_python", reason="pip install helm-python-sdk (the test extra)")
 
-CHART = Path(__file__).resolve().parent.parent / "helm" / "kvgate"
 K8S_VERSION = kubernetes_validate.latest_version()
 EPP_ONLY = {"gateway": {"replicas": 0}, "epp": {"enabled": True}}
 

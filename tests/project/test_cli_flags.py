@@ -7,20 +7,18 @@ import argparse
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from conftest import free_port
 
 from cachekey.flags import format_pixels, format_size, parse_pixels, parse_size
 from gateway import cli as gateway_cli
 from gateway.config import CostWeights, GatewayConfig
 from gateway.limits import RequestLimits
+from harness.cluster import free_port
+from tests.support.paths import REPO
 from worker import cli as worker_cli
 from worker.engine.config import EngineConfig
 from worker.server.config import ServerConfig
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _run(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:

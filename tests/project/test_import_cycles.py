@@ -10,7 +10,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.support.paths import REPO
+
 PACKAGES = ("cachekey", "gateway", "worker", "harness", "bench")
 
 

@@ -6,16 +6,15 @@ from __future__ import annotations
 import importlib.metadata
 import re
 import tomllib
-from pathlib import Path
 
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from harness.image_checks import PIN, lock_pins, torch_version
+from tests.support.paths import REPO
 
-ROOT = Path(__file__).resolve().parent.parent
-REQ = ROOT / "requirements"
+REQ = REPO / "requirements"
 LOCKS = ("dev.lock", "gateway.lock", "worker.lock", "cuda.lock")
 
 
@@ -30,7 +29,7 @@ def entries(lock: str) -> dict[str, list[tuple[str, str]]]:
 
 
 def project_requirements() -> list[Requirement]:
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     reqs = list(project["dependencies"])
     for extra in project["optional-dependencies"].values():
         reqs += extra
@@ -86,12 +85,12 @@ def test_this_environment_is_dev_lock() -> None:
 
 
 def test_installs_read_the_locks_with_hashes() -> None:
-    makefile = (ROOT / "Makefile").read_text()
+    makefile = (REPO / "Makefile").read_text()
     assert "--require-hashes --no-deps -r requirements/dev.lock" in makefile
     for dockerfile, locks in (
         ("gateway.Dockerfile", ["gateway.lock"]),
         ("worker.Dockerfile", ["worker.lock", "cuda.lock"]),
     ):
-        text = (ROOT / "docker" / dockerfile).read_text()
+        text = (REPO / "docker" / dockerfile).read_text()
         for lock in locks:
             assert f"--require-hashes --no-deps -r /tmp/req/{lock}" in text, (dockerfile, lock)

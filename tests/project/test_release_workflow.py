@@ -9,8 +9,9 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
-WORKFLOW = ROOT / ".github" / "workflows" / "release.yml"
+from tests.support.paths import REPO
+
+WORKFLOW = REPO / ".github" / "workflows" / "release.yml"
 
 
 def lint(path: Path) -> subprocess.CompletedProcess[str]:
@@ -39,7 +40,7 @@ def test_a_tag_releases_both_images_and_the_chart() -> None:
         (step,) = [
             s for s in jobs[job]["steps"] if s.get("uses", "").startswith("docker/build-push")
         ]
-        assert (ROOT / step["with"]["file"]).is_file() and step["with"]["push"] is True
+        assert (REPO / step["with"]["file"]).is_file() and step["with"]["push"] is True
         return step
 
     gateway = build_step("gateway-image")["with"]

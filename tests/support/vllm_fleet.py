@@ -130,6 +130,17 @@ def ask(gw: Proc, body: dict, policy: str = "cache_aware", path: str = "chat/com
     )
 
 
+def settled_ask(gw, servers, body, policy: str = "cache_aware", path="chat/completions"):
+    answer = ask(gw, body, policy, path)
+    wait_settled(gw.url, servers)
+    return answer
+
+
+def assert_exact(answers: list[Answer]) -> None:
+    wrong = [(i, a.predicted, a.reported) for i, a in enumerate(answers) if not a.exact]
+    assert not wrong, f"predicted != reported on {len(wrong)}/{len(answers)}: {wrong}"
+
+
 def index_replicas(gw: Proc) -> dict:
     """The gateway's `/kvgate/index` entry of each replica."""
     return httpx.get(f"{gw.url}/kvgate/index", timeout=10).json()["replicas"]

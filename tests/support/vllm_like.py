@@ -22,20 +22,20 @@ import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import msgspec
 import zmq
 
 from cachekey.events import seq_bytes, seq_from_bytes
 from harness.cluster import free_port, free_port_run
+from tests.support.paths import FIXTURES
 
-FIXTURES = Path(__file__).parent / "fixtures" / "vllm_0_33"
+RECORDED = FIXTURES / "vllm_0_33"
 LIVE = {"block_size": 16, "topic": ""}  # live mode: vLLM's default block size and topic
 
 
 def load(name: str) -> dict:
-    return json.loads((FIXTURES / f"{name}.json").read_text())
+    return json.loads((RECORDED / f"{name}.json").read_text())
 
 
 class PrefixCache:

@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 
 import httpx
-from conftest import free_port
 
-REPO = Path(__file__).resolve().parents[1]
+from harness.cluster import free_port
+from tests.support.paths import REPO
 
 
 class WorkerProcess:

@@ -9,7 +9,6 @@ import signal
 
 import httpx
 import pytest
-from k8s_fake_api import FakeApi, FakeApiServer, make_slice
 
 from harness.cluster import (
     Cluster,
@@ -20,6 +19,7 @@ from harness.cluster import (
     wait_until,
 )
 from harness.load import Tally, make_body, one_request, run_load
+from tests.support.k8s_fake_api import FakeApi, FakeApiServer, make_slice
 
 pytestmark = pytest.mark.slow
 

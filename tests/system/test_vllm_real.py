@@ -12,27 +12,24 @@ from __future__ import annotations
 import threading
 
 import pytest
-from vllm_fleet import Answer, ask, index_replicas, reset_caches, start_gateway
 
 from cachekey.assets import ModelAssets
 from cachekey.render import Renderer
 from harness.cluster import free_port, metric_total, wait_until
-from harness.vllm_server import replica_ids, reset_prefix_cache, wait_settled
+from harness.vllm_server import replica_ids, reset_prefix_cache
 from harness.workload import Workload, WorkloadSpec, data_url, make_image
+from tests.support.vllm_fleet import (
+    Answer,
+    ask,
+    assert_exact,
+    index_replicas,
+    reset_caches,
+    settled_ask,
+    start_gateway,
+)
 
 # The first test also waits for the servers to start (minutes on 2 busy cores).
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
-
-
-def settled_ask(gw, servers, body, policy: str = "cache_aware", path="chat/completions"):
-    answer = ask(gw, body, policy, path)
-    wait_settled(gw.url, servers)
-    return answer
-
-
-def assert_exact(answers: list[Answer]) -> None:
-    wrong = [(i, a.predicted, a.reported) for i, a in enumerate(answers) if not a.exact]
-    assert not wrong, f"predicted != reported on {len(wrong)}/{len(answers)}: {wrong}"
 
 
 def run_trace(gw, servers, workload: Workload, policy: str) -> list[Answer]:

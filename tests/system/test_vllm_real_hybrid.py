@@ -8,11 +8,10 @@ that, request by request, and reject none of vLLM's events.
 from __future__ import annotations
 
 import pytest
-from test_vllm_real import assert_exact, settled_ask
-from vllm_fleet import reset_caches, start_gateway
 
 from cachekey.demo import build_tokenizer
 from harness.cluster import metric_total
+from tests.support.vllm_fleet import assert_exact, reset_caches, settled_ask, start_gateway
 
 # The first test also waits for the servers to start (minutes on 2 busy cores).
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]

@@ -9,11 +9,12 @@ import time
 from pathlib import Path
 
 import pytest
-from k8s_fake_api import FakeApi, FakeApiServer, make_pod, make_pool
-from test_k8s_discovery import WAIT_S, Recorder, until
 
 from gateway.config import GatewayConfig
 from gateway.discovery.inferencepool import InferencePoolDiscovery, pool_urls, pool_workers
+from tests.support.discovery import WAIT_S, Recorder
+from tests.support.k8s_fake_api import FakeApi, FakeApiServer, make_pod, make_pool
+from tests.support.waits import until
 
 W = {"app": "w"}
 
@@ -79,8 +80,8 @@ async def _scenario(api: FakeApi, disc: InferencePoolDiscovery) -> None:
         await rec.until({url("10.0.0.1"), url("10.0.0.1", 8001)})
         # Only the named pool is read (a field selector on its name), all pods of its namespace.
         assert api.lists("InferencePool")[0].field_selector == "metadata.name=pool"
-        await until(lambda: len(api.watches("Pod")) == 1, "the pod watch")
-        await until(lambda: len(api.watches("InferencePool")) == 1, "the pool watch")
+        await until(lambda: len(api.watches("Pod")) == 1, "the pod watch", WAIT_S)
+        await until(lambda: len(api.watches("InferencePool")) == 1, "the pool watch", WAIT_S)
 
         # A pod turns ready; another pod of the pool appears.
         api.put(make_pod("b", "10.0.0.2", True, W))

@@ -6,11 +6,9 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from k8s_fake_api import FakeApi, FakeApiServer, make_slice
 
 from gateway.discovery.k8s import (
     KubernetesDiscovery,
@@ -21,38 +19,9 @@ from gateway.discovery.k8s import (
 )
 from gateway.discovery.list_watch import Backoff
 from gateway.endpoints import WorkerEndpoint
-
-WAIT_S = 10.0
-
-
-class Recorder:
-    """Collects every set the discovery emits."""
-
-    def __init__(self) -> None:
-        self.sets: list[frozenset[str]] = []
-        self.changed = asyncio.Event()
-
-    async def __call__(self, workers: frozenset[WorkerEndpoint]) -> None:
-        self.sets.append(frozenset(w.url for w in workers))
-        self.changed.set()
-
-    async def until(self, expected: set[str]) -> None:
-        deadline = time.monotonic() + WAIT_S
-        while not (self.sets and self.sets[-1] == expected):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise AssertionError(f"wanted {sorted(expected)}, last sets {self.sets[-3:]}")
-            self.changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.changed.wait(), timeout=left)
-
-
-async def until(cond: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
+from tests.support.discovery import WAIT_S, Recorder
+from tests.support.k8s_fake_api import FakeApi, FakeApiServer, make_slice
+from tests.support.waits import until
 
 
 def url(ip: str) -> str:
@@ -146,7 +115,7 @@ async def _scenario(api: FakeApi, disc: KubernetesDiscovery) -> None:
         # Initial list: ready or unset readiness only.
         await rec.until({url("10.0.0.1"), url("10.0.0.2")})
         assert api.lists()[0].label_selector == "kubernetes.io/service-name=workers"
-        await until(lambda: len(api.watches()) == 1, "the first watch")
+        await until(lambda: len(api.watches()) == 1, "the first watch", WAIT_S)
         # A list is a fresh read; the watch starts at the version the list answered with.
         assert api.lists()[0].resource_version is None
         assert api.watches()[0].resource_version == list_rv
@@ -164,7 +133,7 @@ async def _scenario(api: FakeApi, disc: KubernetesDiscovery) -> None:
         lists_before = len(api.lists())
         watches_before = len(api.watches())
         api.drop()
-        await until(lambda: len(api.watches()) > watches_before, "a reconnect")
+        await until(lambda: len(api.watches()) > watches_before, "a reconnect", WAIT_S)
         api.put(make_slice("w-b", [("10.0.1.1", True), ("10.0.1.2", True)]))
         await rec.until({url("10.0.0.1"), url("10.0.0.3"), url("10.0.1.1"), url("10.0.1.2")})
         assert api.watches()[watches_before].resource_version == seen_rv

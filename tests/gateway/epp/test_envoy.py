@@ -11,19 +11,18 @@ tokens equal the ones the worker reports.
 from __future__ import annotations
 
 import json
-import time
 
 import httpx
 import pytest
 
-from harness.cluster import HOST, Cluster, ClusterSpec, Proc, free_port, wait_index_converged
+from harness.cluster import Cluster, ClusterSpec, wait_index_converged
 from harness.envoy import Envoy, EnvoySpec
 from harness.workload import Workload, WorkloadSpec
+from tests.support.epp import TOKEN, ep, start_epp
 
 pytestmark = pytest.mark.slow
 
 CHAT = "/v1/chat/completions"
-TOKEN = "envoy-" + "5eed" * 8
 KEYS = {"sk-tenant-a": "alice", "sk-tenant-b": "bob"}
 AS_GATEWAY = {"authorization": f"Bearer {TOKEN}"}  # reads the workers' snapshots
 
@@ -41,27 +40,6 @@ def pool(tmp_path_factory: pytest.TempPathFactory):
             yield c, epp, log_dir
         finally:
             epp[0].kill()
-
-
-def start_epp(c: Cluster, log_dir, name: str, *extra: str) -> tuple[Proc, str]:
-    http, grpc_port = free_port(), free_port()
-    args = ["-m", "gateway", "--workers", ",".join(c.worker_urls), "--host", HOST,
-            "--port", str(http), "--epp", "--epp-port", str(grpc_port),
-            "--poll-interval", "0.2", "--recent-weight", "0", *extra]  # fmt: skip
-    proc = Proc(name, args, http, log_dir / f"{name}.log", env={"KVGATE_WORKER_TOKEN": TOKEN})
-    proc.start()
-    proc.wait_healthy(60)
-    deadline = time.monotonic() + 20
-    while True:  # every worker polled and its events subscribed: the picks are the index's
-        reps = httpx.get(f"{proc.url}/kvgate/index", timeout=5).json()["replicas"].values()
-        if len(reps) == len(c.worker_urls) and all(r["synced"] and r["healthy"] for r in reps):
-            return proc, f"{HOST}:{grpc_port}"
-        assert time.monotonic() < deadline, proc.log_tail()
-        time.sleep(0.1)
-
-
-def ep(url: str) -> str:
-    return url.removeprefix("http://")
 
 
 def chat(envoy: Envoy, messages: list[dict], key: str, stream: bool, **headers: str):

@@ -21,7 +21,7 @@ import pytest
 
 from harness.cluster import HOST, Cluster, ClusterSpec
 from harness.envoy import Envoy, EnvoySpec
-from tests.test_epp_envoy import TOKEN, ep, start_epp
+from tests.support.epp import TOKEN, ep, start_epp
 
 pytestmark = pytest.mark.slow
 

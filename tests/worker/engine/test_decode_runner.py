@@ -7,9 +7,9 @@ import random
 from pathlib import Path
 
 import torch
-from test_engine_utils import make_engine, run_all, tokens
 
 from cachekey import Prompt
+from tests.support.engine import make_engine, run_all, tokens
 from worker.engine.decode_runner import batch_buckets
 from worker.engine.llm_engine import LLMEngine
 from worker.engine.sampling_params import SamplingParams

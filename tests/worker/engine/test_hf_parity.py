@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_engine_utils import make_engine, run_all, tokens
 
 from cachekey import Prompt
+from tests.support.engine import make_engine, run_all, tokens
 from worker.engine.sampling_params import SamplingParams
 
 transformers = pytest.importorskip("transformers")

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_engine_utils import image_chat, make_engine, png_bytes, run_all
 
 from cachekey import Prompt, block_keys
 from cachekey.events import BlockRemoved
+from tests.support.engine import image_chat, make_engine, png_bytes, run_all
 from worker.engine.hidden_reads import HiddenStatesUnavailable
 from worker.engine.llm_engine import LLMEngine
 from worker.engine.sampling_params import SamplingParams

@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from lora_fixtures import (
+
+from cachekey import Prompt
+from tests.support.engine import make_engine, run_all, tokens
+from tests.support.lora_fixtures import (
     ALL_PROJECTIONS,
     hf_greedy,
     hf_model,
     write_peft_adapter,
     write_tiny_llama,
 )
-from test_engine_utils import make_engine, run_all, tokens
-
-from cachekey import Prompt
 from worker.engine.lora_adapter import LoRAError
 from worker.engine.sampling_params import SamplingParams
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_engine_utils import make_engine
 
 from cachekey import Prompt
+from tests.support.engine import make_engine
 from worker.engine.memory import LiveTensorBytes, MemoryBudget, num_kv_blocks
 from worker.engine.sampling_params import SamplingParams
 

@@ -12,9 +12,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_engine_utils import GREEDY, generate, image_chat, make_engine, png_bytes, run_all, tokens
 
 from cachekey import MMItem, Prompt
+from tests.support.engine import (
+    GREEDY,
+    generate,
+    image_chat,
+    make_engine,
+    png_bytes,
+    run_all,
+    tokens,
+)
 from worker.engine.llm_engine import LLMEngine, RequestOutput
 from worker.engine.sampling_params import SamplingParams
 from worker.engine.sequence import Sequence, SequenceStatus

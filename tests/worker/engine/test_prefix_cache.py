@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_engine_utils import generate, image_chat, make_engine, png_bytes, run_all, tokens
 
 from cachekey import Prompt
+from tests.support.engine import generate, image_chat, make_engine, png_bytes, run_all, tokens
 from worker.engine.llm_engine import LLMEngine
 from worker.engine.sampling_params import SamplingParams
 

@@ -6,10 +6,10 @@ import random
 from pathlib import Path
 
 import pytest
-from test_engine_utils import generate, image_chat, make_engine, png_bytes, run_all, tokens
 
 from cachekey import Prompt
 from cachekey.events import AllBlocksCleared, BlockRemoved, BlockStored
+from tests.support.engine import generate, image_chat, make_engine, png_bytes, run_all, tokens
 from worker.engine.llm_engine import LLMEngine
 from worker.engine.sampling_params import SamplingParams
 

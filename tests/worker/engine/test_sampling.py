@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_engine_utils import generate, make_engine, run_all, tokens
 
 from cachekey import MMItem, Prompt
 from cachekey.assets import ModelAssets
 from cachekey.errors import RenderError
+from tests.support.engine import generate, make_engine, run_all, tokens
 from worker.engine.config import EngineConfig
 from worker.engine.detokenizer import IncrementalDetokenizer
 from worker.engine.sampler import Sampler

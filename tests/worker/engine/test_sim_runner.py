@@ -7,9 +7,9 @@ import sys
 import time
 from pathlib import Path
 
-from test_engine_utils import image_chat, png_bytes, run_all, tokens
-
 from cachekey.events import BlockStored
+from tests.support.engine import image_chat, png_bytes, run_all, tokens
+from tests.support.paths import REPO
 from worker.engine.config import EngineConfig
 from worker.engine.llm_engine import LLMEngine
 from worker.engine.sampling_params import SamplingParams
@@ -30,8 +30,7 @@ def test_sim_engine_does_not_import_torch(demo_model_dir: Path) -> None:
         "while e.has_unfinished_requests(): e.step()\n"
         "assert 'torch' not in sys.modules, 'sim imported torch'\n"
     )
-    root = Path(__file__).resolve().parents[1]
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=root, timeout=60)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=60)
 
 
 def test_sim_is_deterministic_and_caches(demo_model_dir: Path) -> None:

@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +14,7 @@ import torch
 pytest.importorskip("triton", reason="triton wheels exist for Linux x86_64 only")
 
 import worker.engine.triton_decode as triton_decode
+from tests.support.paths import REPO
 from worker.engine.decode_attention import paged_decode_reference
 
 TRITON_CASES = {
@@ -53,13 +53,12 @@ def test_triton_decode_matches_reference() -> None:
         errors = triton_errors("cuda")
     else:
         code = (
-            "import json, sys; sys.path.insert(0, sys.argv[1]); import test_engine_triton as t;"
+            "import json; import tests.worker.engine.test_triton_decode as t;"
             " print(json.dumps(t.triton_errors('cpu')))"
         )
         env = dict(os.environ, TRITON_INTERPRET="1")
-        tests_dir = str(Path(__file__).parent)
         proc = subprocess.run(
-            [sys.executable, "-c", code, tests_dir], env=env, capture_output=True, text=True
+            [sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
         errors = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from json_bombs import many_keys, many_objects, reset_peak_rss, status_kib
-from worker_harness import WorkerProcess
 
 from cachekey.assets import ModelAssets
 from cachekey.documents import AssetFiles, Snapshot, WorkerInfo, decode_document
 from harness.cluster import HOST, Cluster, ClusterSpec, Proc, free_port, wait_until
+from tests.support.json_bombs import many_keys, many_objects, reset_peak_rss, status_kib
+from tests.support.worker_harness import WorkerProcess
 
 pytestmark = pytest.mark.slow
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from worker_harness import WorkerProcess
 
 from cachekey.assets import ModelAssets
 from cachekey.documents import AssetFiles, Snapshot, WorkerInfo, decode_document
 from cachekey.render import Renderer
+from tests.support.worker_harness import WorkerProcess
 
 METRICS = [
     "vllm:num_requests_running",

@@ -17,10 +17,10 @@ from pathlib import Path
 import httpx
 import pytest
 import zmq
-from worker_harness import WorkerProcess
 
 from cachekey.events import REPLAY_END, seq_bytes
 from cachekey.worker_auth import CurveKeys
+from tests.support.worker_harness import WorkerProcess
 
 pytestmark = pytest.mark.slow
 

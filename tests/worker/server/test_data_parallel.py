@@ -10,20 +10,20 @@ import re
 import time
 
 import httpx
-from conftest import free_port
-from worker_harness import WorkerProcess
 
 from cachekey.demo_lora import DEMO_ADAPTERS, write_demo_adapter
 from cachekey.documents import Snapshot, WorkerInfo, decode_document
 from gateway.replica_names import replica_name
 from harness.cluster import (
     Proc,
+    free_port,
     free_port_run,
     index_mismatches,
     wait_index_converged,
     wait_until,
 )
 from harness.extproc_client import ExtProcClient, forward
+from tests.support.worker_harness import WorkerProcess
 
 
 def chat(text: str) -> dict:

@@ -14,12 +14,12 @@ import httpx
 import numpy as np
 import pytest
 import zmq
-from test_engine_utils import png_bytes
-from worker_harness import WorkerProcess
 
 from cachekey.demo_lora import DEMO_ADAPTERS, lora_modules_arg, write_demo_adapter
 from cachekey.events import BlockStored, decode_batch, parse_replay_reply, seq_bytes
 from cachekey.keys import HashNamespace, block_keys
+from tests.support.engine import png_bytes
+from tests.support.worker_harness import WorkerProcess
 
 TEXT = "The quick brown fox jumps over the lazy dog while the cat watches. " * 5
 FLOAT32 = ("--dtype", "float32", "--device", "cpu", "--num-blocks", "256")

@@ -8,7 +8,8 @@ import io
 import httpx
 import pytest
 from PIL import Image
-from worker_harness import WorkerProcess
+
+from tests.support.worker_harness import WorkerProcess
 
 MAX_LEN = 128
 

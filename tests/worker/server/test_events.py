@@ -12,7 +12,6 @@ from collections import Counter
 import httpx
 import pytest
 import zmq
-from worker_harness import WorkerProcess
 
 from cachekey.events import (
     END_SEQ,
@@ -25,6 +24,7 @@ from cachekey.events import (
     seq_from_bytes,
 )
 from cachekey.keys import HashNamespace, block_keys
+from tests.support.worker_harness import WorkerProcess
 
 NUM_BLOCKS = 24
 

@@ -8,7 +8,8 @@ import time
 
 import httpx
 import pytest
-from worker_harness import WorkerProcess
+
+from tests.support.worker_harness import WorkerProcess
 
 SLOW = ("--sim-decode-s-per-step", "0.02", "--enable-fault-injection")
 LONG = {"model": "demo", "prompt": "tell me a long story", "max_tokens": 3000, "ignore_eos": True}

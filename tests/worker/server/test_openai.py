@@ -8,7 +8,8 @@ import io
 import openai
 import pytest
 from PIL import Image
-from worker_harness import WorkerProcess
+
+from tests.support.worker_harness import WorkerProcess
 
 BLOCK = 16
 LONG_TEXT = "Paged attention keeps the KV cache in fixed-size blocks. " * 6
