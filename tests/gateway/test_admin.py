@@ -15,6 +15,8 @@ import pytest
 
 from gateway.replica_names import replica_name
 from harness.cluster import HOST, Cluster, ClusterSpec, Proc, free_port, wait_until
+from tests.support.chat import chat, user
+from tests.support.waits import try_get
 
 pytestmark = pytest.mark.slow
 
@@ -39,14 +41,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
         yield c
 
 
-def _chat(gw: str, text: str) -> httpx.Response:
-    body = {"model": "demo", "max_tokens": 2, "messages": [{"role": "user", "content": text}]}
-    return httpx.post(f"{gw}/v1/chat/completions", json=body, timeout=60)
-
-
 @pytest.mark.parametrize("path", ["/metrics", "/kvgate/index"])
 def test_admin_endpoints_are_gone_from_the_public_port(cluster, path: str) -> None:
-    assert _chat(cluster.gateway_url, "make some metrics").status_code == 200
+    assert chat(cluster.gateway_url, user("make some metrics")).status_code == 200
     r = httpx.get(cluster.gateway_url + path, timeout=10)
     assert r.status_code == 404, r.text[:200]
     err = r.json()["error"]
@@ -69,7 +66,7 @@ def test_the_admin_port_serves_nothing_else(cluster, method: str, path: str) -> 
 def test_the_replica_header_is_a_name_not_a_url(cluster) -> None:
     seen = set()
     for i in range(12):
-        r = _chat(cluster.gateway_url, f"who served me? {i} " * 8)
+        r = chat(cluster.gateway_url, user(f"who served me? {i} " * 8))
         assert r.status_code == 200
         name = r.headers["x-kvgate-replica"]
         assert NAME.match(name), name
@@ -94,7 +91,7 @@ def test_every_gateway_gives_a_worker_the_same_name(cluster, tmp_path: Path) -> 
     other.start()
     try:
         other.wait_healthy(60)
-        r = _chat(other.url, "same names everywhere")
+        r = chat(other.url, user("same names everywhere"))
         assert r.status_code == 200
         assert cluster.served_by(r) in cluster.worker_urls
     finally:
@@ -109,10 +106,14 @@ def test_a_503_names_no_worker_address(tmp_path: Path) -> None:
     gw = Proc("gateway-dead", args, port, tmp_path / "gateway.log")
     gw.start()
     try:
-        wait_until(lambda: "unreachable" in _text(f"{gw.url}/health"), 30, "the first poll")
+        wait_until(
+            lambda: (r := try_get(f"{gw.url}/health")) is not None and "unreachable" in r.text,
+            30,
+            "the first poll",
+        )
         for r in (
             httpx.get(f"{gw.url}/health", timeout=5),
-            _chat(gw.url, "anyone there?"),
+            chat(gw.url, user("anyone there?")),
             httpx.get(f"{gw.url}/v1/models", timeout=5),
         ):
             assert r.status_code == 503
@@ -122,10 +123,3 @@ def test_a_503_names_no_worker_address(tmp_path: Path) -> None:
         assert dead in gw.log_path.read_text()  # the operator's log still says which
     finally:
         gw.kill()
-
-
-def _text(url: str) -> str:
-    try:
-        return httpx.get(url, timeout=2).text
-    except httpx.HTTPError:
-        return ""

@@ -16,24 +16,8 @@ from gateway.metrics import GatewayMetrics
 from gateway.replica import Replica
 from gateway.replica_names import replica_name
 from gateway.replicas import ReplicaSet
-from harness.cluster import HOST, Cluster, ClusterSpec, Proc, free_port
-
-
-def _wait_for(pred, timeout: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def _get(url: str) -> httpx.Response | None:
-    try:
-        return httpx.get(url, timeout=5)
-    except httpx.HTTPError:
-        return None
+from harness.cluster import HOST, Cluster, ClusterSpec, Proc, free_port, wait_until
+from tests.support.waits import try_get
 
 
 def test_unreachable_worker_named_until_it_comes_up(tmp_path) -> None:
@@ -50,10 +34,14 @@ def test_unreachable_worker_named_until_it_comes_up(tmp_path) -> None:
     gw.start()
     try:
         # The gateway listens before its first poll ("not polled yet"); wait for the poll.
-        health = _wait_for(
-            lambda: (r := _get(f"{gw.url}/health")) and "not polled yet" not in r.text and r,
-            what="the gateway's first poll",
+        wait_until(
+            lambda: (
+                (r := try_get(f"{gw.url}/health")) is not None and "not polled yet" not in r.text
+            ),
+            30,
+            "the gateway's first poll",
         )
+        health = httpx.get(f"{gw.url}/health", timeout=5)  # 503 until the worker is up
         assert health.status_code == 503
         chat = httpx.post(
             f"{gw.url}/v1/chat/completions",
@@ -74,7 +62,7 @@ def test_unreachable_worker_named_until_it_comes_up(tmp_path) -> None:
         assert log.count(line) == 1, log  # logged at once, then only every 30 s
         worker.start()
         worker.wait_healthy(60)
-        _wait_for(lambda: (r := _get(f"{gw.url}/health")) and r.status_code == 200, what="up")
+        wait_until(lambda: (r := try_get(f"{gw.url}/health")) and r.status_code == 200, 30, "up")
         assert f"replica {worker.url} healthy" in gw.log_path.read_text()
         ok = httpx.post(
             f"{gw.url}/v1/chat/completions",
@@ -154,12 +142,12 @@ def test_a_wrong_worker_token_is_named_as_soon_as_the_worker_answers(tmp_path) -
     )  # fmt: skip
     gw.start()
     try:
-        _wait_for(lambda: "unreachable: ConnectError" in gw.log_path.read_text(), what="a poll")
+        wait_until(lambda: "unreachable: ConnectError" in gw.log_path.read_text(), 30, "a poll")
         worker.start()
         worker.wait_healthy(60)
         up = time.monotonic()
         refused = "takes no traffic: /kvgate/info answered 401: the worker does not take this"
-        _wait_for(lambda: refused in gw.log_path.read_text(), 10, "the 401 in the log")
+        wait_until(lambda: refused in gw.log_path.read_text(), 10, "the 401 in the log")
         assert time.monotonic() - up < 10  # the earlier reason was logged under 30 s before
     finally:
         gw.kill()

@@ -5,16 +5,18 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
 
 from harness.cluster import Cluster, ClusterSpec, wait_index_converged
 from harness.workload import Workload, WorkloadSpec
+from tests.support.chat import chat, image_message, user
 from tests.support.paths import REPO
+from tests.support.waits import wait_synced
 
 GATEWAY_ARGS = ("--poll-interval", "0.2", "--image-fetch-allow", "127.0.0.1/32")
+GREEDY = {"max_tokens": 4, "temperature": 0.0}
 
 
 @pytest.fixture(scope="module")
@@ -29,25 +31,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
         startup_timeout=60,
     )
     with Cluster(spec) as c:
-        _wait_synced(c.gateways[0].url, 2)
-        _wait_synced(c.gateways[1].url, 2)
+        wait_synced(c.gateways[0].url, 2)
+        wait_synced(c.gateways[1].url, 2)
         yield c
-
-
-def _wait_synced(gateway: str, n: int, timeout: float = 20.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        idx = httpx.get(f"{gateway}/kvgate/index").json()
-        reps = idx["replicas"].values()
-        if len(reps) == n and all(r["synced"] and r["healthy"] for r in reps):
-            return idx
-        time.sleep(0.1)
-    raise AssertionError(f"gateway {gateway} did not sync: {idx}")
-
-
-def _chat(url: str, messages: list[dict], headers: dict | None = None, **kw) -> httpx.Response:
-    body = {"model": "demo", "messages": messages, "max_tokens": 4, "temperature": 0.0, **kw}
-    return httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=60)
 
 
 def test_predicted_cached_tokens_equal_reported(cluster):
@@ -59,7 +45,7 @@ def test_predicted_cached_tokens_equal_reported(cluster):
     for turn in wl:
         msgs = histories.setdefault(turn.conversation, wl.initial_messages(turn.tenant))
         msgs.append({"role": "user", "content": turn.content})
-        r = _chat(gw, msgs)
+        r = chat(gw, msgs, **GREEDY)
         assert r.status_code == 200, r.text
         assert cluster.served_by(r) in cluster.worker_urls
         cached = r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
@@ -78,14 +64,14 @@ def test_predicted_cached_tokens_equal_reported(cluster):
 def test_two_gateways_hold_the_same_index_and_choose_alike(cluster):
     g0, g1 = (g.url for g in cluster.gateways)
     system = {"role": "system", "content": "You review pull requests. " * 60}
-    first = _chat(g0, [system, {"role": "user", "content": "first question"}])
+    first = chat(g0, [system, {"role": "user", "content": "first question"}], **GREEDY)
     assert first.status_code == 200
     # Both gateways' recomputed keys are exactly the keys in each worker's own snapshot.
     for g in (g0, g1):
         wait_index_converged(g, cluster.worker_urls)
     follow = [system, {"role": "user", "content": "second question"}]
-    c0 = _chat(g0, follow).headers["x-kvgate-replica"]
-    c1 = _chat(g1, follow).headers["x-kvgate-replica"]
+    c0 = chat(g0, follow, **GREEDY).headers["x-kvgate-replica"]
+    c1 = chat(g1, follow, **GREEDY).headers["x-kvgate-replica"]
     assert c0 == c1 == first.headers["x-kvgate-replica"]
 
 
@@ -130,8 +116,7 @@ def test_session_policy_is_sticky(cluster):
     gw = cluster.gateway_url
     hdr = {"x-kvgate-routing-policy": "session", "x-session-id": "user-42"}
     chosen = {
-        _chat(gw, [{"role": "user", "content": f"turn {i}"}], hdr).headers["x-kvgate-replica"]
-        for i in range(4)
+        chat(gw, user(f"turn {i}"), hdr, **GREEDY).headers["x-kvgate-replica"] for i in range(4)
     }
     assert len(chosen) == 1
 
@@ -230,19 +215,13 @@ def test_remote_image_fetched_once_inlined_and_keyed_alike(cluster):
     try:
         msgs = [
             {"role": "system", "content": "You describe pictures carefully. " * 20},
-            {
-                "role": "user",
-                "content": [
-                    {"type": "image_url", "image_url": {"url": images.url}},
-                    {"type": "text", "text": "What is in this picture?"},
-                ],
-            },
+            image_message(images.url, text="What is in this picture?"),
         ]
-        first = _chat(cluster.gateway_url, msgs)
+        first = chat(cluster.gateway_url, msgs, **GREEDY)
         assert first.status_code == 200, first.text
         assert images.hits == 1  # the gateway fetched it; the worker got it inline
         wait_index_converged(cluster.gateway_url, cluster.worker_urls)
-        second = _chat(cluster.gateway_url, msgs)
+        second = chat(cluster.gateway_url, msgs, **GREEDY)
         assert second.status_code == 200
         assert images.hits == 2
         cached = second.json()["usage"]["prompt_tokens_details"]["cached_tokens"]

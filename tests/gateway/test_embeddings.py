@@ -11,6 +11,7 @@ import pytest
 
 from harness.cluster import Cluster, ClusterSpec, wait_index_converged
 from harness.workload import data_url, make_image
+from tests.support.chat import post
 
 WORDS = "cache block prefix route model token image worker gateway replica tenant".split()
 
@@ -35,9 +36,10 @@ def doc(rng: random.Random, n: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(n))
 
 
-def post(cluster: Cluster, path: str, body: dict) -> httpx.Response:
-    r = httpx.post(f"{cluster.gateway_url}{path}", json={"model": "demo", **body}, timeout=60)
-    wait_index_converged(cluster.gateway_url, cluster.worker_urls)  # the next one sees this one
+def settled(cluster: Cluster, path: str, body: dict) -> httpx.Response:
+    """A request for the demo model, once its blocks are in the index (the next one sees them)."""
+    r = post(cluster.gateway_url, {"model": "demo", **body}, path)
+    wait_index_converged(cluster.gateway_url, cluster.worker_urls)
     return r
 
 
@@ -55,7 +57,7 @@ def test_predicted_equals_reported_and_prefixes_stick(cluster: Cluster) -> None:
     for i in range(12):
         group = i % 3
         body = {"input": prefixes[group] + " " + doc(rng, 12), "pooling": "mean"}
-        r = post(cluster, "/v1/embeddings", body)
+        r = settled(cluster, "/v1/embeddings", body)
         predicted, cached = prediction(r)
         assert predicted == cached, (i, predicted, cached)
         hits += cached > 0
@@ -67,12 +69,12 @@ def test_predicted_equals_reported_and_prefixes_stick(cluster: Cluster) -> None:
 def test_batches_predict_every_input(cluster: Cluster) -> None:
     rng = random.Random(9)
     a, b = doc(rng, 120), doc(rng, 120)
-    prediction(post(cluster, "/v1/embeddings", {"input": a + " first"}))
-    prediction(post(cluster, "/v1/embeddings", {"input": b + " first"}))
+    prediction(settled(cluster, "/v1/embeddings", {"input": a + " first"}))
+    prediction(settled(cluster, "/v1/embeddings", {"input": b + " first"}))
     # Both prefixes are cached (maybe on different replicas): the batch lands on one, and its
     # prediction adds up what each input finds there, as the worker's usage does.
     inputs = [a + " second", b + " second", doc(rng, 40)]
-    r = post(cluster, "/v1/embeddings", {"input": inputs, "encoding_format": "base64"})
+    r = settled(cluster, "/v1/embeddings", {"input": inputs, "encoding_format": "base64"})
     predicted, cached = prediction(r)
     assert predicted == cached > 0
     assert [d["index"] for d in r.json()["data"]] == [0, 1, 2]
@@ -90,8 +92,8 @@ def test_image_messages(cluster: Cluster) -> None:
         ]
         return [{"role": "user", "content": content}]
 
-    first = prediction(post(cluster, "/v1/embeddings", {"messages": messages("colour?")}))
-    second = prediction(post(cluster, "/v1/embeddings", {"messages": messages("shape?")}))
+    first = prediction(settled(cluster, "/v1/embeddings", {"messages": messages("colour?")}))
+    second = prediction(settled(cluster, "/v1/embeddings", {"messages": messages("shape?")}))
     assert first[0] == first[1] and second[0] == second[1] > 64  # the image is in the hit
 
 
@@ -99,8 +101,8 @@ def test_return_hidden_states_through_the_gateway(cluster: Cluster) -> None:
     rng = random.Random(11)
     prompt = doc(rng, 100)
     body = {"prompt": prompt, "max_tokens": 3, "return_hidden_states": True}
-    prediction(post(cluster, "/v1/completions", body))
-    r = post(cluster, "/v1/completions", body)
+    prediction(settled(cluster, "/v1/completions", body))
+    r = settled(cluster, "/v1/completions", body)
     predicted, cached = prediction(r)
     assert predicted == cached > 0
     h = r.json()["choices"][0]["hidden_states"]

@@ -7,20 +7,18 @@ Issue 14: slow remote images with a deadline per URL (finding 2), a gzip respons
 
 from __future__ import annotations
 
-import base64
-import io
-import random
 import time
 from pathlib import Path
 
 import httpx
 import pytest
-from PIL import Image
 
 from cachekey import image_identifier
 from harness.cluster import Cluster, ClusterSpec
-from harness.workload import make_image
+from harness.workload import data_url, make_image
+from tests.support.chat import chat, image_message
 from tests.support.image_server import ImageServer
+from tests.support.images import noise_png
 
 pytestmark = pytest.mark.slow
 
@@ -57,42 +55,17 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
         yield c
 
 
-def _data_url(png: bytes) -> str:
-    return "data:image/png;base64," + base64.b64encode(png).decode()
-
-
-def _noise_png(seed: int, size: int) -> bytes:
-    """A PNG that does not compress: about 3 bytes a pixel."""
-    rng = random.Random(seed)
-    raw = bytes(rng.randrange(256) for _ in range(size * size * 3))
-    buf = io.BytesIO()
-    Image.frombytes("RGB", (size, size), raw).save(buf, format="PNG")
-    return buf.getvalue()
-
-
 # Text after the image: so the image is followed by full blocks (a match is never the whole
 # prompt, nor stops inside an image, so a short tail would hide the image's blocks).
 AFTER = " Describe the colours, the stripes and their spacing in one short sentence." * 3
 
 
-def _chat(
-    gw: str, *images: str, uuid: str | None = None, text: str = "describe", kind: str = "image_url"
-) -> httpx.Response:
-    parts: list[dict] = []
-    for url in images:
-        part = {"type": kind, "image_url": {"url": url}}
-        if uuid is not None:
-            part["uuid"] = uuid
-        parts.append(part)
-    body = {
-        "model": "demo",
-        "max_tokens": 2,
-        "messages": [
-            {"role": "system", "content": SYSTEM},
-            {"role": "user", "content": [*parts, {"type": "text", "text": text + AFTER}]},
-        ],
-    }
-    return httpx.post(f"{gw}/v1/chat/completions", json=body, timeout=60)
+def _catalogue(*images: str, text: str = "describe", **image: str | None) -> list[dict]:
+    """The catalogue's system prompt, then the images and `text` (`image`: uuid, kind)."""
+    return [
+        {"role": "system", "content": SYSTEM},
+        image_message(*images, text=text + AFTER, **image),
+    ]
 
 
 def _cached(r: httpx.Response) -> int:
@@ -107,13 +80,13 @@ def _poisoning_attempt(
     gw: str, seed: int, uuid_of_victim, kind: str = "image_url"
 ) -> tuple[int, int, int]:
     """(cached tokens of a fresh image, of the victim after the attack, of the victim again)."""
-    victim, evil, fresh = (_data_url(make_image(seed + i)) for i in range(3))
+    victim, evil, fresh = (data_url(make_image(seed + i)) for i in range(3))
     text = f"attempt {seed}"
     forged = uuid_of_victim(make_image(seed))
-    _cached(_chat(gw, evil, uuid=forged, text=text, kind=kind))  # the attack
-    baseline = _cached(_chat(gw, fresh, text=text, kind=kind))  # shared text, new image
-    after = _cached(_chat(gw, victim, text=text, kind=kind))
-    again = _cached(_chat(gw, victim, text=text, kind=kind))
+    _cached(chat(gw, _catalogue(evil, uuid=forged, text=text, kind=kind)))  # the attack
+    baseline = _cached(chat(gw, _catalogue(fresh, text=text, kind=kind)))  # shared text, new image
+    after = _cached(chat(gw, _catalogue(victim, text=text, kind=kind)))
+    again = _cached(chat(gw, _catalogue(victim, text=text, kind=kind)))
     return baseline, after, again
 
 
@@ -145,14 +118,14 @@ def test_scoped_uuids_keep_their_meaning(cluster) -> None:
     """With --allow-image-uuids, one uuid is one image for its (one) tenant: vLLM's contract."""
     gw = cluster.gateways[1].url
     first, second = make_image(300), make_image(301)
-    baseline = _cached(_chat(gw, _data_url(make_image(302)), text="logo"))
-    _cached(_chat(gw, _data_url(first), uuid="logo-v1", text="logo"))
-    assert _cached(_chat(gw, _data_url(second), uuid="logo-v1", text="logo")) > baseline
+    baseline = _cached(chat(gw, _catalogue(data_url(make_image(302)), text="logo")))
+    _cached(chat(gw, _catalogue(data_url(first), uuid="logo-v1", text="logo")))
+    assert _cached(chat(gw, _catalogue(data_url(second), uuid="logo-v1", text="logo"))) > baseline
     # The default gateway ignores the uuid: the same pair shares nothing past the text.
     gw0 = cluster.gateway_url
-    _cached(_chat(gw0, _data_url(first), uuid="logo-v2", text="logo 0"))
-    base0 = _cached(_chat(gw0, _data_url(make_image(303)), text="logo 0"))
-    assert _cached(_chat(gw0, _data_url(second), uuid="logo-v2", text="logo 0")) == base0
+    _cached(chat(gw0, _catalogue(data_url(first), uuid="logo-v2", text="logo 0")))
+    base0 = _cached(chat(gw0, _catalogue(data_url(make_image(303)), text="logo 0")))
+    assert _cached(chat(gw0, _catalogue(data_url(second), uuid="logo-v2", text="logo 0"))) == base0
 
 
 # ---- finding 2 and 5: fetch budgets ------------------------------------------------------
@@ -163,21 +136,21 @@ def test_slow_images_share_one_deadline(cluster, srv) -> None:
     them through (3.2 s); one deadline for the request refuses it when 2 s are spent."""
     urls = [srv.add(f"slow{i}", make_image(400 + i)) + "?delay=0.8" for i in range(4)]
     t0 = time.monotonic()
-    r = _chat(cluster.gateway_url, *urls)
+    r = chat(cluster.gateway_url, _catalogue(*urls))
     elapsed = time.monotonic() - t0
     assert r.status_code == 422, r.text
     assert "--image-fetch-timeout" in r.json()["error"]["message"]
     assert elapsed < 3.0, elapsed
-    one = _chat(cluster.gateway_url, urls[0])  # a request of its own gets its own budget
+    one = chat(cluster.gateway_url, _catalogue(urls[0]))  # a request of its own gets its own budget
     assert one.status_code == 200, one.text
 
 
 def test_images_share_one_byte_budget(cluster, srv) -> None:
-    big = [_noise_png(500 + i, size=90) for i in range(3)]
+    big = [noise_png(500 + i, size=90) for i in range(3)]
     assert all(20_000 < len(b) < 30_000 for b in big), [len(b) for b in big]
     urls = [srv.add(f"big{i}", b) for i, b in enumerate(big)]
-    assert _chat(cluster.gateway_url, *urls[:2]).status_code == 200
-    r = _chat(cluster.gateway_url, *urls)  # 3 x ~25 KB > --image-fetch-max-bytes 60000
+    assert chat(cluster.gateway_url, _catalogue(*urls[:2])).status_code == 200
+    r = chat(cluster.gateway_url, _catalogue(*urls))  # 3 x ~25 KB > --image-fetch-max-bytes 60000
     assert r.status_code == 413, r.text
     assert "--image-fetch-max-bytes" in r.json()["error"]["message"]
 
@@ -194,7 +167,7 @@ def test_gzip_bomb_does_not_raise_gateway_memory(cluster, srv) -> None:
     pid = cluster.gateways[0].popen.pid
     Path(f"/proc/{pid}/clear_refs").write_text("5")  # peak RSS := current RSS
     before = _status_kib(pid, "VmRSS")
-    r = _chat(cluster.gateway_url, f"{srv.base}/bomb")
+    r = chat(cluster.gateway_url, _catalogue(f"{srv.base}/bomb"))
     peak = _status_kib(pid, "VmHWM")
     assert r.status_code == 422, r.text
     assert "identity" in r.json()["error"]["message"]
@@ -205,7 +178,7 @@ def test_gzip_bomb_does_not_raise_gateway_memory(cluster, srv) -> None:
 
 def test_network_failures_do_not_reveal_ports(cluster, srv) -> None:
     answers = {
-        path: _chat(cluster.gateway_url, f"{srv.base}{path}").json()["error"]["message"]
+        path: chat(cluster.gateway_url, _catalogue(f"{srv.base}{path}")).json()["error"]["message"]
         for path in ("/status/404", "/garbage", "/cut")
     }
     assert len(set(answers.values())) == 1, answers

@@ -7,16 +7,13 @@ its flag; the gateway keeps serving afterwards. Also: image URLs refused by the 
 
 from __future__ import annotations
 
-import base64
-import io
-import random
-
 import httpx
 import pytest
-from PIL import Image
 
 from harness.cluster import Cluster, ClusterSpec
-from harness.workload import make_image
+from harness.workload import data_url, make_image
+from tests.support.chat import chat, image_message, post, user
+from tests.support.images import noise_png
 
 LIMIT_ARGS = (
     "--poll-interval", "0.2",
@@ -46,34 +43,6 @@ def gw(tmp_path_factory: pytest.TempPathFactory):
         yield c.gateway_url
 
 
-def _data_url(png: bytes) -> str:
-    return "data:image/png;base64," + base64.b64encode(png).decode()
-
-
-def _noise_png(size: int = 64) -> bytes:
-    rng = random.Random(5)
-    img = Image.frombytes(
-        "RGB", (size, size), bytes(rng.randrange(256) for _ in range(size**2 * 3))
-    )
-    buf = io.BytesIO()
-    img.save(buf, format="PNG")
-    return buf.getvalue()
-
-
-def _image_msg(*urls: str) -> dict:
-    parts = [{"type": "image_url", "image_url": {"url": u}} for u in urls]
-    return {"role": "user", "content": [*parts, {"type": "text", "text": "describe"}]}
-
-
-def _post(gw: str, body: dict, path: str = "/v1/chat/completions", **kw) -> httpx.Response:
-    return httpx.post(f"{gw}{path}", json=body, timeout=30, **kw)
-
-
-def _chat(gw: str, messages: list[dict], **extra) -> httpx.Response:
-    body = {"model": "demo", "messages": messages, "max_tokens": 4, **extra}
-    return _post(gw, body)
-
-
 def _assert_limit(r: httpx.Response, status: int, *needles: str) -> None:
     assert r.status_code == status, r.text
     err = r.json()["error"]
@@ -82,16 +51,16 @@ def _assert_limit(r: httpx.Response, status: int, *needles: str) -> None:
         assert n in err["message"], err["message"]
 
 
-HELLO = [{"role": "user", "content": "hello"}]
+HELLO = user("hello")
 
 
 def test_within_limits_ok(gw: str) -> None:
-    r = _chat(gw, [_image_msg(_data_url(make_image(3)))], n=2)
+    r = chat(gw, [image_message(data_url(make_image(3)))], n=2)
     assert r.status_code == 200, r.text
 
 
 def test_body_bytes_by_content_length(gw: str) -> None:
-    r = _chat(gw, [{"role": "user", "content": "x" * 120_000}])
+    r = chat(gw, user("x" * 120_000))
     _assert_limit(r, 413, "request body bytes", "> limit 100000", "--max-body-bytes")
 
 
@@ -113,52 +82,52 @@ def test_body_bytes_while_reading_chunked(gw: str) -> None:
 
 
 def test_messages_per_request(gw: str) -> None:
-    r = _chat(gw, HELLO * 5)
+    r = chat(gw, HELLO * 5)
     _assert_limit(r, 400, "messages per request: 5 > limit 4", "--max-messages")
 
 
 def test_content_parts_per_message(gw: str) -> None:
     parts = [{"type": "text", "text": "a"}] * 4
-    r = _chat(gw, [{"role": "user", "content": parts}])
+    r = chat(gw, user(parts))
     _assert_limit(r, 400, "content parts per message: 4 > limit 3", "--max-content-parts")
     assert r.json()["error"]["param"] == "messages[0].content"
 
 
 def test_images_per_request(gw: str) -> None:
-    url = _data_url(make_image(3))
-    r = _chat(gw, [_image_msg(url, url), _image_msg(url)])
+    url = data_url(make_image(3))
+    r = chat(gw, [image_message(url, url), image_message(url)])
     _assert_limit(r, 400, "images per request: 3 > limit 2", "--max-images-per-request")
 
 
 def test_image_bytes(gw: str) -> None:
-    png = _noise_png()
+    png = noise_png(5, 64)
     assert len(png) > 4000
-    r = _chat(gw, [_image_msg(_data_url(png))])
+    r = chat(gw, [image_message(data_url(png))])
     _assert_limit(r, 413, "4000", "--max-image-bytes")
 
 
 def test_image_pixels(gw: str) -> None:
     png = make_image(4, size=100)  # 10,000 pixels, few bytes
     assert len(png) < 4000
-    r = _chat(gw, [_image_msg(_data_url(png))])
+    r = chat(gw, [image_message(data_url(png))])
     _assert_limit(r, 413, "pixels", "5000", "--max-image-pixels")
 
 
 def test_prompt_tokens(gw: str) -> None:
-    r = _chat(gw, [{"role": "user", "content": "word " * 600}])
+    r = chat(gw, user("word " * 600))
     _assert_limit(r, 400, "300", "--max-prompt-tokens")
-    r = _post(gw, {"model": "demo", "prompt": "word " * 600, "max_tokens": 2}, "/v1/completions")
+    r = post(gw, {"model": "demo", "prompt": "word " * 600, "max_tokens": 2}, "/v1/completions")
     _assert_limit(r, 400, "300", "--max-prompt-tokens")
 
 
 @pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
 def test_output_tokens(gw: str, field: str) -> None:
     body = {"model": "demo", "messages": HELLO, field: 65}
-    _assert_limit(_post(gw, body), 400, f"{field}: 65 > limit 64", "--max-output-tokens")
+    _assert_limit(post(gw, body), 400, f"{field}: 65 > limit 64", "--max-output-tokens")
 
 
 def test_n(gw: str) -> None:
-    _assert_limit(_chat(gw, HELLO, n=3), 400, "n: 3 > limit 2", "--max-n")
+    _assert_limit(chat(gw, HELLO, n=3), 400, "n: 3 > limit 2", "--max-n")
 
 
 @pytest.mark.parametrize(
@@ -171,7 +140,7 @@ def test_n(gw: str) -> None:
     ],
 )
 def test_ssrf_refused_through_the_gateway(gw: str, url: str) -> None:
-    r = _chat(gw, [_image_msg(url)])
+    r = chat(gw, [image_message(url)])
     _assert_limit(r, 400, "is not allowed", "--image-fetch-allow")
     message = r.json()["error"]["message"]
     assert "127.0.0.1" not in message  # what localhost resolved to stays on the gateway
@@ -179,8 +148,8 @@ def test_ssrf_refused_through_the_gateway(gw: str, url: str) -> None:
 
 def test_gateway_keeps_serving_after_violations(gw: str) -> None:
     for _ in range(3):
-        assert _chat(gw, HELLO * 9).status_code == 400
-    r = _chat(gw, HELLO)
+        assert chat(gw, HELLO * 9).status_code == 400
+    r = chat(gw, HELLO)
     assert r.status_code == 200, r.text
     assert httpx.get(f"{gw}/health").status_code == 200
 
@@ -195,7 +164,7 @@ def test_no_remote_images_flag(tmp_path) -> None:
         startup_timeout=60,
     )
     with Cluster(spec) as c:
-        r = _chat(c.gateway_url, [_image_msg("https://example.com/cat.png")])
+        r = chat(c.gateway_url, [image_message("https://example.com/cat.png")])
         _assert_limit(r, 400, "--no-remote-images")
-        ok = _chat(c.gateway_url, [_image_msg(_data_url(make_image(5)))])
+        ok = chat(c.gateway_url, [image_message(data_url(make_image(5)))])
         assert ok.status_code == 200, ok.text

@@ -14,6 +14,7 @@ from cachekey import Renderer
 from cachekey.assets import ModelAssets
 from harness.cluster import Cluster, ClusterSpec, wait_index_converged
 from harness.workload import data_url, make_image
+from tests.support.chat import chat
 
 BS = 16
 SYSTEM = "You describe pictures for an image archive. Be brief and precise. " * 3
@@ -50,13 +51,10 @@ def messages(image: str, question: str) -> list[dict]:
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": content}]
 
 
-def chat(cluster: Cluster, msgs: list[dict]) -> tuple[str, int, int]:
+def round_robin(cluster: Cluster, msgs: list[dict]) -> tuple[str, int, int]:
     """Round robin: sequential requests alternate between the two workers."""
-    body = {"model": "demo", "messages": msgs, "max_tokens": 2, "temperature": 0.0}
     headers = {"x-kvgate-routing-policy": "round_robin"}
-    r = httpx.post(
-        f"{cluster.gateway_url}/v1/chat/completions", json=body, headers=headers, timeout=60
-    )
+    r = chat(cluster.gateway_url, msgs, headers, temperature=0.0)
     assert r.status_code == 200, r.text
     cached = r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
     return cluster.served_by(r), int(r.headers["x-kvgate-predicted-cached-tokens"]), cached
@@ -71,13 +69,15 @@ def test_each_worker_is_predicted_with_its_own_rule(cluster: Cluster, demo_model
     for seed in (1, 2):
         image = data_url(make_image(500 + seed))
         for _ in RULES:  # one warm-up on each worker
-            worker, predicted, cached = chat(cluster, messages(image, "What is in this picture?"))
+            worker, predicted, cached = round_robin(
+                cluster, messages(image, "What is in this picture?")
+            )
             assert predicted == cached
         wait_index_converged(cluster.gateway_url, cluster.worker_urls)
         probe = messages(image, "Which colours does it use, and where?")
         (item,) = renderer.render_chat(probe).mm_items
         for _ in RULES:  # the same image, another question, on each worker
-            worker, predicted, cached = chat(cluster, probe)
+            worker, predicted, cached = round_robin(cluster, probe)
             assert predicted == cached, (rule_of[worker], predicted, cached)
             seen[rule_of[worker]].append(cached)
             if rule_of[worker] == "clamp":
@@ -87,6 +87,6 @@ def test_each_worker_is_predicted_with_its_own_rule(cluster: Cluster, demo_model
         # Another image on the same text: each worker hits the text before it only (ATOM #1358).
         other = messages(data_url(make_image(900 + seed)), "What is in this picture?")
         for _ in RULES:
-            worker, predicted, cached = chat(cluster, other)
+            worker, predicted, cached = round_robin(cluster, other)
             assert predicted == cached == (item.offset // BS) * BS
     assert all(len(hits) == 2 for hits in seen.values()), seen  # both rules were exercised

@@ -15,9 +15,10 @@ import httpx
 import pytest
 
 from harness.cluster import Cluster, ClusterSpec, metric_by_labels, metric_total, wait_until
+from tests.support.chat import bearer, chat_body, post, user
 
 KEY = "sk-outcomes-test-key-0001"
-AUTH = {"authorization": f"Bearer {KEY}"}
+AUTH = bearer(KEY)
 DECODE_S = 0.05  # per step: a 400-token answer takes 20 s, far longer than any wait below
 LONG = 400
 REQUESTS = "kvgate_requests_total"
@@ -51,8 +52,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
         yield c
 
 
-def chat(text: str, **kw) -> dict:
-    return {"model": "demo", "messages": [{"role": "user", "content": text}], "max_tokens": 4, **kw}
+def _body(text: str, max_tokens: int = 4, **kw) -> dict:
+    return chat_body(user(text), max_tokens=max_tokens, **kw)
 
 
 def outcomes(c: Cluster) -> dict[tuple[str, ...], float]:
@@ -63,27 +64,21 @@ def moved(before: dict, after: dict) -> dict[tuple[str, ...], float]:
     return {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
 
 
-def post(c: Cluster, body: dict | bytes, headers: dict | None = None) -> httpx.Response:
-    kw = {"content": body} if isinstance(body, bytes) else {"json": body}
-    h = {**AUTH, **(headers or {})}
-    return httpx.post(f"{c.gateway_url}/v1/chat/completions", headers=h, timeout=30, **kw)
-
-
 def test_each_refusal_counts_once_with_its_status(cluster) -> None:
     c = cluster
-    big = json.dumps(chat("x" * 70_000)).encode()
+    big = json.dumps(_body("x" * 70_000)).encode()
     cases = [
-        ("401 no API key", 401, chat("hi"), {"authorization": ""}),
+        ("401 no API key", 401, _body("hi"), {"authorization": ""}),
         ("400 invalid JSON", 400, b'{"model": "demo", "messages": [', None),
         ("413 body over --max-body-bytes", 413, big, None),
-        ("400 max_tokens over --max-output-tokens", 400, chat("hi", max_tokens=10**6), None),
-        ("400 temperature below 0", 400, chat("hi", temperature=-1), None),
-        ("404 unknown model", 404, chat("hi", model="nope"), None),
-        ("400 unknown policy", 400, chat("hi"), {"x-kvgate-routing-policy": "nope"}),
+        ("400 max_tokens over --max-output-tokens", 400, _body("hi", max_tokens=10**6), None),
+        ("400 temperature below 0", 400, _body("hi", temperature=-1), None),
+        ("404 unknown model", 404, _body("hi", model="nope"), None),
+        ("400 unknown policy", 400, _body("hi"), {"x-kvgate-routing-policy": "nope"}),
     ]
     for what, status, body, headers in cases:
         before, predicted = outcomes(c), metric_total(c.gateway_url, PREDICTED)
-        r = post(c, body, headers)
+        r = post(c.gateway_url, body, headers={**AUTH, **(headers or {})})
         assert r.status_code == status, (what, r.text)
         assert r.json()["error"]["code"], what  # an OpenAI body with a code
         # replica "none", the default policy (an unknown name never becomes a label)
@@ -97,7 +92,7 @@ def test_shed_when_full_counts_429(cluster) -> None:
     with httpx.stream(
         "POST",
         f"{c.gateway_url}/v1/chat/completions",
-        json=chat("hold the only slot", max_tokens=LONG, ignore_eos=True, stream=True),
+        json=_body("hold the only slot", max_tokens=LONG, ignore_eos=True, stream=True),
         headers=AUTH,
         timeout=30,
     ) as held:
@@ -105,7 +100,7 @@ def test_shed_when_full_counts_429(cluster) -> None:
         lines = held.iter_lines()  # kept: a dropped iterator closes the stream (client gone)
         next(lines)
         before = outcomes(c)
-        r = post(c, chat("no room"))
+        r = post(c.gateway_url, _body("no room"), headers=AUTH)
         assert r.status_code == 429 and r.json()["error"]["code"] == "rate_limit_exceeded"
         assert moved(before, outcomes(c)) == {("none", "cache_aware", "429"): 1.0}
 
@@ -118,13 +113,13 @@ def test_worker_refusal_predicts_nothing(cluster) -> None:
     (worker,) = c.worker_urls
     text = "A prompt long enough to fill a few cache blocks of the demo model. " * 4
     before, predicted = outcomes(c), metric_total(c.gateway_url, PREDICTED)
-    r = post(c, chat(text, logprobs=True))
+    r = post(c.gateway_url, _body(text, logprobs=True), headers=AUTH)
     assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs"
     assert c.served_by(r) == worker and PREDICTED_HEADER not in r.headers
     assert moved(before, outcomes(c)) == {(worker, "cache_aware", "400"): 1.0}
     assert metric_total(c.gateway_url, PREDICTED) == predicted
 
-    ok = post(c, chat(text))
+    ok = post(c.gateway_url, _body(text), headers=AUTH)
     assert ok.status_code == 200, ok.text
     reported = ok.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert int(ok.headers[PREDICTED_HEADER]) == reported == 0
@@ -138,7 +133,7 @@ def test_abandoned_stream_is_client_gone_and_stops_the_worker(cluster) -> None:
     with httpx.stream(
         "POST",
         f"{c.gateway_url}/v1/chat/completions",
-        json=chat("a long story, abandoned", max_tokens=LONG, ignore_eos=True, stream=True),
+        json=_body("a long story, abandoned", max_tokens=LONG, ignore_eos=True, stream=True),
         headers=AUTH,
         timeout=30,
     ) as r:
@@ -160,7 +155,7 @@ def test_abandoned_request_is_client_gone_and_stops_the_worker(cluster) -> None:
     c = cluster
     (worker,) = c.worker_urls
     before, predicted = outcomes(c), metric_total(c.gateway_url, PREDICTED)
-    body = chat("a long answer nobody waits for", max_tokens=LONG, ignore_eos=True)
+    body = _body("a long answer nobody waits for", max_tokens=LONG, ignore_eos=True)
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{c.gateway_url}/v1/chat/completions", json=body, headers=AUTH, timeout=1.5)
     wait_until(lambda: metric_total(worker, RUNNING) == 0, 5, "the worker to stop")
@@ -168,7 +163,7 @@ def test_abandoned_request_is_client_gone_and_stops_the_worker(cluster) -> None:
     assert moved(before, outcomes(c)) == {(worker, "cache_aware", "client_gone"): 1.0}
     assert metric_total(c.gateway_url, PREDICTED) == predicted
     # The slot came back: the next request is served, not shed.
-    assert post(c, chat("after the abandoned one")).status_code == 200
+    assert post(c.gateway_url, _body("after the abandoned one"), headers=AUTH).status_code == 200
 
 
 def test_no_replica_is_a_counted_503(cluster) -> None:
@@ -181,6 +176,6 @@ def test_no_replica_is_a_counted_503(cluster) -> None:
         "the gateway to see the worker gone",
     )
     before = outcomes(c)
-    r = post(c, chat("nobody to serve it"))
+    r = post(c.gateway_url, _body("nobody to serve it"), headers=AUTH)
     assert r.status_code == 503 and r.json()["error"]["code"] == "no_healthy_worker"
     assert moved(before, outcomes(c)) == {("none", "cache_aware", "503"): 1.0}

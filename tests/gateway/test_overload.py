@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from harness.cluster import Cluster, ClusterSpec
+from tests.support.chat import chat_body, post, user
 
 DECODE_S = 0.15
 TOKENS = 12  # ~1.8 s per request on the sim worker
@@ -43,23 +44,18 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
 
 
 def _body(i: int, stream: bool = False) -> dict:
-    return {
-        "model": "demo",
-        "messages": [{"role": "user", "content": f"request number {i}"}],
-        "max_tokens": TOKENS,
-        "ignore_eos": True,
-        "temperature": 0.0,
-        "stream": stream,
-    }
-
-
-def _post(gw: str, i: int) -> httpx.Response:
-    return httpx.post(f"{gw}/v1/chat/completions", json=_body(i), timeout=60)
+    return chat_body(
+        user(f"request number {i}"),
+        max_tokens=TOKENS,
+        ignore_eos=True,
+        temperature=0.0,
+        stream=stream,
+    )
 
 
 def _burst(gw: str, n: int) -> list[httpx.Response]:
     with ThreadPoolExecutor(n) as pool:
-        return list(pool.map(lambda i: _post(gw, i), range(n)))
+        return list(pool.map(lambda i: post(gw, _body(i)), range(n)))
 
 
 def test_burst_past_bound_and_queue_gets_429(cluster) -> None:

@@ -16,6 +16,7 @@ import pytest
 
 from gateway.tenants import AuthError, TenantRegistry, parse_keys
 from harness.cluster import Cluster, ClusterSpec, wait_index_converged
+from tests.support.chat import bearer, chat, user
 
 KEY_A = "sk-alice-7f3c9a1e5b2d4c6e8a0b"
 KEY_B = "sk-bob-2e4d6f8a0c1b3d5e7f9a"
@@ -91,16 +92,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
 SYSTEM = "You are a careful assistant for the finance team. " * 25
 
 
-def _chat(gw: str, key: str | None, text: str, **extra) -> httpx.Response:
-    headers = {"authorization": f"Bearer {key}"} if key else {}
-    body = {
-        "model": "demo",
-        "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}],
-        "max_tokens": 2,
-        "temperature": 0.0,
-        **extra,
-    }
-    return httpx.post(f"{gw}/v1/chat/completions", json=body, headers=headers, timeout=30)
+def _ask(gw: str, key: str | None, text: str, **extra) -> httpx.Response:
+    """The finance team's system prompt and `text`, as the tenant of API key `key` (or none)."""
+    messages = [{"role": "system", "content": SYSTEM}, *user(text)]
+    return chat(gw, messages, bearer(key) if key else {}, temperature=0.0, **extra)
 
 
 def _cached(r: httpx.Response) -> tuple[int, int]:
@@ -117,7 +112,7 @@ def test_keys_required_but_health_and_metrics_open(cluster) -> None:
         err = r.json()["error"]
         assert (err["type"], err["code"]) == ("invalid_request_error", "invalid_api_key")
     assert httpx.get(f"{gw}/v1/models").status_code == 401
-    ok = httpx.get(f"{gw}/v1/models", headers={"authorization": f"Bearer {KEY_A}"})
+    ok = httpx.get(f"{gw}/v1/models", headers=bearer(KEY_A))
     assert ok.status_code == 200
     assert httpx.get(f"{gw}/health").status_code == 200
     assert httpx.get(f"{gw}/metrics").status_code == 200
@@ -125,26 +120,26 @@ def test_keys_required_but_health_and_metrics_open(cluster) -> None:
 
 def test_tenants_never_share_blocks(cluster) -> None:
     gw = cluster.gateway_url
-    first = _chat(gw, KEY_A, "What were Q3 revenues?")
+    first = _ask(gw, KEY_A, "What were Q3 revenues?")
     assert _cached(first) == (0, 0)
     wait_index_converged(gw, cluster.worker_urls)  # the worker's events reached the index
-    again = _cached(_chat(gw, KEY_A, "What were Q3 revenues?"))
+    again = _cached(_ask(gw, KEY_A, "What were Q3 revenues?"))
     assert again[0] > 0 and again[0] == again[1]  # a tenant still hits its own cache
-    assert _cached(_chat(gw, KEY_B, "What were Q3 revenues?")) == (0, 0)
+    assert _cached(_ask(gw, KEY_B, "What were Q3 revenues?")) == (0, 0)
     # Bob presents the salt the gateway gives alice: it is re-derived under bob, so no hit.
     alice_salt = TenantRegistry(cluster.keys_path, SECRET).salt_for("alice", None)
-    r = _chat(gw, KEY_B, "What were Q3 revenues?", cache_salt=alice_salt)
+    r = _ask(gw, KEY_B, "What were Q3 revenues?", cache_salt=alice_salt)
     assert _cached(r) == (0, 0)
     wait_index_converged(gw, cluster.worker_urls)
     # Bob's own repeat hits bob's blocks.
-    bob_again = _cached(_chat(gw, KEY_B, "What were Q3 revenues?"))
+    bob_again = _cached(_ask(gw, KEY_B, "What were Q3 revenues?"))
     assert bob_again[0] > 0 and bob_again[0] == bob_again[1]
 
 
 def test_keys_never_logged(cluster) -> None:
     gw = cluster.gateway_url
     for key in (KEY_A, KEY_B, "sk-unknown-key-123456"):
-        _chat(gw, key, "hello")
+        _ask(gw, key, "hello")
     httpx.get(f"{gw}/metrics")
     metrics = httpx.get(f"{gw}/metrics").text
     logs = "".join(p.log_tail(100_000) for p in (*cluster.gateways, *cluster.workers))

@@ -3,11 +3,8 @@ started with the worker token and polled until every worker is synced."""
 
 from __future__ import annotations
 
-import time
-
-import httpx
-
 from harness.cluster import HOST, Cluster, Proc, free_port
+from tests.support.waits import wait_synced
 
 TOKEN = "envoy-" + "5eed" * 8
 
@@ -20,13 +17,11 @@ def start_epp(c: Cluster, log_dir, name: str, *extra: str) -> tuple[Proc, str]:
     proc = Proc(name, args, http, log_dir / f"{name}.log", env={"KVGATE_WORKER_TOKEN": TOKEN})
     proc.start()
     proc.wait_healthy(60)
-    deadline = time.monotonic() + 20
-    while True:  # every worker polled and its events subscribed: the picks are the index's
-        reps = httpx.get(f"{proc.url}/kvgate/index", timeout=5).json()["replicas"].values()
-        if len(reps) == len(c.worker_urls) and all(r["synced"] and r["healthy"] for r in reps):
-            return proc, f"{HOST}:{grpc_port}"
-        assert time.monotonic() < deadline, proc.log_tail()
-        time.sleep(0.1)
+    try:  # every worker polled and its events subscribed: the picks are the index's
+        wait_synced(proc.url, len(c.worker_urls))
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{proc.log_tail()}") from None
+    return proc, f"{HOST}:{grpc_port}"
 
 
 def ep(url: str) -> str:

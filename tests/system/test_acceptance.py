@@ -11,8 +11,9 @@ import pytest
 
 from bench.hit_rate import parser, run_replicas
 from gateway.replica_names import replica_name
-from harness.cluster import Cluster, ClusterSpec
+from harness.cluster import Cluster, ClusterSpec, wait_until
 from harness.load import Tally, hold_one_per_worker
+from tests.support.chat import chat, user
 
 pytestmark = pytest.mark.slow
 
@@ -61,13 +62,6 @@ def _index(gateway: str) -> dict:
     return httpx.get(f"{gateway}/kvgate/index").json()["replicas"]
 
 
-def _wait(cond, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.1)
-
-
 def test_sigkill_worker_under_load_loses_nothing_and_restart_reloads(tmp_path):
     spec = ClusterSpec(
         workers=3,
@@ -80,7 +74,9 @@ def test_sigkill_worker_under_load_loses_nothing_and_restart_reloads(tmp_path):
     )
     with Cluster(spec) as c:
         gw, victim = c.gateway_url, c.workers[0]
-        _wait(lambda: all(r["synced"] for r in _index(gw).values()))
+        wait_until(
+            lambda: all(r["synced"] for r in _index(gw).values()), 15, "every replica synced"
+        )
         old_instance = _index(gw)[victim.url]["instance_id"]
 
         async def run() -> tuple[Tally, list]:
@@ -99,31 +95,33 @@ def test_sigkill_worker_under_load_loses_nothing_and_restart_reloads(tmp_path):
         metrics = httpx.get(f"{gw}/metrics").text.splitlines()
         retries = next(ln for ln in metrics if ln.startswith("kvgate_retries_total"))
         assert float(retries.split()[-1]) >= 1  # some requests did hit the dead worker
-        _wait(lambda: _index(gw)[victim.url]["blocks"] == 0)
+        wait_until(
+            lambda: _index(gw)[victim.url]["blocks"] == 0, 15, "the killed worker's blocks dropped"
+        )
         assert not _index(gw)[victim.url]["healthy"]
 
         victim.start()
         victim.wait_healthy(60)
-        _wait(lambda: _index(gw)[victim.url]["instance_id"] not in (None, old_instance))
-        _wait(lambda: _index(gw)[victim.url]["synced"] and _index(gw)[victim.url]["healthy"])
+        wait_until(
+            lambda: _index(gw)[victim.url]["instance_id"] not in (None, old_instance),
+            15,
+            "the restarted worker's new instance",
+        )
+        wait_until(
+            lambda: _index(gw)[victim.url]["synced"] and _index(gw)[victim.url]["healthy"],
+            15,
+            "the restarted worker synced",
+        )
         # Traffic to the new instance is indexed again from its events.
         _chat_to(gw, victim.url)
-        _wait(lambda: _index(gw)[victim.url]["blocks"] > 0)
+        wait_until(lambda: _index(gw)[victim.url]["blocks"] > 0, 15, "its new blocks indexed")
 
 
 def _chat_to(gateway: str, worker: str) -> None:
     """Send requests until one lands on `worker` (session hashing picks the replica)."""
     for i in range(64):
-        r = httpx.post(
-            f"{gateway}/v1/chat/completions",
-            json={
-                "model": "demo",
-                "messages": [{"role": "user", "content": "fresh conversation " * 10}],
-                "max_tokens": 2,
-            },
-            headers={"x-kvgate-routing-policy": "session", "x-session-id": f"s{i}"},
-            timeout=30,
-        )
+        headers = {"x-kvgate-routing-policy": "session", "x-session-id": f"s{i}"}
+        r = chat(gateway, user("fresh conversation " * 10), headers, timeout=30)
         assert r.status_code == 200
         if r.headers["x-kvgate-replica"] == replica_name(worker, None):
             return

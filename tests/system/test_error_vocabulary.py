@@ -4,13 +4,14 @@ message). The table of them is docs/gateway.md's *Errors*."""
 
 from __future__ import annotations
 
-import base64
 import json
 
 import httpx
 import pytest
 
 from harness.cluster import Cluster, ClusterSpec
+from harness.workload import data_url
+from tests.support.chat import chat_body, user
 
 CHAT, EMBED = "/v1/chat/completions", "/v1/embeddings"
 LIMITS = ("--max-body-bytes", "64KiB")
@@ -29,10 +30,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
     )
     with Cluster(spec) as c:
         yield c
-
-
-def chat(content, **kw) -> dict:
-    return {"model": "demo", "messages": [{"role": "user", "content": content}], **kw}
 
 
 def both(c: Cluster, path: str, body, method: str = "POST") -> tuple[httpx.Response, ...]:
@@ -55,28 +52,34 @@ def error(r: httpx.Response) -> tuple[int, str, str | None, str]:
 
 
 TOO_LONG = "hi " * 5000  # 10,000 tokens; the demo model's context is 4,096
-BAD_IMAGE = "data:image/png;base64," + base64.b64encode(b"not a png").decode()
+
+
+def _body(content: str | list[dict], **kw) -> dict:
+    return chat_body(user(content), **kw)
+
+
+BAD_IMAGE = data_url(b"not a png")
 
 
 @pytest.mark.parametrize(
     ("what", "path", "body", "status", "code", "param", "same_message"),
     [
-        ("temperature -1", CHAT, chat("hi", temperature=-1), 400,
+        ("temperature -1", CHAT, _body("hi", temperature=-1), 400,
          "decimal_below_min_value", "temperature", True),
-        ("n as a string", CHAT, chat("hi", n="2"), 400, "invalid_type", "n", True),
+        ("n as a string", CHAT, _body("hi", n="2"), 400, "invalid_type", "n", True),
         ("messages missing", CHAT, {"model": "demo"}, 400,
          "missing_required_parameter", "messages", True),
         ("not JSON", CHAT, b'{"model": "demo", "messages": [', 400, "invalid_json", None, False),
-        ("body over --max-body-bytes", CHAT, json.dumps(chat("x" * 70_000)).encode(), 413,
+        ("body over --max-body-bytes", CHAT, json.dumps(_body("x" * 70_000)).encode(), 413,
          "limit_exceeded", "body", True),
-        ("prompt over the context", CHAT, chat(TOO_LONG), 400,
+        ("prompt over the context", CHAT, _body(TOO_LONG), 400,
          "context_length_exceeded", "messages", False),
         ("embeddings input over the context", EMBED, {"model": "demo", "input": TOO_LONG}, 400,
          "context_length_exceeded", "input", False),
-        ("not an image", CHAT, chat([{"type": "text", "text": "look"},
+        ("not an image", CHAT, _body([{"type": "text", "text": "look"},
                                      {"type": "image_url", "image_url": {"url": BAD_IMAGE}}]),
          400, "invalid_image", "messages[0].content[1]", True),
-        ("unknown model", CHAT, chat("hi", model="nope"), 404, "model_not_found", "model", False),
+        ("unknown model", CHAT, _body("hi", model="nope"), 404, "model_not_found", "model", False),
     ],
 )  # fmt: skip
 def test_gateway_and_worker_refuse_alike(
@@ -94,7 +97,7 @@ def test_prompt_and_output_over_the_context(cluster) -> None:
     """The prompt fits, not with max_tokens: the worker says it with the same code (the
     gateway passes its answer on), and names the field to change."""
     for name in ("max_tokens", "max_completion_tokens"):
-        for r in both(cluster, CHAT, chat("a short prompt", **{name: 4090})):
+        for r in both(cluster, CHAT, _body("a short prompt", **{name: 4090})):
             status, code, param, message = error(r)
             assert (status, code, param) == (400, "context_length_exceeded", name)
             assert "maximum context length is 4096 tokens" in message
@@ -116,7 +119,7 @@ def test_unknown_routes_and_methods(cluster) -> None:
 def test_unknown_policy_lists_the_valid_ones(cluster) -> None:
     r = httpx.post(
         f"{cluster.gateway_url}{CHAT}",
-        json=chat("hi"),
+        json=_body("hi"),
         headers={"x-kvgate-routing-policy": "fastest"},
         timeout=30,
     )
@@ -128,7 +131,7 @@ def test_unknown_policy_lists_the_valid_ones(cluster) -> None:
 def test_a_refused_image_url_names_its_content_part(cluster) -> None:
     """The SSRF guard's refusal points at the part, as every other image error does."""
     image = {"type": "image_url", "image_url": {"url": "http://127.0.0.1/cat.png"}}
-    body = chat([{"type": "text", "text": "look"}, image])
+    body = _body([{"type": "text", "text": "look"}, image])
     r = httpx.post(f"{cluster.gateway_url}{CHAT}", json=body, timeout=30)
     status, code, param, message = error(r)
     assert (status, code, param) == (400, "image_fetch_failed", "messages[0].content[1]")

@@ -18,13 +18,14 @@ import pytest
 from harness.cluster import Cluster, ClusterSpec, wait_index_converged
 from harness.envoy import Envoy, EnvoySpec
 from harness.workload import Workload, WorkloadSpec
+from tests.support.chat import bearer, chat_body
 from tests.support.epp import TOKEN, ep, start_epp
 
 pytestmark = pytest.mark.slow
 
 CHAT = "/v1/chat/completions"
 KEYS = {"sk-tenant-a": "alice", "sk-tenant-b": "bob"}
-AS_GATEWAY = {"authorization": f"Bearer {TOKEN}"}  # reads the workers' snapshots
+AS_GATEWAY = bearer(TOKEN)  # reads the workers' snapshots
 
 
 @pytest.fixture(scope="module")
@@ -42,12 +43,12 @@ def pool(tmp_path_factory: pytest.TempPathFactory):
             epp[0].kill()
 
 
-def chat(envoy: Envoy, messages: list[dict], key: str, stream: bool, **headers: str):
+def envoy_chat(envoy: Envoy, messages: list[dict], key: str, stream: bool, **headers: str):
     """One chat through Envoy: (response, its text, its usage)."""
-    body = {"model": "demo", "messages": messages, "max_tokens": 4, "temperature": 0.0}
+    body = chat_body(messages, max_tokens=4, temperature=0.0)
     if stream:
         body |= {"stream": True, "stream_options": {"include_usage": True}}
-    h = {"authorization": f"Bearer {key}", **headers}
+    h = {**bearer(key), **headers}
     with httpx.stream("POST", envoy.url + CHAT, json=body, headers=h, timeout=60) as r:
         raw = r.read()
     if r.status_code != 200 or not stream:
@@ -76,8 +77,8 @@ def run_trace(c: Cluster, epp_url: str, envoy: Envoy, seed: int) -> dict[str, in
         msgs.append({"role": "user", "content": turn.content})
         wait_index_converged(epp_url, c.worker_urls, headers=AS_GATEWAY)
         tag = f"{seed}-{i}"
-        r, text, usage = chat(envoy, msgs, list(KEYS)[turn.tenant % 2], stream=i % 2 == 1,
-                              **{"x-test-tag": tag})  # fmt: skip
+        key = list(KEYS)[turn.tenant % 2]
+        r, text, usage = envoy_chat(envoy, msgs, key, stream=i % 2 == 1, **{"x-test-tag": tag})
         assert r.status_code == 200, r.text
         logged = envoy.logged(tag)
         assert logged["picked"] == logged["upstream"], logged  # one endpoint, used as picked
@@ -120,7 +121,7 @@ def test_a_client_destination_never_steers(pool, mode: str) -> None:
                      allow_mode_override=True, strip_client_headers=False)  # fmt: skip
     msgs = [{"role": "user", "content": f"steering in {mode} " * 30}]
     with Envoy(spec, name=f"envoy-steer-{mode}") as envoy:
-        r, _, _ = chat(envoy, msgs, "sk-tenant-a", stream=False, **{"x-test-tag": "first"})
+        r, _, _ = envoy_chat(envoy, msgs, "sk-tenant-a", stream=False, **{"x-test-tag": "first"})
         assert r.status_code == 200
         home = envoy.logged("first")["upstream"]  # where this prefix is now cached
         other = next(ep(u) for u in c.worker_urls if ep(u) != home)
@@ -130,7 +131,9 @@ def test_a_client_destination_never_steers(pool, mode: str) -> None:
             "x-gateway-destination-endpoint-served": other,
             "x-gateway-destination-endpoint-subset": other,
         }
-        r, _, _ = chat(envoy, msgs, "sk-tenant-a", stream=False, **forged, **{"x-test-tag": "2"})
+        r, _, _ = envoy_chat(
+            envoy, msgs, "sk-tenant-a", stream=False, **forged, **{"x-test-tag": "2"}
+        )
         assert r.status_code == 200
         entry = envoy.logged("2")
         assert entry["upstream"] == entry["picked"] == home  # the EPP's pick, not the client's

@@ -28,7 +28,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from gateway.epp.h2 import RESET_FLOOR
 from gateway.epp.health import NOT_SERVING, SERVING, Health
 from gateway.epp.rpc import Call, Method, RpcServer, Status
-from harness.cluster import HOST, free_port
+from harness.cluster import HOST, free_port, wait_until
 
 ECHO = "/test.Echo/Echo"
 EVENTS: list[str] = []  # what the handlers saw happen, in the server's thread
@@ -95,13 +95,6 @@ def values(*vs: bytes) -> Iterator[BytesValue]:
     return (BytesValue(value=v) for v in vs)
 
 
-def wait_for(cond, what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.01)
-
-
 def test_messages_larger_than_frames_and_windows_both_ways() -> None:
     # 3 MiB each way: many 16 KiB frames, past the server's 1 MiB stream window (it must give
     # window back as it reads) and past the client's initial 64 KiB window (it must wait for
@@ -149,7 +142,7 @@ def test_a_cancelled_call_cancels_its_handler() -> None:
         call = echo_stub(ch)(values(b"first", b"hang"), timeout=60)
         assert next(call).value == b"first"
         call.cancel()
-        wait_for(lambda: EVENTS == ["cancelled", "done"], f"handler not cancelled: {EVENTS}")
+        wait_until(lambda: EVENTS == ["cancelled", "done"], 10, f"handler not cancelled: {EVENTS}")
 
 
 def test_health_check_and_watch() -> None:
@@ -157,7 +150,7 @@ def test_health_check_and_watch() -> None:
         stub = health_pb2_grpc.HealthStub(ch)
         req = health_pb2.HealthCheckRequest
         loop.call_soon_threadsafe(health.set, "readiness", NOT_SERVING)
-        wait_for(lambda: _status(stub, "readiness") == NOT_SERVING, "readiness never set")
+        wait_until(lambda: _status(stub, "readiness") == NOT_SERVING, 10, "readiness never set")
         with pytest.raises(grpc.RpcError) as info:
             stub.Check(req(service="nope"), timeout=10)
         assert info.value.code() == grpc.StatusCode.NOT_FOUND
@@ -299,7 +292,7 @@ def test_ping_and_a_reset_stream() -> None:
         c.message(1, b"hang")
         assert c.until(DATA)[3].endswith(b"first")  # the handler runs; it waits now
         c.send(frame(RST_STREAM, 0, 1, struct.pack(">I", 8)))  # CANCEL
-        wait_for(lambda: EVENTS == ["cancelled", "done"], f"handler not cancelled: {EVENTS}")
+        wait_until(lambda: EVENTS == ["cancelled", "done"], 10, f"handler not cancelled: {EVENTS}")
         c.open(3)  # the connection goes on
         c.message(3, b"again", end=True)
         f = c.until(DATA)

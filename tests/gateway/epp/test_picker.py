@@ -31,6 +31,7 @@ from harness.cluster import (
 )
 from harness.extproc_client import ExtProcClient, forward
 from harness.workload import Workload, WorkloadSpec, data_url, make_image
+from tests.support.waits import wait_synced
 
 CHAT = "/v1/chat/completions"
 HINT_BLOCKS = "kvgate_worker_prefix_hint_blocks_total"
@@ -68,16 +69,6 @@ def start_epp(c: Cluster, log_dir: Path) -> Epp:
     proc.start()
     proc.wait_healthy(60)
     return Epp(proc, grpc_port)
-
-
-def wait_synced(url: str, n: int, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        reps = httpx.get(f"{url}/kvgate/index").json()["replicas"].values()
-        if len(reps) == n and all(r["synced"] and r["healthy"] for r in reps):
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"{url} did not sync")
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@ GQA Llama give the same greedy tokens as Hugging Face's own generate()."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -11,6 +10,7 @@ import torch
 
 from cachekey import Prompt
 from tests.support.engine import make_engine, run_all, tokens
+from tests.support.lora_fixtures import write_tiny_llama
 from worker.engine.sampling_params import SamplingParams
 
 transformers = pytest.importorskip("transformers")
@@ -18,23 +18,7 @@ transformers = pytest.importorskip("transformers")
 
 @pytest.fixture(scope="module")
 def tiny_llama_dir(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("tiny-llama")
-    config = transformers.LlamaConfig(
-        vocab_size=2000,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).eval()
-    model.save_pretrained(path, safe_serialization=True)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(demo_model_dir / name, path / name)
-    return path
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), demo_model_dir)
 
 
 def hf_greedy(model: torch.nn.Module, prompt: list[int], n: int) -> list[int]:

@@ -21,13 +21,15 @@ import pytest
 from cachekey.assets import ModelAssets
 from cachekey.documents import AssetFiles, Snapshot, WorkerInfo, decode_document
 from harness.cluster import HOST, Cluster, ClusterSpec, Proc, free_port, wait_until
+from tests.support.chat import bearer, chat, post, user
 from tests.support.json_bombs import many_keys, many_objects, reset_peak_rss, status_kib
+from tests.support.waits import try_get
 from tests.support.worker_harness import WorkerProcess
 
 pytestmark = pytest.mark.slow
 
 TOKEN = "wt-" + "3f9c1a7e5b2d4c6e8a0b1c2d3e4f5a6b"
-AS_GATEWAY = {"authorization": f"Bearer {TOKEN}"}
+AS_GATEWAY = bearer(TOKEN)
 SECRET_PROMPT = "Tenant A's merger plan: acquire Initech for 41 dollars a share, announce in May."
 
 
@@ -44,11 +46,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
     )
     with Cluster(spec) as c:
         yield c
-
-
-def _chat(gw: str, text: str, **extra) -> httpx.Response:
-    body = {"model": "demo", "max_tokens": 2, "messages": [{"role": "user", "content": text}]}
-    return httpx.post(f"{gw}/v1/chat/completions", json={**body, **extra}, timeout=60)
 
 
 def _refused(r: httpx.Response) -> None:
@@ -97,7 +94,7 @@ def test_every_worker_endpoint_but_health_needs_the_token(cluster, how: str) -> 
 
 def test_prompts_cannot_be_read_from_a_worker_without_the_token(cluster) -> None:
     """The attack: another tenant's prompt, decoded from a worker's snapshot and tokenizer."""
-    assert _chat(cluster.gateway_url, SECRET_PROMPT * 3).status_code == 200
+    assert chat(cluster.gateway_url, user(SECRET_PROMPT * 3)).status_code == 200
     worker = cluster.workers[0].url
     _refused(httpx.get(f"{worker}/kv/snapshot", timeout=10))
     _refused(httpx.get(f"{worker}/kvgate/assets", timeout=10))
@@ -111,7 +108,7 @@ def test_prompts_cannot_be_read_from_a_worker_without_the_token(cluster) -> None
 
 
 def test_reset_prefix_cache_needs_the_token(cluster) -> None:
-    assert _chat(cluster.gateway_url, "keep this cached " * 30).status_code == 200
+    assert chat(cluster.gateway_url, user("keep this cached " * 30)).status_code == 200
     worker = cluster.workers[0].url
 
     def cached() -> int:
@@ -130,7 +127,7 @@ def test_the_gateway_sends_the_token_on_every_worker_call(cluster) -> None:
     """Forwarding (plain and streamed), /v1/models, polls, the snapshot and the KV events: the
     gateway's index of the worker equals the worker's snapshot, read with the token."""
     gw, worker = cluster.gateway_url, cluster.workers[0].url
-    assert _chat(gw, "through the gateway " * 20).status_code == 200
+    assert chat(gw, user("through the gateway " * 20)).status_code == 200
     with httpx.stream(
         "POST",
         f"{gw}/v1/chat/completions",
@@ -156,7 +153,7 @@ def test_the_gateway_sends_the_token_on_every_worker_call(cluster) -> None:
 
 
 def test_the_token_is_never_logged_nor_shown(cluster) -> None:
-    assert _chat(cluster.gateway_url, "one more").status_code == 200
+    assert chat(cluster.gateway_url, user("one more")).status_code == 200
     for proc in [*cluster.gateways, *cluster.workers]:
         assert TOKEN not in proc.log_path.read_text(errors="replace"), proc.name
         cmdline = Path(f"/proc/{proc.popen.pid}/cmdline").read_bytes()
@@ -176,20 +173,14 @@ def test_a_gateway_with_another_token_gets_nothing(cluster, tmp_path: Path) -> N
     other.env = {"KVGATE_WORKER_TOKEN": "another-token-" + "0" * 20}
     other.start()
     try:
-        wait_until(lambda: _health_text(other.url) is not None, 30, "the other gateway")
-        wait_until(lambda: "401" in (_health_text(other.url) or ""), 30, "its first poll")
-        message = json.loads(_health_text(other.url) or "{}")["error"]["message"]
+        health = f"{other.url}/health"
+        wait_until(lambda: try_get(health) is not None, 30, "the other gateway")
+        wait_until(lambda: (r := try_get(health)) is not None and "401" in r.text, 30, "a poll")
+        message = httpx.get(health, timeout=5).json()["error"]["message"]
         assert "does not take this gateway's worker token" in message
         assert cluster.workers[0].url not in message and HOST not in message
     finally:
         other.kill()
-
-
-def _health_text(url: str) -> str | None:
-    try:
-        return httpx.get(f"{url}/health", timeout=2).text
-    except httpx.HTTPError:
-        return None
 
 
 def test_metrics_can_be_opened_to_a_scraper_alone(demo_model_dir: Path) -> None:
@@ -214,11 +205,6 @@ def test_a_weak_token_is_refused_at_start(command: str) -> None:
 # ---- the worker's request bodies (finding 5, sent to the worker itself) -----------------------
 
 
-def _post_worker(worker: str, body: bytes, path: str = "/v1/chat/completions") -> httpx.Response:
-    headers = {"content-type": "application/json", **AS_GATEWAY}
-    return httpx.post(f"{worker}{path}", content=body, headers=headers, timeout=120)
-
-
 @pytest.mark.parametrize("make", [many_keys, many_objects])
 def test_32_mib_of_elements_leaves_the_worker_flat(cluster, make) -> None:
     """A 32 MiB `{...}` body took a worker to 1.0 GB (json.loads, then pydantic): now the
@@ -226,7 +212,7 @@ def test_32_mib_of_elements_leaves_the_worker_flat(cluster, make) -> None:
     worker = cluster.workers[0]
     pid = worker.popen.pid
     before = reset_peak_rss(pid)
-    r = _post_worker(worker.url, make(32 * 2**20 - 1024))
+    r = post(worker.url, make(32 * 2**20 - 1024), headers=AS_GATEWAY, timeout=120)
     peak = status_kib(pid, "VmHWM")
     assert r.status_code == 400, r.text[:300]
     err = r.json()["error"]
@@ -240,7 +226,7 @@ def test_32_mib_of_elements_leaves_the_worker_flat(cluster, make) -> None:
 def test_deep_nesting_to_a_worker_is_a_400(cluster, depth: int) -> None:
     junk = b"[" * depth + b"]" * depth
     body = b'{"model": "demo", "messages": [{"role": "user", "content": "hi"}], "x": ' + junk + b"}"
-    r = _post_worker(cluster.workers[0].url, body)
+    r = post(cluster.workers[0].url, body, headers=AS_GATEWAY, timeout=120)
     assert r.status_code == 400, r.text[:300]
     err = r.json()["error"]
     assert err["code"] == "json_too_deep" and "--max-json-depth" in err["message"]
@@ -279,15 +265,19 @@ def _read_response(s: socket.socket) -> tuple[int, bytes]:
 
 def test_a_malformed_body_is_a_400_and_the_worker_keeps_serving(cluster) -> None:
     worker = cluster.workers[0].url
-    r = _post_worker(worker, b'{"model": "demo", "messages": [')
+    r = post(worker, b'{"model": "demo", "messages": [', headers=AS_GATEWAY, timeout=120)
     err = r.json()["error"]
     assert r.status_code == 400 and err["message"].startswith("invalid JSON body: ")
     assert err["code"] == "invalid_json"  # as the gateway words it
-    ok = _post_worker(
-        worker, b'{"model": "demo", "max_tokens": 2, "prompt": "hi"}', "/v1/completions"
+    ok = post(
+        worker,
+        b'{"model": "demo", "max_tokens": 2, "prompt": "hi"}',
+        "/v1/completions",
+        headers=AS_GATEWAY,
+        timeout=120,
     )
     assert ok.status_code == 200, ok.text
-    assert _chat(cluster.gateway_url, "still serving").status_code == 200
+    assert chat(cluster.gateway_url, user("still serving")).status_code == 200
 
 
 def test_configs_never_show_the_token(monkeypatch) -> None:

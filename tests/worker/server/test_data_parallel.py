@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 
 import httpx
 
@@ -23,11 +22,9 @@ from harness.cluster import (
     wait_until,
 )
 from harness.extproc_client import ExtProcClient, forward
+from tests.support.chat import bearer, chat, chat_body, user
+from tests.support.waits import wait_synced
 from tests.support.worker_harness import WorkerProcess
-
-
-def chat(text: str) -> dict:
-    return {"model": "demo", "messages": [{"role": "user", "content": text}], "max_tokens": 2}
 
 
 def test_two_rank_kvgate_worker_behind_the_gateway(tmp_path, demo_model_dir):
@@ -45,13 +42,11 @@ def test_two_rank_kvgate_worker_behind_the_gateway(tmp_path, demo_model_dir):
         assert sorted(engines) == ["0", "1"]
         # Straight to the worker: rank 1 caches a long prompt; rank 0 does not.
         long = "the quick brown fox jumps over the lazy dog " * 6
-        r = httpx.post(f"{w.url}/v1/chat/completions", json=chat(long),
-                       headers={"X-data-parallel-rank": "1"})  # fmt: skip
+        r = chat(w.url, user(long), {"X-data-parallel-rank": "1"})
         assert r.status_code == 200
         blocks = [len(httpx.get(f"{w.url}/kv/snapshot?rank={k}").json()["blocks"]) for k in (0, 1)]
         assert blocks[0] == 0 and blocks[1] > 0
-        bad = httpx.post(f"{w.url}/v1/chat/completions", json=chat("x"),
-                         headers={"X-data-parallel-rank": "2"})  # fmt: skip
+        bad = chat(w.url, user("x"), {"X-data-parallel-rank": "2"})
         assert bad.status_code == 400 and "out of range [0, 2)" in bad.json()["error"]["message"]
 
         port = free_port()
@@ -61,29 +56,23 @@ def test_two_rank_kvgate_worker_behind_the_gateway(tmp_path, demo_model_dir):
         try:
             gw.wait_healthy(60)
             rank1 = f"{w.url}#dp1"
-            deadline = time.monotonic() + 20
-            while True:
-                reps = httpx.get(f"{gw.url}/kvgate/index").json()["replicas"]
-                if all(reps.get(r, {}).get("synced") for r in (w.url, rank1)):
-                    break
-                assert time.monotonic() < deadline, gw.log_tail()
-                time.sleep(0.1)
+            wait_synced(gw.url, 2)  # the worker's URL and rank 1's
             wait_index_converged(gw.url, [w.url, rank1])  # rank 1's blocks from its snapshot
-            resp = httpx.post(f"{gw.url}/v1/chat/completions", json=chat(long), timeout=30)
+            resp = chat(gw.url, user(long))
             assert resp.status_code == 200, resp.text
             assert resp.headers["x-kvgate-replica"] == replica_name(rank1, None)
             predicted = int(resp.headers["x-kvgate-predicted-cached-tokens"])
             assert predicted > 0
             assert resp.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == predicted
             for i in range(4):  # new prefixes spread over both ranks; each index follows its own
-                httpx.post(f"{gw.url}/v1/chat/completions", json=chat(f"{i} " * 40), timeout=30)
+                chat(gw.url, user(f"{i} " * 40))
             wait_index_converged(gw.url, [w.url, rank1])
         finally:
             gw.kill()
 
 
 TOKEN = "wt-" + "7c1e9a3b5d2f4e6a8c0b1d2e3f4a5b6c"
-AS_GATEWAY = {"authorization": f"Bearer {TOKEN}"}
+AS_GATEWAY = bearer(TOKEN)
 
 
 def test_two_ranks_with_a_worker_token_lora_and_embeddings(tmp_path, demo_model_dir):
@@ -169,8 +158,7 @@ def test_the_endpoint_picker_names_the_rank(tmp_path, demo_model_dir):
     dp = ("--data-parallel-size", "2", "--kv-events-port", str(ev), "--kv-events-replay-port")
     with WorkerProcess(demo_model_dir, *dp, str(rp)) as w, WorkerProcess(demo_model_dir) as single:
         long = "the endpoint picker names the rank " * 6
-        r = httpx.post(f"{w.url}/v1/chat/completions", json=chat(long),
-                       headers={"X-data-parallel-rank": "1"})  # fmt: skip
+        r = chat(w.url, user(long), {"X-data-parallel-rank": "1"})
         assert r.status_code == 200
         http, grpc_port = free_port(), free_port()
         args = ["-m", "gateway", "--workers", f"{w.url},{single.url}", "--port", str(http)]
@@ -185,7 +173,7 @@ def test_the_endpoint_picker_names_the_rank(tmp_path, demo_model_dir):
             )
             with ExtProcClient(f"127.0.0.1:{grpc_port}") as client:
                 call = client.call()
-                body = json.dumps(chat(long)).encode()
+                body = json.dumps(chat_body(user(long), max_tokens=2)).encode()
                 ans = call.request("/v1/chat/completions", body)
                 assert ans.set_headers["x-data-parallel-rank"] == "1"
                 assert ans.endpoints == [w.url.removeprefix("http://")]

@@ -9,6 +9,7 @@ import time
 import httpx
 import pytest
 
+from harness.cluster import wait_until
 from tests.support.worker_harness import WorkerProcess
 
 SLOW = ("--sim-decode-s-per-step", "0.02", "--enable-fault-injection")
@@ -20,15 +21,6 @@ def _metric(url: str, name: str) -> float:
         if line.startswith(name + "{"):
             return float(line.rsplit(" ", 1)[1])
     raise AssertionError(f"{name} not exported")
-
-
-def _wait_for(cond, timeout: float) -> float:
-    start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        if cond():
-            return time.monotonic() - start
-        time.sleep(0.05)
-    raise AssertionError(f"condition not met within {timeout}s")
 
 
 def _stream_in_background(url: str) -> tuple[threading.Thread, dict]:
@@ -62,11 +54,11 @@ def test_dead_engine_fails_health_and_requests_fast(demo_model_dir, kind):
     args = (*SLOW, "--engine-stall-timeout", "1.0")
     with WorkerProcess(demo_model_dir, *args, events=False) as w:
         t, result = _stream_in_background(w.url)
-        _wait_for(lambda: _metric(w.url, "vllm:num_requests_running") == 1, 3)
+        wait_until(lambda: _metric(w.url, "vllm:num_requests_running") == 1, 3)
         r = httpx.post(w.url + "/debug/fault", params={"kind": kind})
         assert r.status_code == 200
         injected = time.monotonic()
-        took = _wait_for(lambda: httpx.get(w.url + "/health").status_code == 503, 5)
+        took = wait_until(lambda: httpx.get(w.url + "/health").status_code == 503, 5)
         assert took < 4
         body = httpx.get(w.url + "/health").json()
         assert "engine" in body["error"]["message"]
@@ -101,16 +93,16 @@ def test_client_disconnect_aborts_stream_and_plain_requests(demo_model_dir):
             lines = r.iter_lines()
             for _ in range(3):
                 next(lines)
-            _wait_for(lambda: _metric(w.url, "vllm:num_requests_running") == 1, 3)
+            wait_until(lambda: _metric(w.url, "vllm:num_requests_running") == 1, 3)
             assert _metric(w.url, "vllm:kv_cache_usage_perc") > 0
-        _wait_for(lambda: _metric(w.url, "vllm:num_requests_running") == 0, 3)
-        _wait_for(lambda: _metric(w.url, "vllm:kv_cache_usage_perc") == 0, 3)
+        wait_until(lambda: _metric(w.url, "vllm:num_requests_running") == 0, 3)
+        wait_until(lambda: _metric(w.url, "vllm:kv_cache_usage_perc") == 0, 3)
 
         # Not streamed: the client gives up (timeout closes the connection).
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(w.url + "/v1/completions", json=LONG, timeout=httpx.Timeout(5, read=0.5))
-        _wait_for(lambda: _metric(w.url, "vllm:num_requests_running") == 0, 3)
-        _wait_for(lambda: _metric(w.url, "vllm:kv_cache_usage_perc") == 0, 3)
+        wait_until(lambda: _metric(w.url, "vllm:num_requests_running") == 0, 3)
+        wait_until(lambda: _metric(w.url, "vllm:kv_cache_usage_perc") == 0, 3)
         gen = _metric(w.url, "vllm:generation_tokens_total")
         time.sleep(0.3)
         assert _metric(w.url, "vllm:generation_tokens_total") == gen  # nothing still decoding

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import base64
 import io
 
 import openai
 import pytest
 from PIL import Image
 
+from harness.workload import data_url
+from tests.support.chat import image_message, user
 from tests.support.worker_harness import WorkerProcess
 
 BLOCK = 16
@@ -18,7 +19,7 @@ LONG_TEXT = "Paged attention keeps the KV cache in fixed-size blocks. " * 6
 def png_data_url(color: tuple[int, int, int], size: tuple[int, int] = (40, 30)) -> str:
     buf = io.BytesIO()
     Image.new("RGB", size, color).save(buf, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    return data_url(buf.getvalue())
 
 
 def expected_hit(prompt_tokens: int) -> int:
@@ -40,18 +41,14 @@ def test_models_lists_served_name(client):
     assert [m.id for m in client.models.list().data] == ["demo"]
 
 
-def _chat(text: str, image: str | None = None) -> list[dict]:
-    content: list[dict] | str = text
-    if image is not None:
-        content = [
-            {"type": "image_url", "image_url": {"url": image}},
-            {"type": "text", "text": text},
-        ]
-    return [{"role": "system", "content": LONG_TEXT}, {"role": "user", "content": content}]
+def _messages(text: str, image: str | None = None) -> list[dict]:
+    """LONG_TEXT as the system prompt, then `text` (after `image`, if given)."""
+    asked = image_message(image, text=text) if image is not None else user(text)[0]
+    return [{"role": "system", "content": LONG_TEXT}, asked]
 
 
 def test_chat_text_repeat_hits_all_full_blocks_but_last_token(client):
-    messages = _chat("Tell me about blocks, first time.")
+    messages = _messages("Tell me about blocks, first time.")
     first = client.chat.completions.create(
         model="demo", messages=messages, max_tokens=5, temperature=0
     )
@@ -71,7 +68,7 @@ def test_chat_text_repeat_hits_all_full_blocks_but_last_token(client):
 
 
 def test_chat_streamed_text_with_usage(client):
-    messages = _chat("Stream me something.")
+    messages = _messages("Stream me something.")
     chunks = list(
         client.chat.completions.create(
             model="demo",
@@ -100,7 +97,7 @@ def test_chat_streamed_text_with_usage(client):
 
 
 def test_chat_with_image_data_url_streamed_and_not(client):
-    messages = _chat("What colour is this picture?", png_data_url((200, 30, 30)))
+    messages = _messages("What colour is this picture?", png_data_url((200, 30, 30)))
     first = client.chat.completions.create(
         model="demo", messages=messages, max_tokens=4, temperature=0
     )
@@ -123,7 +120,7 @@ def test_chat_with_image_data_url_streamed_and_not(client):
     # Another image behind the same placeholders must not reuse blocks holding the image.
     other = client.chat.completions.create(
         model="demo",
-        messages=_chat("What colour is this picture?", png_data_url((0, 0, 250))),
+        messages=_messages("What colour is this picture?", png_data_url((0, 0, 250))),
         max_tokens=4,
         temperature=0,
     )
@@ -179,7 +176,7 @@ def test_n_and_seed_give_n_choices_with_summed_usage(client):
 def test_extra_fields_from_peer_routers_are_ignored(client):
     out = client.chat.completions.create(
         model="demo",
-        messages=_chat("extra fields"),
+        messages=_messages("extra fields"),
         max_completion_tokens=2,
         temperature=0,
         extra_body={
@@ -195,7 +192,7 @@ def test_extra_fields_from_peer_routers_are_ignored(client):
 
 
 def test_cache_salt_isolates_prefix_cache(client):
-    messages = _chat("Salted question.")
+    messages = _messages("Salted question.")
     plain = client.chat.completions.create(model="demo", messages=messages, max_tokens=1)
     p = plain.usage.prompt_tokens
     salted = [

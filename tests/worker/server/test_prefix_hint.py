@@ -13,11 +13,13 @@ import pytest
 
 from cachekey.keys import PREFIX_HEADER
 from harness.cluster import Cluster, ClusterSpec, metric_total, wait_until
+from tests.support.chat import bearer, post
 
 TOKEN = "prefix-hint-test-token"
-AUTH = {"authorization": f"Bearer {TOKEN}"}
+AUTH = bearer(TOKEN)
 HINT_BLOCKS = "kvgate_worker_prefix_hint_blocks_total"
 BODY = {"model": "demo", "prompt": list(range(10, 90)), "max_tokens": 1}  # 5 full blocks
+COMPLETIONS = "/v1/completions"
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +34,7 @@ def worker(tmp_path_factory: pytest.TempPathFactory):
     )
     with Cluster(spec) as c:
         url = c.worker_urls[0]
-        r = httpx.post(f"{url}/v1/completions", json=BODY, headers=AUTH, timeout=60)
+        r = post(url, BODY, COMPLETIONS, AUTH)
         assert r.status_code == 200, r.text
         yield url, _last_key(url)
 
@@ -69,11 +71,6 @@ def _status(sock: socket.socket) -> int:
     return int(data.split(b" ", 2)[1])
 
 
-def _post(url: str, headers: dict[str, str]) -> int:
-    r = httpx.post(f"{url}/v1/completions", json=BODY, headers=headers, timeout=60)
-    return r.status_code
-
-
 def test_the_chain_is_refreshed_while_the_body_is_still_on_its_way(worker) -> None:
     url, last = worker
     before = _hinted(url)
@@ -91,10 +88,14 @@ def test_only_an_authenticated_well_formed_hint_for_a_held_chain_counts(worker) 
     the valid hint sent last finds the counter moved by its own 5 blocks only."""
     url, last = worker
     before = _hinted(url)
-    assert _post(url, {PREFIX_HEADER: last}) == 401  # no token
-    assert _post(url, {**AUTH, PREFIX_HEADER: "not-a-key"}) == 200
-    assert _post(url, {**AUTH, PREFIX_HEADER: "ab" * 16}) == 200  # a chain nobody holds
-    assert _post(url, {**AUTH, PREFIX_HEADER: last, "x-data-parallel-rank": "7"}) == 400
-    assert _post(url, {**AUTH, PREFIX_HEADER: last}) == 200
+    hints = [
+        {PREFIX_HEADER: last},  # no token: 401
+        {**AUTH, PREFIX_HEADER: "not-a-key"},
+        {**AUTH, PREFIX_HEADER: "ab" * 16},  # a chain nobody holds
+        {**AUTH, PREFIX_HEADER: last, "x-data-parallel-rank": "7"},  # no such rank: 400
+        {**AUTH, PREFIX_HEADER: last},
+    ]
+    codes = [post(url, BODY, COMPLETIONS, headers).status_code for headers in hints]
+    assert codes == [401, 200, 200, 400, 200]
     wait_until(lambda: _hinted(url) >= before + 5, 10, "the valid hint")
     assert _hinted(url) == before + 5
