@@ -3,15 +3,13 @@ and in transformers (the comparison is on the same weights), and the suite runs 
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
 import transformers
 
 from harness.random_llama import write_random_llama
+from tests.support.bench_runs import run_bench
 from worker.models.attention import DenseCausalContext
 from worker.models.loader import load_model
 
@@ -30,15 +28,9 @@ def test_random_shape_is_the_same_model_for_engine_and_transformers(tmp_path: Pa
 
 
 def test_engine_bench_reports_every_figure(tmp_path: Path) -> None:
-    out = tmp_path / "engine.json"
-    cmd = [
-        sys.executable, "-m", "bench.engine", "--model", "llama-tiny", "--models-dir",
-        str(tmp_path), "--reps", "1", "--new-tokens", "3", "--threads", "1", "--compare",
-        "--long", "300", "--out", str(out),
-    ]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    figures = json.loads(out.read_text())["figures"]
+    args = ["--model", "llama-tiny", "--models-dir", str(tmp_path), "--reps", "1",
+            "--new-tokens", "3", "--threads", "1", "--compare", "--long", "300"]  # fmt: skip
+    figures = run_bench("engine", tmp_path / "engine.json", *args)["figures"]
     for name in (
         "engine_ttft_cold_2048_ms",
         "engine_ttft_hit90_2048_ms",

@@ -170,18 +170,3 @@ def test_plain_vllm_adapter_is_keyed_with_its_name(tmp_path, demo_model_dir):
     finally:
         gw.kill()
         fake.close()
-
-
-@pytest.mark.slow
-def test_adapter_affinity_loads_fewer_adapters_and_hits_more_than_round_robin(tmp_path):
-    """4 workers with 2 adapter slots each, 8 adapters (bench.lora_affinity's defaults)."""
-    from bench.lora_affinity import compare, parser
-
-    args = parser().parse_args(["--log-dir", str(tmp_path), "--out", str(tmp_path / "r.json")])
-    assert (args.replicas, args.adapters, args.max_loras) == (4, 8, 2)
-    rows = {r.policy: r for r in compare(args, ["cache_aware", "round_robin"])}
-    ca, rr = rows["cache_aware"], rows["round_robin"]
-    assert ca.failed == rr.failed == 0
-    assert ca.requests == rr.requests == 96
-    assert ca.adapter_loads < rr.adapter_loads, (ca.adapter_loads, rr.adapter_loads)
-    assert ca.hit_rate > rr.hit_rate, (ca.hit_rate, rr.hit_rate)

@@ -1,18 +1,14 @@
-"""The benchmark plumbing on a small real cluster: per-request policies, cache resets between
-runs, worker-counter deltas and streaming TTFT."""
+"""harness/driver.py and worker_metrics.py, the plumbing every benchmark runs on, on small real
+clusters: worker-counter deltas, streaming TTFT, side-by-side runs, the warm tail's requests."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
 
-import pytest
-
-from bench.hit_rate import parser, run_replicas
-from bench.lib.floor import startup_floor
 from harness import worker_metrics as wm
 from harness.cluster import Cluster, ClusterSpec
-from harness.driver import run_side_by_side, run_workload
+from harness.driver import Result, run_side_by_side, run_workload, warm_results
 from harness.workload import Workload, WorkloadSpec
 
 
@@ -20,24 +16,6 @@ def test_max_over_mean_counts_idle_replicas():
     assert wm.max_over_mean([5, 5, 5, 5]) == 1.0
     assert wm.max_over_mean([10, 0]) == 2.0
     assert wm.max_over_mean([]) == 0.0
-
-
-@pytest.mark.slow
-def test_hit_rate_runs_are_cold_and_counted_by_workers(tmp_path: Path):
-    small = "--users-per-tenant 2 --turns 2 --system-words 600 --num-blocks 320 --concurrency 1"
-    args = parser().parse_args([*small.split(), "--log-dir", str(tmp_path)])
-    rows = {r.policy: r for r in run_replicas(2, ["cache_aware", "round_robin"], args)}
-    ca, rr, bound = rows["cache_aware"], rows["round_robin"], rows["upper_bound"]
-    for r in (ca, rr, bound):
-        assert r.failed == 0 and r.requests == 24
-        # Every request reached a worker, and the workers' counters agree with the responses.
-        assert sum(r.requests_per_replica) == 24
-        assert r.worker_hit_rate == pytest.approx(r.hit_rate, abs=1e-9)
-    # round_robin alternates strictly; reset caches mean it did not inherit cache_aware's blocks.
-    assert rr.requests_per_replica == [12, 12] and rr.max_over_mean == 1.0
-    assert ca.hit_rate > rr.hit_rate
-    assert bound.hit_rate >= ca.hit_rate * 0.9
-    assert bound.blocks_per_replica == 640 and bound.max_over_mean is None
 
 
 def test_streaming_driver_measures_ttft_and_cached_tokens(tmp_path: Path):
@@ -94,11 +72,7 @@ def test_side_by_side_driver_serves_every_turn_to_each_worker(tmp_path: Path):
     assert sum(p.cached_tokens for p in partial) > sum(c.cached_tokens for c in clamp)
 
 
-def test_warm_p99_counts_only_requests_sent_after_the_opening_burst_was_served():
-    from bench.lib.load_runs import summarize
-    from bench.lib.runs import Measured
-    from harness.driver import Result
-
+def test_warm_results_are_the_requests_sent_after_the_opening_burst_was_served():
     def result(i: int, latency: float, sent: float) -> Result:
         return Result(f"c{i}", 0, "r", 100, 0, 0, latency, latency / 2, True, sent_at=sent)
 
@@ -107,23 +81,5 @@ def test_warm_p99_counts_only_requests_sent_after_the_opening_burst_was_served()
     # Sent while the burst is still being served: cold starts too, left out.
     echo = [result(4 + i, 5.0, 1.0 + i) for i in range(3)]
     later = [result(7 + i, 1.0 + i / 100, 9.5 + i) for i in range(20)]
-    row = summarize("uniform", 4, "cache_aware", Measured(later + echo + burst, {}, 30.0), 0)
-    assert row.latency_p99_ms == pytest.approx(9000.0, abs=5)
-    assert row.warm_p99_ms == pytest.approx(1190.0)  # the slowest request sent after t=9.0
-    assert row.requests == 27 and row.exact == 1.0
-
-
-def test_start_up_floor_of_the_opening_burst():
-    """14 tenants of ~2,450-token prompts over 4 replicas: two replicas take 4 full prefills
-    (1.96 s at 200 us/token); with 8-token answers all 4 there end after the last one, which
-    is 8 requests, more than the 2 a nearest-rank p99 of 288 lets go."""
-    opening = [(f"t{i}", 2450) for i in range(14)] + [("t0", 2500), ("t1", 2400)]
-    fl = startup_floor(opening, 288, 4, 0.0002, max_tokens=8, step_tokens=2048)
-    assert (fl.tenants, fl.per_replica, fl.busiest) == (14, 4, 2)
-    assert fl.seconds == pytest.approx((2400 + 3 * 2450) * 0.0002)  # the 4 cheapest tenants
-    assert fl.requests == 8 and fl.binds_p99
-    # One-token answers do not wait for the other prefills: only the last on each replica does.
-    short = startup_floor(opening, 288, 4, 0.0002, max_tokens=1, step_tokens=2048)
-    assert short.requests == 2 and not short.binds_p99
-    # As many tenants as replicas: one prefill each, no floor beyond a single prefill.
-    assert startup_floor(opening[:4], 288, 4, 0.0002, 8, 2048).per_replica == 1
+    assert warm_results(later + echo + burst, 4) == later  # in the order they were sent
+    assert warm_results(burst, 4) == [] and warm_results([], 4) == []

@@ -7,7 +7,8 @@
 - k8s_fake_api, discovery: a Kubernetes API server on 127.0.0.1 and what discovery emits;
 - epp: an endpoint picker process; service_front: a kube-proxy-like Service for rollouts;
 - image_server: a malicious image server; json_bombs: element-heavy bodies and their cost;
-- lora_fixtures: a tiny transformers Llama and PEFT adapters of it.
+- lora_fixtures: a tiny transformers Llama and PEFT adapters of it;
+- bench_runs: a bench/ script run as its user runs it (tests never import bench).
 
 Blocking waits on a condition are `harness.cluster.wait_until`, shared with the benchmarks.
 """

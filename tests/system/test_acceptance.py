@@ -1,4 +1,5 @@
-"""Acceptance with real clusters: hit rate vs round_robin and one big worker; worker SIGKILL."""
+"""Acceptance with real clusters: hit rate vs round_robin and one big worker, adapter affinity
+(both as `bench.hit_rate` and `bench.lora_affinity` measure them); worker SIGKILL."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ import time
 import httpx
 import pytest
 
-from bench.hit_rate import parser, run_replicas
 from gateway.replica_names import replica_name
 from harness.cluster import Cluster, ClusterSpec, wait_until
 from harness.load import Tally, hold_one_per_worker
+from tests.support.bench_runs import run_bench
 from tests.support.chat import chat, user
 
 pytestmark = pytest.mark.slow
@@ -21,19 +22,34 @@ pytestmark = pytest.mark.slow
 def test_cache_aware_hit_rate_acceptance(tmp_path):
     # 12 groups with long system prompts; each worker's cache holds about a third of the
     # workload's ~2,600 distinct blocks (860 of them). One request at a time.
-    args = parser().parse_args(
-        ["--tenants", "12", "--num-blocks", "860", "--concurrency", "1", "--log-dir", str(tmp_path)]
-    )
-    rows = {r.policy: r for r in run_replicas(4, ["cache_aware", "round_robin"], args)}
+    args = ["--replicas", "4", "--policies", "cache_aware,round_robin", "--tenants", "12",
+            "--num-blocks", "860", "--concurrency", "1", "--log-dir", str(tmp_path)]  # fmt: skip
+    summary = run_bench("hit_rate", tmp_path / "hit_rate.json", *args)
+    rows = {r["policy"]: r for r in summary["results"]}
     ca, rr, one = rows["cache_aware"], rows["round_robin"], rows["upper_bound"]
-    assert ca.failed == rr.failed == one.failed == 0
-    assert ca.requests == 108 and one.blocks_per_replica == 4 * 860
-    assert ca.hit_rate >= 2 * rr.hit_rate, (ca.hit_rate, rr.hit_rate)
-    assert ca.hit_rate >= 0.9 * one.hit_rate, (ca.hit_rate, one.hit_rate)
-    assert ca.max_over_mean <= 1.5, ca.requests_per_replica
-    assert len(ca.requests_per_replica) == 4 and min(ca.requests_per_replica) > 0
-    assert ca.exact_predictions is not None and ca.exact_predictions >= 0.99
-    assert one.exact_predictions is None  # no gateway in front of the upper bound
+    assert ca["failed"] == rr["failed"] == one["failed"] == 0
+    assert ca["requests"] == 108 and one["blocks_per_replica"] == 4 * 860
+    assert ca["hit_rate"] >= 2 * rr["hit_rate"], (ca["hit_rate"], rr["hit_rate"])
+    assert ca["hit_rate"] >= 0.9 * one["hit_rate"], (ca["hit_rate"], one["hit_rate"])
+    assert ca["max_over_mean"] <= 1.5, ca["requests_per_replica"]
+    assert len(ca["requests_per_replica"]) == 4 and min(ca["requests_per_replica"]) > 0
+    assert ca["exact_predictions"] is not None and ca["exact_predictions"] >= 0.99
+    assert one["exact_predictions"] is None  # no gateway in front of the upper bound
+
+
+def test_adapter_affinity_loads_fewer_adapters_and_hits_more_than_round_robin(tmp_path):
+    """4 workers with 2 adapter slots each, 8 adapters (bench.lora_affinity's defaults): the
+    same trace through cache_aware and round_robin."""
+    summary = run_bench("lora_affinity", tmp_path / "lora.json", "--log-dir", str(tmp_path))
+    args = summary["args"]
+    assert (args["replicas"], args["adapters"], args["max_loras"]) == ("4", "8", "2")
+    assert args["policies"] == "cache_aware,round_robin" and args["runs"] == "1"
+    rows = {r["policy"]: r for r in summary["results"]}
+    ca, rr = rows["cache_aware"], rows["round_robin"]
+    assert ca["failed"] == rr["failed"] == 0
+    assert ca["requests"] == rr["requests"] == 96
+    assert ca["adapter_loads"] < rr["adapter_loads"], (ca["adapter_loads"], rr["adapter_loads"])
+    assert ca["hit_rate"] > rr["hit_rate"], (ca["hit_rate"], rr["hit_rate"])
 
 
 async def _load(gateway: str, n: int, concurrency: int) -> list[httpx.Response | Exception]:

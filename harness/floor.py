@@ -55,5 +55,5 @@ def startup_floor(
     left_steps = math.ceil(sum(costs[-(m - 1) :]) / step_tokens) if m > 1 else 0
     per_replica_late = m if max_tokens - 1 >= left_steps else 1
     late = busiest * per_replica_late
-    let_go = total_requests - int(0.99 * total_requests)  # nearest rank, as report.percentile
+    let_go = total_requests - int(0.99 * total_requests)  # nearest rank, as bench/lib/report.py
     return Floor(seconds, k, m, busiest, late, late >= let_go)
