@@ -1,6 +1,6 @@
 """The worker documents (cachekey.documents): typed on both sides, and a malformed one is a clear,
 logged error in the gateway instead of a KeyError. Real HTTP servers stand in for a worker whose
-documents are broken; tests/test_worker_compat.py reads a real worker's."""
+documents are broken; tests/worker/server/test_compat.py reads a real worker's."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Image identity a client cannot forge (issue 14, finding 3), at the renderer.
 
-The end-to-end attack (a poisoned cache on a real worker) is in test_security_images.py; here:
+The end-to-end attack (a poisoned cache on a real worker) is in tests/gateway/test_images.py; here:
 what each uuid mode makes of a client's uuid, over the real renderer and demo assets.
 """
 

@@ -1,6 +1,6 @@
 """Strict request types on both sides of the gateway, worded as OpenAI words them (in process).
 
-The attacks over HTTP are in test_security_bodies.py; here the gateway's and the worker's
+The attacks over HTTP are in tests/gateway/test_bodies.py; here the gateway's and the worker's
 request models are held to the same types, field by field.
 """
 

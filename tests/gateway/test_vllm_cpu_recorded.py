@@ -5,7 +5,7 @@ For each request of the session, in order: the index, fed every frame vLLM publi
 must predict exactly the cached tokens vLLM reported for it; then the request's own frames go
 in. Every event must be applied, none skipped: vLLM's sliding-window stores carry the hashes of
 only the blocks it keeps, with the tokens of every block (gateway/index.py, `store_sparse`).
-The `-m vllm` suite checks the same against a live server (tests/test_vllm_real_hybrid.py).
+The `-m vllm` suite checks the same against a live server (tests/system/test_vllm_real_hybrid.py).
 """
 
 from __future__ import annotations

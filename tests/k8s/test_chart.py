@@ -336,7 +336,7 @@ def test_vllm_values_with_the_endpoint_picker(chart: Any) -> None:
     values = load_values("values-vllm.yaml")
     values["epp"] = {"enabled": True}
     values["workerAuth"] = {"enabled": False}
-    docs = render(chart, values)  # (the EPP's manifests are validated in test_k8s_epp_chart.py)
+    docs = render(chart, values)  # (the EPP's manifests: tests/k8s/test_epp_chart.py)
     for component in ("gateway", "epp"):
         c = container(one(docs, "Deployment", component))
         assert vllm_flag(c["args"], "--model-dir") == "/models/Qwen2.5-7B-Instruct"

@@ -1,10 +1,10 @@
 """The chart in EPP mode: kvgate as the endpoint picker of an InferencePool.
 
 The InferencePool is validated against the CRD's own schema, vendored from the inference
-extension's v1.6.0 release (tests/crds/), made strict (an unknown field fails, as kubectl's
+extension's v1.6.0 release (tests/fixtures/crds/), made strict (an unknown field fails, as kubectl's
 strict field validation would), with its two CEL rules checked here; the HTTPRoute against the
 fields of the Gateway API's v1 HTTPRoute the chart uses; everything else against the Kubernetes
-OpenAPI schemas, as tests/test_k8s_chart.py does.
+OpenAPI schemas, as tests/k8s/test_chart.py does.
 """
 
 from __future__ import annotations
@@ -219,7 +219,7 @@ def test_epp_mode_renders_valid_objects(chart: Any, values: str) -> None:
     assert config.inference_pool == pool["metadata"]["name"]
     assert config.k8s_namespace == "inference"
     # /metrics and /kvgate/index on the admin port, off the EPP Service (its NetworkPolicy and
-    # scrape: tests/test_security_chart.py).
+    # scrape: tests/k8s/test_chart_security.py).
     assert config.admin_port == next(p["containerPort"] for p in c["ports"] if p["name"] == "admin")
     assert "admin" not in {p["targetPort"] for p in svc["spec"]["ports"]}
     # ... with the HTTP gateway's own front-door flags (limits, overload, API keys).

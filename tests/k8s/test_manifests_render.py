@@ -1,7 +1,7 @@
 """manifests/render.py --values/--set: the chart rendered with a user's values, no helm binary.
 
 The script runs as a user runs it (a subprocess of the venv's Python); its output is parsed and
-validated against the Kubernetes schemas like every other render in tests/test_k8s_chart.py.
+validated against the Kubernetes schemas like every other render in tests/k8s/test_chart.py.
 """
 
 from __future__ import annotations

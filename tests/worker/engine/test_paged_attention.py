@@ -1,5 +1,5 @@
 """Paged attention against dense causal attention: chunks, prefixes, GQA, batched decode (the
-Triton decode kernel against the reference: test_engine_triton.py)."""
+Triton decode kernel against the reference: tests/worker/engine/test_triton_decode.py)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,8 @@ embeddings, so logits and greedy tokens equal the same request computed cold. Al
 start and end inside an image, preemption and recompute, LoRA and cache_salt, the encoder cache
 losing the image between the hit and the prefill, a prompt that ends with an image, and a
 request that waits for an image prefix in flight. The no-false-hit cases (ATOM #1358) are in
-test_engine_prefix_cache.py and test_engine_block_manager.py, run on this rule too."""
+tests/worker/engine/test_prefix_cache.py and tests/worker/engine/test_block_manager.py, run on
+this rule too."""
 
 from __future__ import annotations
 
