@@ -22,7 +22,7 @@ python3 -c "import torch, transformers, triton; print('torch', torch.__version__
 case "$MODE" in
   tests)
     python3 -m pytest -q -p force_cuda -p no:cacheprovider \
-      tests/test_engine_*.py tests/test_models_*.py 2>&1 | tail -40 | tee "$OUT/tests.log"
+      tests/worker/engine tests/worker/models 2>&1 | tail -40 | tee "$OUT/tests.log"
     ;;
   engine)
     python3 -m bench.engine --device cuda --dtype bfloat16 --model llama-1b --reps 3 \

@@ -23,7 +23,6 @@ moves far less than the wall clock. One torch thread unless `--threads`.
 from __future__ import annotations
 
 import argparse
-import base64
 import random
 import statistics
 import time
@@ -38,14 +37,13 @@ import torch
 from bench.lib.report import args_dict, col, columns, print_table, write_json
 from cachekey import Prompt
 from cachekey.demo import ensure_demo_model
-from harness.workload import make_image
+from harness.prefill_prompts import image_prompts, text_prompts
 from worker.engine.config import EngineConfig
 from worker.engine.llm_engine import LLMEngine
 from worker.engine.sampling_params import SamplingParams
 
 RESULTS = Path(__file__).resolve().parent / "results" / "hidden_prefill.json"
 EMBED = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
-WORDS = "cache block prefix route model token image worker gateway replica tenant layer".split()
 
 
 @dataclass(slots=True)
@@ -96,44 +94,6 @@ def run(engine: LLMEngine, rid: str, prompt: Prompt, clock: Callable[[], float],
             if out.finished and out.request_id == rid:
                 final = out
     return clock() - start, final
-
-
-def text_prompts(n: int, tokens: int, shared: float, rng: random.Random) -> list[Prompt]:
-    prefix = [rng.randrange(100, 1900) for _ in range(int(tokens * shared))]
-    tail = tokens - len(prefix)
-    return [
-        Prompt(tuple(prefix + [rng.randrange(100, 1900) for _ in range(tail)])) for _ in range(n)
-    ]
-
-
-def image_prompts(
-    engine: LLMEngine, n: int, tokens: int, shared: float, rng: random.Random
-) -> list[Prompt]:
-    """Chat prompts: text and four images in the shared part, then a text tail of its own."""
-
-    def words(count: int) -> str:
-        return " ".join(rng.choice(WORDS) for _ in range(count))
-
-    def render(parts: list[dict]) -> Prompt:
-        return engine.renderer.render_chat([{"role": "user", "content": parts}])
-
-    images = [
-        "data:image/png;base64," + base64.b64encode(make_image(7_000 + i)).decode()
-        for i in range(4)
-    ]
-    shared_parts: list[dict] = []
-    for url in images:
-        shared_parts.append({"type": "text", "text": words(20)})
-        shared_parts.append({"type": "image_url", "image_url": {"url": url}})
-    while len(render(shared_parts)) < tokens * shared:
-        shared_parts.append({"type": "text", "text": words(40)})
-    prompts = []
-    for _ in range(n):
-        tail = [{"type": "text", "text": words(10)}]
-        while len(render(shared_parts + tail)) < tokens:
-            tail[0]["text"] += " " + words(10)
-        prompts.append(render(shared_parts + tail))
-    return prompts
 
 
 def prefill_round(
@@ -240,10 +200,10 @@ def main() -> None:
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     model = str(ensure_demo_model()) if args.model == "demo" else args.model
     rng = random.Random(args.seed)
-    renderer_engine = make_engine(model, num_blocks=16)
+    renderer = make_engine(model, num_blocks=16).renderer
     workloads = {
         "text": text_prompts(args.prompts, args.tokens, args.shared, rng),
-        "images": image_prompts(renderer_engine, args.prompts, args.tokens, args.shared, rng),
+        "images": image_prompts(renderer, args.prompts, args.tokens, args.shared, rng),
     }
     rows = []
     print_table([], PREFILL_COLS)

@@ -12,7 +12,7 @@ policy, cache_aware first, every cache reset in between; requests stream, so TTF
     python -m bench.under_load --variants hot --concurrency 4 --policies cache_aware --repeat 6
     python -m bench.under_load --variants uniform --concurrency 16 --tenants 12 --users-per-tenant 8
 
-After each set of policies it prints the run's start-up floor (bench/lib/floor.py): the p99
+After each set of policies it prints the run's start-up floor (harness/floor.py): the p99
 that no router sending each request on arrival can beat, and how many requests ended above it.
 """
 
@@ -22,7 +22,6 @@ import argparse
 from dataclasses import asdict
 from pathlib import Path
 
-from bench.lib.floor import Floor, startup_floor
 from bench.lib.load_runs import (
     COLUMNS,
     GATEWAY_ARGS,
@@ -35,6 +34,7 @@ from bench.lib.load_runs import (
 )
 from bench.lib.report import args_dict, print_table, write_json
 from harness.cluster import Cluster, ClusterSpec
+from harness.floor import Floor, startup_floor
 from harness.workload import WorkloadSpec
 
 POLICIES = ("cache_aware", "least_loaded", "round_robin")
@@ -103,7 +103,7 @@ def ratios(rows: list[LoadRow]) -> dict[str, dict[str, float]]:
 
 
 def floor_of(row: LoadRow) -> Floor:
-    """The run's start-up floor (bench/lib/floor.py), from the requests it opened with."""
+    """The run's start-up floor (harness/floor.py), from the requests it opened with."""
     opening = sorted(row.detail, key=lambda d: d[8])[: row.concurrency]
     tenants = [(conv.split("-")[0], prompt) for conv, _, _, prompt, *_ in opening]
     s_per_token = float(SIM_COST[SIM_COST.index("--sim-prefill-s-per-token") + 1])

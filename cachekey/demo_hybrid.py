@@ -4,7 +4,7 @@ alternating), generated like the demo model and sharing its tokenizer and chat t
 A serving engine keeps two KV-cache groups for it, as for Gemma 3 or GPT-OSS: vLLM's sliding-window
 group caches only the blocks a later hit can use, and its prefix cache hits a prompt only where
 the sliding-window layers hold the last `SLIDING_WINDOW` tokens before the match end
-(docs/gateway.md, "vLLM workers"). The real-vLLM suite (tests/test_vllm_real.py) serves it;
+(docs/gateway.md, "vLLM workers"). The real-vLLM suite (tests/system/test_vllm_real.py) serves it;
 kvgate's own engine does not (it has no Gemma 3 layers). Needs numpy and safetensors, never torch.
 
     python -m cachekey.demo_hybrid OUTDIR

@@ -5,7 +5,7 @@
 
 Each table sits between a BEGIN and an END marker line. The rows come from the same field
 metadata as `--help` (cachekey.flags), so the docs list every flag with its real default;
-tests/test_cli_flags.py runs the check.
+tests/project/test_cli_flags.py runs the check.
 """
 
 from __future__ import annotations

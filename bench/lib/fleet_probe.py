@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import httpx
 
 from bench.lib.proc_stats import cpu_seconds
-from bench.lib.prom import Scrape, combined
 from harness.cluster import Proc, rss_bytes, snapshot_digest
+from harness.prom import Scrape, combined
 
 SETTLE_S = 2.5  # speculative entries (2 s) expire after a reset
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bench.lib.fleet_probe import Reading
-from bench.lib.open_loop import Outcome
-from bench.lib.prom import delta, quantile
 from bench.lib.report import col, columns, percentile
+from harness.open_loop import Outcome
+from harness.prom import delta, quantile
 
 # A point keeps up when nothing failed, the trace was served at >= this share of the rate
 # offered, and the gateways indexed events within LAG_LIMIT_S (p99).

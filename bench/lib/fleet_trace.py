@@ -14,9 +14,9 @@ import math
 import time
 from dataclasses import dataclass
 
-from bench.lib.open_loop import TraceRequest
 from cachekey.keys import block_keys
 from harness.fleet.model import FleetModel
+from harness.open_loop import TraceRequest
 from harness.workload import Workload, WorkloadSpec
 
 CANNED_REPLY = "sure, here is the answer you asked for"

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from bench.lib.report import Col, percentile
 from bench.lib.runs import Measured, drive, reset_caches
 from harness.cluster import metric_total
-from harness.driver import Result, hit_rate
+from harness.driver import Result, hit_rate, warm_results
 from harness.workload import Workload, WorkloadSpec
 
 # The issue's workers: 200 us per uncached prompt token, 2 ms per engine step.
@@ -145,22 +145,6 @@ def summarize(label: str, concurrency: int, policy: str, m: Measured, spills: in
             for r in m.results
         ],
     )
-
-
-def warm_results(results: Sequence[Result], concurrency: int) -> list[Result]:
-    """The requests sent after every one of the first `concurrency` had finished.
-
-    A run opens with `concurrency` requests sent at once on empty caches: every one is a full
-    prefill, queued behind the others under any policy, and the conversations that replace them
-    start cold too. That start-up is a fixed share of a short trace but a vanishing one of a
-    service's life, so the tail after it is reported apart (beside, not instead of, the p99 of
-    all requests)."""
-    ordered = sorted(results, key=lambda r: r.sent_at)
-    opening = ordered[:concurrency]
-    if not opening:
-        return []
-    served = max(r.sent_at + r.latency_s for r in opening)
-    return [r for r in ordered[concurrency:] if r.sent_at >= served]
 
 
 def _exact(results: list[Result]) -> float | None:

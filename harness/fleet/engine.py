@@ -69,7 +69,10 @@ class SimEngine:
         timing: Timing,
         publish: Callable[[list[KVEvent]], None],
     ) -> None:
-        self.bm = BlockManager(num_blocks, block_size, enable_prefix_caching=True)
+        # Text only: the multimodal match rule never applies; "clamp" is WorkerInfo's default too.
+        self.bm = BlockManager(
+            num_blocks, block_size, enable_prefix_caching=True, mm_match_rule="clamp"
+        )
         self.block_size = block_size
         self.timing = timing
         self._publish = publish

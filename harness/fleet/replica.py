@@ -49,7 +49,15 @@ class SimReplica:
         self.model = model
         self.instance_id = uuid.uuid4().hex
         self.events = ReplicaEvents(zmq_, host, topic(self.instance_id, model.name), events_buffer)
-        self.engine = SimEngine(num_blocks, model.namespace.block_size, timing, self.events.publish)
+        try:
+            self.engine = SimEngine(
+                num_blocks, model.namespace.block_size, timing, self.events.publish
+            )
+        except BaseException:
+            # Its sockets are the asyncio context's, which the fleet's close cannot reach: a
+            # leaked one would block the context's term forever.
+            self.events.close()
+            raise
         self.port = 0  # set once its HTTP server listens
         self._info = b""
         self._routes = {

@@ -1,0 +1,81 @@
+"""Strict request types on both sides of the gateway, worded as OpenAI words them (in process).
+
+The attacks over HTTP are in tests/gateway/test_bodies.py; here the gateway's and the worker's
+request models are held to the same types, field by field.
+"""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from cachekey.validation_errors import invalid_request
+from gateway.protocol import ChatCompletionRequest, CompletionRequest
+from worker.server.protocol import ChatCompletionRequest as WorkerChat
+from worker.server.protocol import CompletionRequest as WorkerCompletion
+
+MSG = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize(
+    ("body", "message", "param"),
+    [
+        ({"n": "64"}, "Invalid type for 'n': expected an integer, but got a string instead.", "n"),
+        ({"n": 64.0}, "expected an integer, but got a decimal number instead.", "n"),
+        ({"max_tokens": True}, "expected an integer, but got a boolean instead.", "max_tokens"),
+        ({"seed": 2**64}, "integer above maximum value", "seed"),
+        ({"temperature": "1"}, "expected a number, but got a string instead.", "temperature"),
+        ({"stop": 5}, "expected one of str, list[str], but got an integer instead.", "stop"),
+        ({"stop": ["a", 1]}, "Invalid type for 'stop[1]': expected a string", "stop[1]"),
+        ({"stream": "true"}, "expected a boolean, but got a string instead.", "stream"),
+        ({"logprobs": 1}, "expected a boolean, but got an integer instead.", "logprobs"),
+        ({"messages": "hi"}, "expected an array, but got a string instead.", "messages"),
+    ],
+)
+def test_gateway_messages(body: dict, message: str, param: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        ChatCompletionRequest.model_validate({"messages": MSG, **body})
+    got, got_param, code = invalid_request(info.value.errors())
+    assert message in got and got_param == param
+    assert code in ("invalid_type", "integer_above_max_value")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"n": "2"}, {"n": 2.0}, {"n": True}, {"max_tokens": "5"}, {"max_tokens": 5.0},
+        {"max_completion_tokens": "5"}, {"seed": "1"}, {"seed": 1.0}, {"top_k": "3"},
+        {"temperature": "0.5"}, {"top_p": True}, {"stream": "false"}, {"ignore_eos": 1},
+        {"stop": 3}, {"stop_token_ids": [1.0]}, {"stream_options": {"include_usage": "yes"}},
+    ],
+)  # fmt: skip
+def test_both_sides_refuse_the_same_types(body: dict) -> None:
+    for model in (ChatCompletionRequest, WorkerChat):
+        with pytest.raises(ValidationError):
+            model.model_validate({"messages": MSG, **body})
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"n": 2, "max_tokens": 5, "seed": 1, "top_k": 3, "temperature": 1, "top_p": 1},
+        {"n": None, "max_tokens": None, "stream": None, "ignore_eos": None, "seed": None},
+        {"temperature": 0.5, "stop": ["a"], "stop_token_ids": [1], "logprobs": False},
+        {"stream": True, "stream_options": {"include_usage": True}, "unknown_field": [1]},
+    ],
+)
+def test_both_sides_accept_the_same_bodies(body: dict) -> None:
+    gw = ChatCompletionRequest.model_validate({"messages": MSG, **body})
+    worker = WorkerChat.model_validate({"messages": MSG, **body})
+    assert gw.requested_max_tokens() == worker.requested_max_tokens()
+    assert worker.n >= 1 and isinstance(worker.stream, bool)
+
+
+def test_completions_default_and_null() -> None:
+    assert CompletionRequest.model_validate({"prompt": "x"}).requested_max_tokens() == 16
+    assert WorkerCompletion.model_validate({"prompt": "x"}).max_tokens == 16
+    null = {"prompt": "x", "max_tokens": None}
+    assert CompletionRequest.model_validate(null).requested_max_tokens() is None
+    for bad in ({"prompt": [1, "a"]}, {"prompt": [[1], [True]]}, {"prompt": "x", "logprobs": 1.0}):
+        with pytest.raises(ValidationError):
+            CompletionRequest.model_validate(bad)

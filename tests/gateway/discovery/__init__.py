@@ -1,0 +1,1 @@
+"""Tests of gateway/discovery/: EndpointSlices and InferencePools through the real client."""

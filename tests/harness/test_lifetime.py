@@ -1,0 +1,92 @@
+"""`make demo`'s lifetime, with real processes: a run's cluster dies with it even when it is
+killed with SIGKILL, and each run writes its own logs, which no later run touches while it runs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from harness.run_logs import claim_log_dir, running_runs
+from tests.support.paths import REPO
+from tests.support.processes import alive, wait_dead
+
+# A parent that starts a harness Proc (a sleeping Python) and waits to be killed.
+PARENT = """
+import sys, time
+from pathlib import Path
+from harness.cluster import Proc
+p = Proc("child", ["-c", "import time; time.sleep(120)"], 0, Path(sys.argv[1]),
+         die_with_parent=sys.argv[2] == "1")
+p.start()
+print(p.popen.pid, flush=True)
+time.sleep(120)
+"""
+
+# A run that claims a log directory, says which, writes to it and waits to be killed.
+RUN = """
+import sys, time
+from pathlib import Path
+from harness.run_logs import claim_log_dir
+run = claim_log_dir(Path(sys.argv[1]), keep=1)
+(run / "worker-0.log").write_text("kept run's log\\n")
+print(run, flush=True)
+time.sleep(120)
+"""
+
+
+def spawn(script: str, *args: str) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(script), *args],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    return proc, proc.stdout.readline().strip()
+
+
+def kill9(proc: subprocess.Popen) -> None:
+    proc.kill()
+    proc.wait(10)
+
+
+def test_cluster_processes_die_with_a_sigkilled_parent(tmp_path: Path) -> None:
+    bound, pid = spawn(PARENT, str(tmp_path / "bound.log"), "1")
+    free, free_pid = spawn(PARENT, str(tmp_path / "free.log"), "0")
+    child, free_child = int(pid), int(free_pid)
+    try:
+        assert alive(child) and alive(free_child)
+        kill9(bound)
+        kill9(free)
+        assert wait_dead(child, 10), "a die_with_parent child outlived its SIGKILLed parent"
+        # Without it the child lives on (what `make demo` did): the test above can fail.
+        assert not wait_dead(free_child, 1)
+    finally:
+        for p in (child, free_child):
+            if alive(p):
+                os.kill(p, signal.SIGKILL)
+
+
+def test_each_run_keeps_its_own_logs_while_it_runs(tmp_path: Path) -> None:
+    base = tmp_path / "demo-logs"
+    first, first_dir = spawn(RUN, str(base))
+    second, second_dir = spawn(RUN, str(base))
+    try:
+        assert first_dir != second_dir
+        # keep=1 in each run: a live run's directory is never pruned, nor its log touched.
+        assert Path(first_dir, "worker-0.log").read_text() == "kept run's log\n"
+        assert running_runs(base) == sorted([Path(first_dir), Path(second_dir)])
+        assert (base / "latest").resolve() == Path(second_dir).resolve()
+        kill9(second)
+        third = claim_log_dir(base, keep=1)  # this test's own process holds it
+        assert Path(first_dir).is_dir() and not Path(second_dir).exists()
+        assert running_runs(base) == sorted([Path(first_dir), third])
+        assert (base / "latest").resolve() == third.resolve()
+    finally:
+        for p in (first, second):
+            if p.poll() is None:
+                kill9(p)

@@ -1,0 +1,1 @@
+"""Tests of the deployment: the Helm chart (helm/kvgate), manifests/, the dashboard."""

@@ -1,0 +1,1 @@
+"""Rules over the repository as a whole: imports, locks, the release workflow, command lines."""

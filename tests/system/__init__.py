@@ -1,0 +1,1 @@
+"""Cross-cutting suites over whole clusters: acceptance, faults, one error vocabulary, real vLLM."""

@@ -1,0 +1,1 @@
+"""Tests of worker/engine/: scheduler, block manager, runners, kernels, sampling, LoRA."""

@@ -1,0 +1,1 @@
+"""Tests of worker/models/: the model implementations against transformers."""

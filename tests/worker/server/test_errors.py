@@ -1,0 +1,123 @@
+"""Bad requests get the right 4xx with an OpenAI-style body, and the worker keeps serving."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import httpx
+import pytest
+from PIL import Image
+
+from tests.support.worker_harness import WorkerProcess
+
+MAX_LEN = 128
+
+
+@pytest.fixture(scope="module")
+def worker(demo_model_dir):
+    args = ("--max-model-len", str(MAX_LEN), "--data-parallel-rank", "1")
+    with WorkerProcess(demo_model_dir, *args, events=False) as w:
+        yield w
+
+
+def _png(size: tuple[int, int]) -> str:
+    buf = io.BytesIO()
+    Image.new("L", size, 7).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def _image_chat(url: str) -> dict:
+    part = {"type": "image_url", "image_url": {"url": url}}
+    return {
+        "model": "demo",
+        "max_tokens": 2,
+        "messages": [{"role": "user", "content": [part, {"type": "text", "text": "hi"}]}],
+    }
+
+
+CHAT = {"model": "demo", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
+CASES = [
+    ("malformed json", "/v1/chat/completions", b'{"model": "demo", "messages": [', 400),
+    ("not an object", "/v1/completions", b"[1, 2, 3]", 400),
+    ("unknown model", "/v1/chat/completions", {**CHAT, "model": "gpt-9"}, 404),
+    ("unknown model completions", "/v1/completions", {"model": "x", "prompt": "a"}, 404),
+    ("messages wrong type", "/v1/chat/completions", {**CHAT, "messages": "hello"}, 400),
+    ("messages missing", "/v1/chat/completions", {"model": "demo"}, 400),
+    ("max_tokens wrong type", "/v1/chat/completions", {**CHAT, "max_tokens": "many"}, 400),
+    ("negative temperature", "/v1/chat/completions", {**CHAT, "temperature": -1}, 400),
+    ("n zero", "/v1/completions", {"model": "demo", "prompt": "a", "n": 0}, 400),
+    ("prompt wrong type", "/v1/completions", {"model": "demo", "prompt": {"a": 1}}, 400),
+    ("token id out of vocab", "/v1/completions", {"model": "demo", "prompt": [10**9]}, 400),
+    ("batched prompts", "/v1/completions", {"model": "demo", "prompt": ["a", "b"]}, 400),
+    ("undecodable image", "/v1/chat/completions", _image_chat("data:image/png;base64,AAAA"), 400),
+    ("too many pixels", "/v1/chat/completions", _image_chat(_png((5000, 4000))), 413),
+    (
+        "bad content part",
+        "/v1/chat/completions",
+        {**CHAT, "messages": [{"role": "user", "content": [{"type": "audio", "x": 1}]}]},
+        400,
+    ),
+    (
+        "prompt over max-model-len",
+        "/v1/completions",
+        {"model": "demo", "prompt": list(range(10, 10 + MAX_LEN + 5))},
+        400,
+    ),
+    (
+        "chat over max-model-len",
+        "/v1/chat/completions",
+        {**CHAT, "messages": [{"role": "user", "content": "word " * 400}]},
+        400,
+    ),
+    (
+        "max_tokens over context",
+        "/v1/completions",
+        {"model": "demo", "prompt": "hello", "max_tokens": MAX_LEN},
+        400,
+    ),
+    ("logprobs unsupported", "/v1/chat/completions", {**CHAT, "logprobs": True}, 400),
+]
+
+
+@pytest.mark.parametrize(("name", "path", "body", "status"), CASES, ids=[c[0] for c in CASES])
+def test_bad_request_gets_openai_error_and_worker_keeps_serving(worker, name, path, body, status):
+    if isinstance(body, bytes):
+        r = httpx.post(
+            worker.url + path,
+            content=body,
+            headers={"content-type": "application/json"},
+            timeout=30,
+        )
+    else:
+        r = httpx.post(worker.url + path, json=body, timeout=30)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert isinstance(err["message"], str) and err["message"]
+    ok = httpx.post(worker.url + "/v1/chat/completions", json=CHAT, timeout=30)
+    assert ok.status_code == 200
+    assert httpx.get(worker.url + "/health").status_code == 200
+
+
+def test_over_length_message_names_the_limit(worker):
+    r = httpx.post(
+        worker.url + "/v1/completions",
+        json={"model": "demo", "prompt": list(range(10, 10 + MAX_LEN + 5))},
+    )
+    assert str(MAX_LEN) in r.json()["error"]["message"]
+
+
+def test_data_parallel_rank_header(worker):
+    """As vLLM reads it, the header is an index among the server's engines: this worker runs one
+    engine (rank 1), so 0 names it and 1 is out of range."""
+    ok = httpx.post(
+        worker.url + "/v1/chat/completions", json=CHAT, headers={"X-data-parallel-rank": "0"}
+    )
+    assert ok.status_code == 200
+    for bad in ("1", "-1", "two"):
+        r = httpx.post(
+            worker.url + "/v1/chat/completions", json=CHAT, headers={"X-data-parallel-rank": bad}
+        )
+        assert r.status_code == 400
+        assert "rank" in r.json()["error"]["message"]
