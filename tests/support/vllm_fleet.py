@@ -57,7 +57,8 @@ def start_fleet(log_dir: Path) -> Fleet:
     adapters = ensure_demo_adapters()
     bind = f"tcp://{HOST}:{free_port_run(1)}"
     specs = {
-        "a": VllmSpec(model=demo, lora_modules=adapters, topic="kv@a@demo"),
+        # a: room for the 3,500-token answer of test_a_sibling_of_a_request_still_in_flight_...
+        "a": VllmSpec(model=demo, lora_modules=adapters, topic="kv@a@demo", max_model_len=4096),
         "dp": VllmSpec(model=demo, lora_modules=adapters, data_parallel_size=2, topic="kv@dp@demo"),
         "hybrid": VllmSpec(model=hybrid, connect_to=bind, topic="kv@hybrid@demo"),
     }

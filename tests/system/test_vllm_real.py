@@ -207,20 +207,34 @@ def test_a_sibling_of_a_request_still_in_flight_is_predicted_its_hit(vllm_fleet)
     deaf = f"{a.url};kv-events={free_port()};kv-replay={a.replay_port};kv-topic={a.topic}"
     tail = ("--event-tail-check-interval", "60")
     gw = start_gateway(fleet, [a], fleet.demo_dir, "gw-siblings", *tail, workers=deaf)
-    prefix = " ".join(["siblings share this long system prompt"] * 120)  # one prefill chunk
+    prefix = " ".join(["siblings share this long system prompt"] * 40)  # one prefill chunk
     try:
         first: dict = {}
-        # Not streamed, and a long answer: the gateway sees nothing of it until it ends.
-        body = {"model": "demo", "prompt": f"{prefix} first", "max_tokens": 400}
+        # Not streamed, and a long answer (3,500 tokens: about 5 s on an idle machine, the
+        # sibling's answer takes well under one): the gateway sees nothing of it until it ends.
+        body = {"model": "demo", "prompt": f"{prefix} first", "max_tokens": 3500}
         body["ignore_eos"] = True
-        sender = threading.Thread(target=lambda: first.update(a=ask(gw, body, path="completions")))
+
+        def send_first() -> None:
+            try:
+                first["a"] = ask(gw, body, path="completions")
+            except BaseException as e:  # the main thread reports it
+                first["error"] = e
+
+        sender = threading.Thread(target=send_first)
         sender.start()
-        wait_until(lambda: running(a) >= 1, 30, "the first request scheduled")
+        # Scheduled (its blocks cached), by vLLM's own count. Not its BlockStored: vLLM's
+        # publisher thread sent that as late as the request's end on a busy machine.
+        wait_until(lambda: running(a) >= 1 or not sender.is_alive(), 30, "the first scheduled")
         body = {**body, "prompt": f"{prefix} second", "max_tokens": 1}
         second = ask(gw, body, path="completions")
+        in_flight = sender.is_alive()
         sender.join(60)
     finally:
         gw.kill()
+    assert "error" not in first, first
+    # Else the second was routed after the first ended, when any guess counts: not this case.
+    assert in_flight, "the first request ended before its sibling was answered"
     assert_exact([first["a"], second])
     assert first["a"].reported == 0 and second.reported > 0
 
