@@ -147,8 +147,11 @@ class ModelRunner:
         per_block = per_token * self.block_size
         budget = config.kv_cache_memory_bytes
         if budget is None and self.device.type == "cuda":
-            peak = self.profile_max_step(config.max_num_batched_tokens, config.max_num_seqs)
-            peak += self.prefix_gather_bytes(config.max_model_len or self.max_model_len)
+            peak = self.profile_peak(
+                config.max_num_batched_tokens,
+                config.max_num_seqs,
+                config.max_model_len or self.max_model_len,
+            )
             memory = cuda_budget(
                 self.device, self._free_at_start, peak, config.gpu_memory_utilization
             )
@@ -162,27 +165,39 @@ class ModelRunner:
             raise ValueError(f"the KV cache budget holds no block of {per_block} B")
         return blocks
 
-    def prefix_gather_bytes(self, max_len: int) -> int:
-        """A chunk after a cached prefix reads back one layer's K and V for its whole context,
-        which the profiled fresh prefill does not: the longest context's worth, added."""
-        return self.info.kv_bytes_per_token() // self.info.num_layers * max_len
+    def profile_peak(self, num_tokens: int, num_seqs: int, max_len: int) -> int:
+        """The sizing's activation peak: the larger of the largest fresh step and the largest
+        chunk after the longest cached prefix. The second reads back its whole context, and
+        attention's memory grows with it where no fused kernel serves the step (CUDA's math
+        backend, float32 with grouped heads: measured on an H200, 2026-11-26)."""
+        fresh = self.profile_max_step(num_tokens, num_seqs)
+        if max_len <= num_tokens:
+            return fresh
+        return max(fresh, self.profile_max_step(num_tokens, num_seqs, context_len=max_len))
 
     @torch.inference_mode()
-    def profile_max_step(self, num_tokens: int, num_seqs: int) -> int:
+    def profile_max_step(self, num_tokens: int, num_seqs: int, context_len: int = 0) -> int:
         """Activation peak of the largest step: num_tokens prompt tokens in one chunk (images on
-        as many of them as fit), then logits and sampling for num_seqs rows."""
+        as many of them as fit) ending at position `context_len` (default: a fresh prompt),
+        then logits and sampling for num_seqs rows."""
         num_tokens = min(num_tokens, self.max_model_len)
+        context_len = min(max(context_len, num_tokens), self.max_model_len)
         num_blocks = -(-num_tokens // self.block_size)
         kv_cache = self._allocate_kv(num_blocks)
         slots = torch.arange(num_tokens, device=self.device)
         ids = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
+        # The prefix's slots wrap around the chunk's few blocks: the read-back of the whole
+        # context is real, a cache of its size is not needed to profile it.
+        prefix = None
+        if context_len > num_tokens:
+            prefix = torch.arange(context_len, device=self.device) % (num_blocks * self.block_size)
 
         def step() -> Tensor:
             images = None
             if self.vision is not None:
                 per_image = self.info.tokens_per_image or num_tokens
                 images = self.vision.encode_dummy(max(1, num_tokens // per_image))
-            span = PrefillSpan(0, num_tokens, num_tokens, None)
+            span = PrefillSpan(0, num_tokens, context_len, prefix)
             ctx = PagedAttentionContext(kv_cache, slots, [span], None, self.decode_kernel)
             if self.lora is not None:  # every token through a LoRA slot: its peak too
                 self.lora.batch.prepare(torch.zeros_like(ids))

@@ -94,8 +94,9 @@ def test_shapes_and_layers(hot: LLMEngine) -> None:
     np.testing.assert_allclose(mean, rows[-1, :n].mean(axis=0), atol=1e-5)
     # Row 0 is the input embeddings themselves.
     with torch.inference_mode():
-        embeds = hot.runner.model.embed_tokens(torch.tensor(prompt.token_ids))
-    np.testing.assert_allclose(rows[0, :n], embeds.numpy(), atol=1e-6)
+        ids = torch.tensor(prompt.token_ids, device=hot.runner.device)
+        embeds = hot.runner.model.embed_tokens(ids)
+    np.testing.assert_allclose(rows[0, :n], embeds.float().cpu().numpy(), atol=1e-6)
 
 
 @pytest.mark.parametrize("extra", [0, 1, 7, 15])
