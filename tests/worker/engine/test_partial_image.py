@@ -26,7 +26,7 @@ from tests.support.engine import (
 )
 from worker.engine.llm_engine import LLMEngine, RequestOutput
 from worker.engine.sampling_params import SamplingParams
-from worker.engine.sequence import Sequence, SequenceStatus
+from worker.engine.sequence import SequenceStatus
 
 BS = 16
 IMAGE_BYTES = 64 * 128 * 4  # one demo image's embeddings: 64 rows of 128 float32
@@ -125,10 +125,12 @@ def test_the_encoder_cache_loses_the_image(
         out = generate(engine, "partial", prompt)
     else:
         engine.add_request("partial", prompt, GREEDY)
-        batch = engine.schedule()  # admission: the hit is decided here
-        assert [s.seq.num_computed_tokens for s in batch] == [hit]
-        cache.clear()
-        out = engine.execute(batch) + run_all(engine).get("partial", [])
+
+        def lose_the_image() -> None:  # admitted, the hit decided; the forward pass is next
+            assert [s.num_computed_tokens for s in engine.scheduler.running] == [hit]
+            cache.clear()
+
+        out = engine.step(lose_the_image) + run_all(engine).get("partial", [])
     assert out[-1].num_cached_tokens == hit
     assert engine.stats().vision_tower_runs == runs + 1
     assert_same_as_cold(engine, "partial", cold, prompt, out)
@@ -148,19 +150,21 @@ def test_preemption_recomputes_from_inside_an_image(demo_model_dir: Path, cold: 
     engine.add_request("text", text, long)
     engine.step()
     engine.add_request("image", image, GREEDY)
-    seq: Sequence | None = None
+    seq = engine.scheduler.waiting[-1]
+    assert seq.request_id == "image"
     status, readmitted_at = SequenceStatus.WAITING, []
+
+    def note_admission() -> None:  # each step, once scheduled: where a (re)admission starts
+        nonlocal status
+        if status is SequenceStatus.WAITING and seq.status is SequenceStatus.RUNNING:
+            readmitted_at.append(seq.num_computed_tokens)
+        status = seq.status
+
     outputs: dict[str, list[RequestOutput]] = {}
     for _ in range(2000):
         if not engine.has_unfinished_requests():
             break
-        batch = engine.schedule()
-        seq = seq or next((s.seq for s in batch if s.seq.request_id == "image"), None)
-        if seq is not None:
-            if status is SequenceStatus.WAITING and seq.status is SequenceStatus.RUNNING:
-                readmitted_at.append(seq.num_computed_tokens)
-            status = seq.status
-        for out in engine.execute(batch):
+        for out in engine.step(note_admission):
             outputs.setdefault(out.request_id, []).append(out)
     assert not engine.has_unfinished_requests()
     assert engine.scheduler.counters.num_preemptions > 0
