@@ -7,20 +7,49 @@ import io
 import random
 from pathlib import Path
 
+from torch import Tensor
+
 from cachekey import Prompt
 from worker.engine.config import EngineConfig
 from worker.engine.llm_engine import LLMEngine, RequestOutput
+from worker.engine.model_runner import ModelRunner
+from worker.engine.sampler import Sampler
 from worker.engine.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 
 
+class LogitsRecorder:
+    """The engine's own sampler, keeping every logits row each request sampled from, in order."""
+
+    def __init__(self, sampler: Sampler) -> None:
+        self.sampler = sampler
+        self.logits: dict[str, list[Tensor]] = {}
+
+    def sample(self, logits: Tensor, requests: list[tuple[str, SamplingParams]]) -> list[int]:
+        for row, (request_id, _) in enumerate(requests):
+            self.logits.setdefault(request_id, []).append(logits[row].float().cpu())
+        return self.sampler.sample(logits, requests)
+
+    def forget(self, request_id: str) -> None:
+        self.sampler.forget(request_id)
+
+
 def make_engine(model_dir: Path, **overrides: object) -> LLMEngine:
+    """A small CPU engine; a torch one records its logits (`sampled_logits`)."""
     settings: dict[str, object] = {"dtype": "float32", "device": "cpu", "num_blocks": 256}
     settings.update(overrides)
     engine = LLMEngine(EngineConfig(model=str(model_dir), **settings))  # type: ignore[arg-type]
-    engine.runner.keep_logits = True
+    if isinstance(engine.runner, ModelRunner):
+        engine.runner.sampler = LogitsRecorder(engine.runner.sampler)  # type: ignore[assignment]
     return engine
+
+
+def sampled_logits(engine: LLMEngine, request_id: str) -> list[Tensor]:
+    """The logits rows `request_id` sampled from on a `make_engine` torch engine, in order."""
+    recorder = engine.runner.sampler  # type: ignore[union-attr]
+    assert isinstance(recorder, LogitsRecorder)
+    return recorder.logits[request_id]
 
 
 def run_all(engine: LLMEngine, max_steps: int = 10_000) -> dict[str, list[RequestOutput]]:

@@ -15,5 +15,5 @@ hidden_cache / hidden_reads   hidden states kept in the KV slots; what requests 
 sampler / detokenizer         token choice; streaming text with stop strings
 lora_adapter / lora_manager   PEFT LoRA adapters read and checked (no torch); their LRU slots
 sim_runner                    the `sim` engine's timing model (no torch)
-llm_engine                    the synchronous API the worker service drives
+llm_engine                    the synchronous API the worker service drives; `step` is one step
 """

@@ -39,10 +39,6 @@ class BlockManager:
     def num_blocks(self) -> int:
         return self.pool.num_blocks
 
-    @property
-    def num_free_blocks(self) -> int:
-        return self.pool.num_free
-
     def usage(self) -> float:
         return self.pool.usage()
 

@@ -90,21 +90,6 @@ class TritonDecode:
         return self._kernels.paged_decode_triton(q, k_cache, v_cache, tables, lens, scale, splits)
 
 
-def paged_decode_reference(
-    q: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
-    block_tables: Tensor,
-    context_lens: Tensor,
-    scale: float,
-) -> Tensor:
-    """The reference in one call (tests compare every kernel against it)."""
-    kernel = ReferenceDecode()
-    return kernel.run(
-        q, k_cache, v_cache, kernel.plan(block_tables, context_lens, k_cache.shape[1]), scale
-    )
-
-
 def select_decode_kernel(
     backend: str, device: torch.device, block_size: int, head_dim: int, num_kv_heads: int
 ) -> DecodeKernel:

@@ -16,8 +16,6 @@ class EncoderCache:
     def __init__(self, capacity_bytes: int) -> None:
         self.capacity_bytes = capacity_bytes
         self.num_bytes = 0
-        self.hits = 0
-        self.misses = 0
         self._entries: OrderedDict[str, Any] = OrderedDict()
 
     def __len__(self) -> int:
@@ -28,11 +26,8 @@ class EncoderCache:
 
     def get(self, identifier: str) -> Any | None:
         entry = self._entries.get(identifier)
-        if entry is None:
-            self.misses += 1
-            return None
-        self._entries.move_to_end(identifier)
-        self.hits += 1
+        if entry is not None:
+            self._entries.move_to_end(identifier)
         return entry
 
     def put(self, identifier: str, embeddings: Any) -> None:

@@ -80,6 +80,3 @@ class FreeBlockQueue:
         nxt.prev_free = prev
         block.prev_free = block.next_free = None
         self._len -= 1
-
-    def contains(self, block: Block) -> bool:
-        return block.prev_free is not None

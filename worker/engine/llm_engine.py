@@ -1,11 +1,13 @@
 """LLMEngine: the synchronous engine API the worker service drives from one thread.
 
-add_request -> Scheduler (BlockManager) -> runner (torch ModelRunner or SimRunner) -> outputs.
+add_request -> Scheduler (BlockManager) -> runner (torch ModelRunner or SimRunner) -> outputs;
+`step` is one iteration of the engine loop (docs/code-map.md, *An engine step*).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from cachekey import BlockKey, HashNamespace, Prompt
 from cachekey.assets import ModelAssets
@@ -20,7 +22,7 @@ from worker.engine.lora_manager import LoRAManager, lora_manager
 from worker.engine.outputs import CachedBlock, EngineStats, LoRAStats, RequestOutput
 from worker.engine.request_checks import check_prompt
 from worker.engine.sampling_params import SamplingParams
-from worker.engine.scheduler import ScheduledSeq, Scheduler
+from worker.engine.scheduler import Scheduler
 from worker.engine.sequence import Sequence
 from worker.engine.sim_runner import SimRunner
 
@@ -123,16 +125,18 @@ class LLMEngine:
 
     # -- the step loop -----------------------------------------------------------------------
 
-    def step(self) -> list[RequestOutput]:
-        return self.execute(self.schedule())
+    def step(self, before_forward: Callable[[], object] | None = None) -> list[RequestOutput]:
+        """One engine step: schedule a batch, run its forward pass, turn its tokens into outputs.
 
-    def schedule(self) -> list[ScheduledSeq]:
-        """The step's batch. Admissions allocate here, evicting cached blocks: those evictions
-        are final, so a caller may publish them before the forward pass (engine_client)."""
-        return self.scheduler.schedule()
-
-    def execute(self, batch: list[ScheduledSeq]) -> list[RequestOutput]:
-        """Run a scheduled batch: the forward pass, then its tokens and its newly full blocks."""
+        Scheduling admits waiting requests, and their allocations evict cached blocks: those
+        evictions are final, so `before_forward` runs once the batch is scheduled and before
+        the forward pass (the server publishes the pending KV events there; a gateway routing
+        during a long prefill must not predict hits on blocks this step took). The blocks the
+        step completes are stored after the forward pass and wait for the next `drain_events`.
+        """
+        batch = self.scheduler.schedule()
+        if before_forward is not None:
+            before_forward()
         if not batch:
             return []
         tokens = self.runner.execute(batch)

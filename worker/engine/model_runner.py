@@ -114,9 +114,6 @@ class ModelRunner:
         if self.use_cuda_graphs:
             with torch.inference_mode():
                 self.decoder.capture()
-        # Debug hook for tests: every logits row each request sampled from, in order.
-        self.keep_logits = False
-        self.logits: dict[str, list[Tensor]] = {}
 
     def _allocate_kv(self, num_blocks: int) -> Tensor:
         info = self.info
@@ -262,9 +259,6 @@ class ModelRunner:
             return tokens
         logits = self.model.compute_logits(hidden)
         requests = [(batch[i].seq.request_id, batch[i].seq.params) for i in sampling]
-        if self.keep_logits:
-            for row, (request_id, _) in enumerate(requests):
-                self.logits.setdefault(request_id, []).append(logits[row].float().cpu())
         sampled = self.sampler.sample(logits, requests)
         for index, token in zip(sampling, sampled, strict=True):
             tokens[index] = token

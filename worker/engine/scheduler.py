@@ -84,7 +84,7 @@ class Scheduler:
             scheduled.append(ScheduledSeq(seq, n, self._lora_slot(seq)))
             budget -= n
         if not preempted:
-            budget = self._admit(scheduled, budget)
+            self._admit(scheduled, budget)
         return scheduled
 
     def _make_room(self, seq: Sequence, n: int) -> bool:
@@ -96,7 +96,7 @@ class Scheduler:
                 return False
         return True
 
-    def _admit(self, scheduled: list[ScheduledSeq], budget: int) -> int:
+    def _admit(self, scheduled: list[ScheduledSeq], budget: int) -> None:
         bm = self.block_manager
         # Passed over (no LoRA slot, or a running sequence computes their prefix): they keep
         # their places in the queue.
@@ -128,7 +128,6 @@ class Scheduler:
             scheduled.append(ScheduledSeq(seq, n, self._lora_slot(seq)))
             budget -= n
         self.waiting.extendleft(reversed(passed))
-        return budget
 
     def _computing(self, seq: Sequence, num_hits: int) -> bool:
         """Is a running sequence computing block `num_hits` of seq's prefix (not cached yet)?

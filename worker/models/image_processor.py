@@ -6,7 +6,6 @@ Deterministic and cheap; Pillow and numpy only (no torchvision).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,9 +54,3 @@ class ImageProcessor:
         std = np.asarray(self.image_std, dtype=np.float32)
         pixels = (pixels - mean) / std
         return torch.from_numpy(np.ascontiguousarray(pixels.transpose(2, 0, 1)))
-
-    def preprocess_batch(self, images: Sequence[bytes]) -> torch.Tensor:
-        """Several images -> [N, 3, S, S]."""
-        if not images:
-            return torch.empty((0, 3, self.image_size, self.image_size))
-        return torch.stack([self.preprocess(data) for data in images])

@@ -61,7 +61,8 @@ def get_activation(name: str) -> Callable[[Tensor], Tensor]:
 
 
 class GatedActivation(nn.Module):
-    """act(gate) * up over the two halves of a merged gate_up projection (SiluAndMul for silu)."""
+    """act(gate) * up over the two halves of a merged gate_up projection (vLLM's SiluAndMul
+    for silu)."""
 
     def __init__(self, act_name: str = "silu") -> None:
         super().__init__()
@@ -70,11 +71,6 @@ class GatedActivation(nn.Module):
     def forward(self, gate_up: Tensor) -> Tensor:
         gate, up = gate_up.chunk(2, dim=-1)
         return self.act(gate) * up
-
-
-class SiluAndMul(GatedActivation):
-    def __init__(self) -> None:
-        super().__init__("silu")
 
 
 class MergedLinear(nn.Linear):

@@ -1,11 +1,12 @@
 """AsyncEngine: one thread owns the synchronous LLMEngine; asyncio code talks to it by queue.
 
-The engine thread takes commands (add, abort, snapshot, reset), steps while there is work,
-hands each RequestOutput to its request's asyncio queue with one `call_soon_threadsafe` per
-step, and publishes the events it drains from the engine: the evictions once the step is
-scheduled, the stores once it has run. Because batches get their seq in this thread, a snapshot
-taken here between steps knows exactly which seq it reflects. If anything escapes a step, the
-engine is dead: pending requests fail, `/health` turns 503 and new requests are refused at once."""
+The engine thread takes commands (add, abort, snapshot, reset), runs `LLMEngine.step` while
+there is work, hands each RequestOutput to its request's asyncio queue with one
+`call_soon_threadsafe` per step, and publishes the events it drains from the engine: the
+evictions from the step's `before_forward` hook, the stores once its outputs are handed over.
+Because batches get their seq in this thread, a snapshot taken here between steps knows exactly
+which seq it reflects. If anything escapes a step, the engine is dead: pending requests fail,
+`/health` turns 503 and new requests are refused at once."""
 
 from __future__ import annotations
 
@@ -39,7 +40,6 @@ Command = Callable[[LLMEngine], Any]
 class Health:
     ok: bool
     reason: str | None
-    last_iteration_age_s: float
 
 
 @dataclass(slots=True)
@@ -86,12 +86,12 @@ class AsyncEngine:
     def health(self) -> Health:
         age = time.monotonic() - self._beat
         if self._dead_reason is not None:
-            return Health(False, self._dead_reason, age)
+            return Health(False, self._dead_reason)
         if not self._thread.is_alive():
-            return Health(False, "engine thread is not running", age)
+            return Health(False, "engine thread is not running")
         if age > self.stall_timeout_s:
-            return Health(False, f"engine loop stalled for {age:.1f}s", age)
-        return Health(True, None, age)
+            return Health(False, f"engine loop stalled for {age:.1f}s")
+        return Health(True, None)
 
     def stats(self) -> EngineStats:
         """The stats the engine thread last recorded (refreshed every ~100 ms and when idle)."""
@@ -204,19 +204,18 @@ class AsyncEngine:
 
     def _loop_forever(self) -> None:
         engine = self.engine
+        publish_events = self._publish_events
         while not self._stop.is_set():
             self._beat = time.monotonic()
             busy = engine.has_unfinished_requests()
             changed = self._run_commands(block=not busy)
             if engine.has_unfinished_requests():
-                batch = engine.schedule()
-                # Its evictions, announced before the forward pass: a gateway routing meanwhile
-                # must not predict a hit on blocks this step already took (stores come after).
-                self._publish_events()
-                outputs = engine.execute(batch)
+                # The step's evictions go out before its forward pass, its stores after its
+                # outputs.
+                outputs = engine.step(publish_events)
                 self._deliver(outputs)
                 changed = changed or any(o.finished for o in outputs)
-            self._publish_events()
+            publish_events()
             # Stats follow every admission and exit at once; token counters may lag ~100 ms.
             now = time.monotonic()
             if changed or not busy or now - self._stats_at > _STATS_EVERY_S:

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from cachekey import Prompt
-from tests.support.engine import make_engine, run_all, tokens
+from tests.support.engine import make_engine, run_all, sampled_logits, tokens
 from worker.engine.decode_runner import batch_buckets
 from worker.engine.llm_engine import LLMEngine
 from worker.engine.sampling_params import SamplingParams
@@ -61,7 +61,7 @@ def test_padded_decode_equals_unpadded(demo_model_dir: Path) -> None:
     assert any(rows > live for live, rows in padded_steps)
     assert all(rows == live for live, rows in plain_steps) and plain_steps
     for rid in expected:
-        for a, b in zip(plain.runner.logits[rid], padded.runner.logits[rid], strict=True):
+        for a, b in zip(sampled_logits(plain, rid), sampled_logits(padded, rid), strict=True):
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     # Padding rows wrote only to the spare block past the scheduler's blocks.
     spare = padded.runner.num_blocks
@@ -81,5 +81,5 @@ def test_decode_steps_match_the_eager_path(demo_model_dir: Path) -> None:
     assert _generate(fast, prompts) == expected
     assert steps  # the fast engine did decode through the runner
     for rid in expected:
-        for a, b in zip(eager.runner.logits[rid], fast.runner.logits[rid], strict=True):
+        for a, b in zip(sampled_logits(eager, rid), sampled_logits(fast, rid), strict=True):
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from cachekey import Prompt
-from tests.support.engine import make_engine, run_all, tokens
+from tests.support.engine import make_engine, run_all, sampled_logits, tokens
 from tests.support.lora_fixtures import (
     ALL_PROJECTIONS,
     hf_greedy,
@@ -125,7 +125,7 @@ def test_first_logits_match_peft_closely(models) -> None:
         model = hf_model(models["base"], None if name == "base" else models[name])
         with torch.no_grad():
             want = model(torch.tensor([PROMPTS[1]])).logits[0, -1]
-        got = engine.runner.logits[name][0]
+        got = sampled_logits(engine, name)[0]
         assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (name, (got - want).abs().max())
 
 
@@ -240,7 +240,7 @@ def test_demo_adapters_match_peft_on_the_demo_llava(demo_model_dir, tmp_path) ->
             model = peft.PeftModel.from_pretrained(model, tmp_path / name)
         with torch.no_grad():
             logits[name] = model.eval()(input_ids=torch.tensor([prompt])).logits[0, -1]
-        got = engine.runner.logits[f"r-{name}"][0]
+        got = sampled_logits(engine, f"r-{name}")[0]
         assert torch.allclose(got, logits[name], atol=1e-4), name
     for name in DEMO_ADAPTERS:
         assert (logits[name] - logits[None]).abs().max() > 0.1  # each adapter changes the model

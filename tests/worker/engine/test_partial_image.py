@@ -22,11 +22,12 @@ from tests.support.engine import (
     make_engine,
     png_bytes,
     run_all,
+    sampled_logits,
     tokens,
 )
 from worker.engine.llm_engine import LLMEngine, RequestOutput
 from worker.engine.sampling_params import SamplingParams
-from worker.engine.sequence import Sequence, SequenceStatus
+from worker.engine.sequence import SequenceStatus
 
 BS = 16
 IMAGE_BYTES = 64 * 128 * 4  # one demo image's embeddings: 64 rows of 128 float32
@@ -50,7 +51,10 @@ def assert_same_as_cold(
     ref = run_all(cold)[f"cold-{hot_id}"]
     assert tokens(out) == tokens(ref)
     torch.testing.assert_close(
-        hot.runner.logits[hot_id][0], cold.runner.logits[f"cold-{hot_id}"][0], atol=1e-4, rtol=1e-4
+        sampled_logits(hot, hot_id)[0],
+        sampled_logits(cold, f"cold-{hot_id}")[0],
+        atol=1e-4,
+        rtol=1e-4,
     )
 
 
@@ -125,10 +129,12 @@ def test_the_encoder_cache_loses_the_image(
         out = generate(engine, "partial", prompt)
     else:
         engine.add_request("partial", prompt, GREEDY)
-        batch = engine.schedule()  # admission: the hit is decided here
-        assert [s.seq.num_computed_tokens for s in batch] == [hit]
-        cache.clear()
-        out = engine.execute(batch) + run_all(engine).get("partial", [])
+
+        def lose_the_image() -> None:  # admitted, the hit decided; the forward pass is next
+            assert [s.num_computed_tokens for s in engine.scheduler.running] == [hit]
+            cache.clear()
+
+        out = engine.step(lose_the_image) + run_all(engine).get("partial", [])
     assert out[-1].num_cached_tokens == hit
     assert engine.stats().vision_tower_runs == runs + 1
     assert_same_as_cold(engine, "partial", cold, prompt, out)
@@ -148,26 +154,28 @@ def test_preemption_recomputes_from_inside_an_image(demo_model_dir: Path, cold: 
     engine.add_request("text", text, long)
     engine.step()
     engine.add_request("image", image, GREEDY)
-    seq: Sequence | None = None
+    seq = engine.scheduler.waiting[-1]
+    assert seq.request_id == "image"
     status, readmitted_at = SequenceStatus.WAITING, []
+
+    def note_admission() -> None:  # each step, once scheduled: where a (re)admission starts
+        nonlocal status
+        if status is SequenceStatus.WAITING and seq.status is SequenceStatus.RUNNING:
+            readmitted_at.append(seq.num_computed_tokens)
+        status = seq.status
+
     outputs: dict[str, list[RequestOutput]] = {}
     for _ in range(2000):
         if not engine.has_unfinished_requests():
             break
-        batch = engine.schedule()
-        seq = seq or next((s.seq for s in batch if s.seq.request_id == "image"), None)
-        if seq is not None:
-            if status is SequenceStatus.WAITING and seq.status is SequenceStatus.RUNNING:
-                readmitted_at.append(seq.num_computed_tokens)
-            status = seq.status
-        for out in engine.execute(batch):
+        for out in engine.step(note_admission):
             outputs.setdefault(out.request_id, []).append(out)
     assert not engine.has_unfinished_requests()
     assert engine.scheduler.counters.num_preemptions > 0
     assert any(item.offset < n < item.end for n in readmitted_at[1:]), readmitted_at
     assert_same_as_cold(engine, "image", cold, image, outputs["image"])
     assert tokens(outputs["text"]) == tokens(generate(cold, "cold-text", text, long))
-    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    assert engine.block_manager.pool.num_free == engine.block_manager.num_blocks
 
 
 def test_cache_salt_scopes_partial_reuse(demo_model_dir: Path, cold: LLMEngine) -> None:

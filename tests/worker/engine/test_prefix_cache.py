@@ -10,7 +10,15 @@ import pytest
 import torch
 
 from cachekey import Prompt
-from tests.support.engine import generate, image_chat, make_engine, png_bytes, run_all, tokens
+from tests.support.engine import (
+    generate,
+    image_chat,
+    make_engine,
+    png_bytes,
+    run_all,
+    sampled_logits,
+    tokens,
+)
 from worker.engine.llm_engine import LLMEngine
 from worker.engine.sampling_params import SamplingParams
 
@@ -34,7 +42,7 @@ def reference(demo_model_dir: Path) -> LLMEngine:
 
 
 def prompt_logits(engine: LLMEngine, request_id: str) -> torch.Tensor:
-    return engine.runner.logits[request_id][0]
+    return sampled_logits(engine, request_id)[0]
 
 
 def assert_same(
@@ -150,7 +158,7 @@ def test_chunked_prefill_aborted_inside_image(
     while engine.block_manager.pool.cached.__len__() * BS <= item.offset + BS:
         assert engine.step() == []  # still prefilling
     engine.abort_request("partial")
-    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    assert engine.block_manager.pool.num_free == engine.block_manager.num_blocks
     cached = len(engine.block_manager.pool.cached) * BS
     assert item.offset < cached < item.end
     out = generate(engine, "full", prompt)

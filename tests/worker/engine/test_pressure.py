@@ -101,7 +101,7 @@ def test_more_requests_than_cache_all_complete(demo_model_dir: Path) -> None:
         engine.add_request(f"c{i}", p, params)
     together = run_all(engine)
     assert engine.scheduler.counters.num_preemptions > 0
-    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    assert engine.block_manager.pool.num_free == engine.block_manager.num_blocks
     alone = make_engine(demo_model_dir, num_blocks=64, enable_prefix_caching=False)
     for i, p in enumerate(prompts):
         assert tokens(together[f"c{i}"]) == tokens(generate(alone, f"a{i}", p, params))

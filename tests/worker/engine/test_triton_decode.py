@@ -15,7 +15,7 @@ pytest.importorskip("triton", reason="triton wheels exist for Linux x86_64 only"
 
 import worker.engine.triton_decode as triton_decode
 from tests.support.paths import REPO
-from worker.engine.decode_attention import paged_decode_reference
+from worker.engine.decode_attention import ReferenceDecode
 
 TRITON_CASES = {
     # heads, kv heads, head dim, block size, splits
@@ -28,6 +28,7 @@ TRITON_CASES = {
 def triton_errors(device: str) -> dict[str, float]:
     """Max |triton - reference| per case and dtype, over scattered tables and ragged lengths."""
     errors = {}
+    reference = ReferenceDecode()
     for case, (heads, kv_heads, dim, block_size, splits) in sorted(TRITON_CASES.items()):
         for dtype in (torch.float32, torch.bfloat16):
             gen = torch.Generator().manual_seed(7)
@@ -40,7 +41,7 @@ def triton_errors(device: str) -> dict[str, float]:
             tables = torch.stack(perms).to(device)
             q = torch.randn(len(lens), heads, dim, generator=gen).to(device, dtype)
             got = triton_decode.paged_decode_triton(q, k_cache, v_cache, tables, lens, 0.3, splits)
-            ref = paged_decode_reference(q, k_cache, v_cache, tables, lens, 0.3)
+            ref = reference.run(q, k_cache, v_cache, reference.plan(tables, lens, block_size), 0.3)
             assert got.dtype == dtype and got.shape == ref.shape
             errors[f"{case}/{str(dtype)[6:]}"] = (got.float() - ref.float()).abs().max().item()
     return errors

@@ -47,14 +47,14 @@ def test_image_processor_matches_clip_image_processor(width: int, height: int, m
     torch.testing.assert_close(ours, expected, atol=1e-5, rtol=0)
 
 
-def test_image_processor_is_deterministic_and_batches() -> None:
+def test_image_processor_is_deterministic_and_resizes() -> None:
     proc = ImageProcessor(image_size=32, image_mean=(0.5, 0.5, 0.5), image_std=(0.5, 0.5, 0.5))
     a, b = _png(40, 40, seed=1), _png(20, 50, seed=2)
-    batch = proc.preprocess_batch([a, b])
-    assert batch.shape == (2, 3, 32, 32)
-    assert torch.equal(batch[0], proc.preprocess(a))
-    assert not torch.equal(batch[0], batch[1])
-    assert batch.min() >= -1.0 and batch.max() <= 1.0
+    pa, pb = proc.preprocess(a), proc.preprocess(b)
+    assert pa.shape == pb.shape == (3, 32, 32)
+    assert torch.equal(pa, proc.preprocess(a))
+    assert not torch.equal(pa, pb)
+    assert min(pa.min(), pb.min()) >= -1.0 and max(pa.max(), pb.max()) <= 1.0
 
 
 def test_image_processor_rejects_garbage() -> None:
