@@ -14,6 +14,7 @@ from cachekey.errors import (
     TemplateError,
     UnsupportedContentError,
 )
+from cachekey.headers import PREFIX_HEADER
 from cachekey.images import (
     IGNORE_UUIDS,
     ClientUuids,
@@ -24,7 +25,6 @@ from cachekey.images import (
 )
 from cachekey.keys import (
     DEFAULT_HASH_SEED,
-    PREFIX_HEADER,
     HashNamespace,
     MMMatchRule,
     block_extra_keys,

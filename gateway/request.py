@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 import xxhash
 
-from cachekey.keys import PREFIX_HEADER, HashNamespace, usable_match
+from cachekey.headers import POLICY_HEADER, PREFIX_HEADER
+from cachekey.keys import HashNamespace, usable_match
 from cachekey.openai_errors import INVALID_VALUE
 from cachekey.types import BlockKey, Prompt
 from gateway import accounting
@@ -30,8 +31,6 @@ from gateway.replica import Replica
 from gateway.request_render import OpenAIRequest, is_small_text, render_request
 from gateway.speculative import Guess
 from gateway.state import GatewayState
-
-POLICY_HEADER = "x-kvgate-routing-policy"
 
 
 def policy_label(state: GatewayState, headers: Mapping[str, str]) -> str:

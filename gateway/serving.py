@@ -17,6 +17,7 @@ import msgspec
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
+from cachekey.headers import PREDICTED_HEADER, REPLICA_HEADER
 from gateway import accounting
 from gateway.accounting import CLIENT_GONE
 from gateway.disconnect import unless_gone
@@ -31,9 +32,7 @@ from gateway.retry import send_with_retries
 from gateway.state import GatewayState
 from gateway.upstream import UpstreamResponse
 
-REPLICA_HEADER = "x-kvgate-replica"
 _GONE = Response(status_code=499)  # the answer to a client that left: nobody reads it
-PREDICTED_HEADER = "x-kvgate-predicted-cached-tokens"
 
 
 class RequestSource(Protocol):

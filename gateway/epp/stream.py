@@ -34,7 +34,7 @@ from collections.abc import AsyncIterator, Mapping
 
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 
-from cachekey.keys import PREFIX_HEADER
+from cachekey.headers import PREFIX_HEADER, RANK_HEADER
 from cachekey.worker_auth import bearer
 from gateway.errors import GatewayError, as_gateway_error
 from gateway.index import ReplicaId
@@ -174,7 +174,7 @@ class ExtProcStream:
         endpoints = list(dict.fromkeys(wire.endpoint_of(r.url) for r in same))[:n]
         extra = {"content-length": str(len(payload)), **_to_worker(self.state)}
         if rank is not None:
-            extra["x-data-parallel-rank"] = str(rank)
+            extra[RANK_HEADER] = str(rank)
         # The pick's predicted hit; a fallback endpoint refreshes that chain only if it holds it.
         if (hint := px.prefix_hint()) is not None:
             extra[PREFIX_HEADER] = hint

@@ -21,7 +21,8 @@ from cachekey.documents import (
     encode_document,
 )
 from cachekey.events import topic
-from cachekey.keys import PREFIX_HEADER, parse_prefix_header
+from cachekey.headers import PREFIX_HEADER
+from cachekey.keys import parse_prefix_header
 from harness.fleet.engine import Job, SimEngine, Timing
 from harness.fleet.events import FleetZmq, ReplicaEvents
 from harness.fleet.http_server import Exchange

@@ -14,6 +14,7 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from cachekey.errors import context_exceeded
+from cachekey.headers import RANK_HEADER
 from cachekey.render import Renderer
 from cachekey.types import Prompt
 from worker.engine.sampling_params import SamplingParams
@@ -272,7 +273,7 @@ def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> di
 def rank_index(raw: Request, count: int) -> int | None:
     """The engine a request names with X-data-parallel-rank: its index among this server's
     `count` engines, as vLLM reads the header (None: it names none)."""
-    value = raw.headers.get("x-data-parallel-rank")
+    value = raw.headers.get(RANK_HEADER)
     if value is None:
         return None
     try:
