@@ -35,8 +35,9 @@ from collections.abc import AsyncIterator, Mapping
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 
 from cachekey.headers import PREFIX_HEADER, RANK_HEADER
+from cachekey.openai.errors import APIError
 from cachekey.worker_auth import bearer
-from gateway.errors import GatewayError, as_gateway_error
+from gateway.errors import as_gateway_error
 from gateway.index import ReplicaId
 from gateway.policies import RouteContext
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
@@ -204,7 +205,7 @@ class ExtProcStream:
             reps = [r for r in reps if r.id in subset]
         if not reps:
             msg = "no healthy worker: " + self.state.replicas.describe()
-            raise GatewayError(503, msg, code="no_healthy_worker")
+            raise APIError(503, msg, code="no_healthy_worker")
         ctx = RouteContext(reps, [], 0, 1, headers=headers)
         return (await self.state.policies["least_loaded"].rank(ctx))[0]
 
@@ -213,7 +214,7 @@ class ExtProcStream:
         self.status = str(err.status)
         if self.px is None:  # refused before it was routed; a routed one ends in run()
             end(self.state, headers, None, self.status)
-        if err.status >= 500 and not isinstance(exc, GatewayError):
+        if err.status >= 500 and not isinstance(exc, APIError):
             # Not the request's fault: the proxy's failure mode decides, as when the EPP is down.
             await self.context.abort(Status.INTERNAL, err.message)
         return wire.immediate_response(err)

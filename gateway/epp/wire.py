@@ -34,8 +34,7 @@ from envoy.type.v3.http_status_pb2 import HttpStatus
 from google.protobuf.struct_pb2 import Struct, Value
 
 from cachekey.headers import DESTINATION_KEY, SERVED_KEY, SUBSET_KEY
-from cachekey.openai_errors import error_body
-from gateway.errors import GatewayError
+from cachekey.openai.errors import APIError, error_body
 
 DESTINATION_NAMESPACE = "envoy.lb"
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
@@ -234,7 +233,7 @@ def trailers_response(*, response: bool) -> ProcessingResponse:
     return ProcessingResponse(request_trailers=TrailersResponse())
 
 
-def immediate_response(err: GatewayError) -> ProcessingResponse:
+def immediate_response(err: APIError) -> ProcessingResponse:
     """The proxy answers the client itself: the status and the OpenAI error body."""
     body = error_body(err.status, err.message, param=err.param, code=err.code)
     headers = {"content-type": "application/json", **(err.headers or {})}

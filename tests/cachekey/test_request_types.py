@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from cachekey.validation_errors import invalid_request
+from cachekey.openai.validation import invalid_request
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
 from worker.server.protocol import ChatCompletionRequest as WorkerChat
 from worker.server.protocol import CompletionRequest as WorkerCompletion

@@ -17,7 +17,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from cachekey.headers import PREFIX_HEADER
 from cachekey.keys import parse_prefix_header
-from worker.server.errors import APIError
+from cachekey.openai.errors import APIError
 from worker.server.serving import rank_index
 
 _HINT = PREFIX_HEADER.encode()
