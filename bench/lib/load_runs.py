@@ -42,9 +42,9 @@ def trace(hot: bool, seed: int = SEED, tenants: int = 24, users: int | None = No
 def working_set_blocks(workload: Workload, block_size: int = 16) -> int:
     """Distinct full blocks of the trace as the demo model renders it (replies as 8 words)."""
     from cachekey.assets import ModelAssets
-    from cachekey.demo import ensure_demo_model
     from cachekey.keys import HashNamespace, block_keys
     from cachekey.render import Renderer
+    from worker.demo.model import ensure_demo_model
 
     renderer = Renderer(ModelAssets.from_dir(ensure_demo_model()))
     ns = HashNamespace("demo", block_size)

@@ -18,9 +18,6 @@ from pathlib import Path
 
 import httpx
 
-from cachekey.demo import ensure_demo_model
-from cachekey.demo_hybrid import ensure_hybrid_model
-from cachekey.demo_lora import ensure_demo_adapters
 from harness.cluster import HOST, Proc, free_port, free_port_run
 from harness.vllm_server import (
     VllmProc,
@@ -30,6 +27,9 @@ from harness.vllm_server import (
     vllm_proc,
     wait_settled,
 )
+from worker.demo.hybrid import ensure_hybrid_model
+from worker.demo.lora import ensure_demo_adapters
+from worker.demo.model import ensure_demo_model
 
 POLICY_HEADER = "x-kvgate-routing-policy"
 
