@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+SSE_MEDIA_TYPE = "text/event-stream"
 DATA = b"data: "
 DONE_EVENT = b"data: [DONE]"  # as split on the blank line between events
 DONE = DONE_EVENT + b"\n\n"

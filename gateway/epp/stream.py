@@ -36,6 +36,7 @@ from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import Proces
 
 from cachekey.headers import PREFIX_HEADER, RANK_HEADER
 from cachekey.openai.errors import APIError
+from cachekey.openai.sse import SSE_MEDIA_TYPE
 from cachekey.worker_auth import bearer
 from gateway.errors import as_gateway_error
 from gateway.index import ReplicaId
@@ -265,7 +266,7 @@ class ExtProcStream:
     def _on_response_headers(self, msg) -> dict[str, str]:
         headers = wire.header_dict(msg.response_headers.headers)
         self.status = headers.get(":status", self.status)
-        if "text/event-stream" in headers.get("content-type", ""):
+        if SSE_MEDIA_TYPE in headers.get("content-type", ""):
             self._relay = SSERelay(strip_usage=False)
         px = self.px
         if px is None:

@@ -16,7 +16,7 @@ from fastapi.responses import Response, StreamingResponse
 from cachekey.errors import context_exceeded
 from cachekey.headers import RANK_HEADER
 from cachekey.openai.errors import APIError
-from cachekey.openai.sse import DONE, sse_event
+from cachekey.openai.sse import DONE, SSE_MEDIA_TYPE, sse_event
 from cachekey.render import Renderer
 from cachekey.types import Prompt
 from worker.engine.sampling_params import SamplingParams
@@ -147,7 +147,7 @@ class OpenAIServing:
             turn.leave()
         if body.stream:
             return StreamingResponse(
-                self._sse(stream, body, request_id, arrived), media_type="text/event-stream"
+                self._sse(stream, body, request_id, arrived), media_type=SSE_MEDIA_TYPE
             )
         return await self._complete(raw, stream, body, request_id, arrived)
 
