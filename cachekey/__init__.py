@@ -1,7 +1,9 @@
 """cachekey: the contract shared by the gateway and the workers.
 
-request -> Prompt (render) -> block keys (keys) -> KV events (events). No torch, no web framework:
-the gateway and the worker import exactly this code, so their keys cannot drift apart.
+request -> Prompt (render) -> block keys (keys) -> KV events (events), the documents a worker
+serves the gateway (documents), the OpenAI API both validate and answer with (openai/) and every
+`x-*` header between them (headers). No torch, no web framework: the gateway and the worker import
+exactly this code, so their keys, errors and wire names cannot drift apart.
 """
 
 from cachekey.assets import AssetError, ImageConfig, ModelAssets

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 
+from cachekey.headers import POLICY_HEADER
 from harness.cluster import HOST, Proc, free_port, free_port_run
 from harness.vllm_server import (
     VllmProc,
@@ -30,8 +31,6 @@ from harness.vllm_server import (
 from worker.demo.hybrid import ensure_hybrid_model
 from worker.demo.lora import ensure_demo_adapters
 from worker.demo.model import ensure_demo_model
-
-POLICY_HEADER = "x-kvgate-routing-policy"
 
 
 @dataclass(slots=True)
