@@ -99,7 +99,7 @@ class SamplingFields(_Request):
 
 
 class ChatCompletionRequest(ChatFields, SamplingFields):
-    pass
+    """/v1/chat/completions: the shared chat fields on the engine's sampling fields."""
 
 
 class CompletionRequest(CompletionFields, SamplingFields):
