@@ -24,8 +24,7 @@ from pathlib import Path
 import httpx
 from tqdm import tqdm
 
-from cachekey.demo import default_cache_dir, ensure_demo_model
-from cachekey.demo_lora import DEMO_ADAPTERS, ensure_demo_adapters, lora_modules_arg
+from cachekey.headers import POLICY_HEADER
 from harness.cluster import Cluster, ClusterSpec
 from harness.driver import Result, hit_rate, run_workload, summarize
 from harness.epp import EnvoyFront
@@ -33,8 +32,9 @@ from harness.lifetime import bind_to_parent
 from harness.run_logs import claim_log_dir, running_runs
 from harness.vllm_server import vllm_cluster
 from harness.workload import Workload, WorkloadSpec
+from worker.demo.lora import DEMO_ADAPTERS, ensure_demo_adapters, lora_modules_arg
+from worker.demo.model import default_cache_dir, ensure_demo_model
 
-POLICY_HEADER = "x-kvgate-routing-policy"
 README_PORT = 8080  # the port README.md's commands use
 
 LEGEND = """\

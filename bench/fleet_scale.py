@@ -39,13 +39,13 @@ from bench.lib import fleet_probe as probe
 from bench.lib.fleet_rows import COLUMNS, IDLE_COLUMNS, IdleRow, PointRow, make_row
 from bench.lib.fleet_trace import FleetTrace, TraceShape, build_trace
 from bench.lib.report import args_dict, print_table, write_json
+from cachekey.headers import POLICY_HEADER
 from harness.cluster import ClusterSpec
 from harness.fleet.engine import Timing
 from harness.fleet.model import FleetModel
 from harness.fleet.process import FleetCluster, FleetProc, FleetSpec
 from harness.open_loop import Outcome, Target, describe_progress, run_open_loop, usage_of
 
-POLICY_HEADER = "x-kvgate-routing-policy"
 IDLE_SETTLE_S = 5.0
 
 

@@ -137,8 +137,8 @@ def _rank_sync(policy: CacheAwarePolicy, ctx: RouteContext) -> list[Replica]:
 
 def render_times(system_words: int) -> dict:
     from cachekey.assets import ModelAssets
-    from cachekey.demo import ensure_demo_model
     from cachekey.render import Renderer
+    from worker.demo.model import ensure_demo_model
 
     renderer = Renderer(ModelAssets.from_dir(ensure_demo_model()))
     rng = random.Random(1)

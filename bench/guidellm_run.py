@@ -28,9 +28,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench.lib.report import args_dict, col, columns, percentile, print_table, write_json
-from cachekey.demo import ensure_demo_model
 from harness import worker_metrics as wm
 from harness.cluster import Cluster, ClusterSpec
+from worker.demo.model import ensure_demo_model
 
 VENV = Path.home() / ".cache" / "kvgate" / "guidellm-venv"
 

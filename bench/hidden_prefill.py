@@ -36,8 +36,8 @@ import torch
 
 from bench.lib.report import args_dict, col, columns, print_table, write_json
 from cachekey import Prompt
-from cachekey.demo import ensure_demo_model
 from harness.prefill_prompts import image_prompts, text_prompts
+from worker.demo.model import ensure_demo_model
 from worker.engine.config import EngineConfig
 from worker.engine.llm_engine import LLMEngine
 from worker.engine.sampling_params import SamplingParams

@@ -24,7 +24,7 @@ import numpy as np
 from PIL import Image
 
 from cachekey import HashNamespace, ModelAssets, Renderer, block_keys
-from cachekey.demo import write_demo_model
+from worker.demo.model import write_demo_model
 
 SIZES = (128, 1024, 8192, 32768)
 WORDS = "the cache block token router gateway replica prefix image model request worker".split()

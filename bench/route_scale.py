@@ -110,7 +110,7 @@ def run_tree(src: Path | None, sizes: list[int], requests: int) -> list[dict]:
 
 def main() -> None:
     if len(sys.argv) == 4 and sys.argv[1] == RUN_FLAG:
-        from cachekey.demo import ensure_demo_model
+        from worker.demo.model import ensure_demo_model
 
         sizes, requests = [int(x) for x in sys.argv[2].split(",")], int(sys.argv[3])
         model = str(ensure_demo_model())

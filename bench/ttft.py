@@ -33,13 +33,13 @@ import httpx
 
 from bench.lib.report import args_dict, col, columns, percentile, print_table, write_json
 from bench.lib.runs import Measured, add_workload_args, drive_policy, workload_spec
-from cachekey.demo import ensure_demo_model
-from cachekey.flags import parse_size
 from harness import worker_metrics as wm
 from harness.cluster import Cluster, ClusterSpec
 from harness.driver import hit_rate
 from harness.vllm_server import vllm_cluster
 from harness.workload import Workload
+from kvgate_cli.flags import parse_size
+from worker.demo.model import ensure_demo_model
 
 
 @dataclass(slots=True)

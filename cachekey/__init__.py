@@ -1,7 +1,9 @@
 """cachekey: the contract shared by the gateway and the workers.
 
-request -> Prompt (render) -> block keys (keys) -> KV events (events). No torch, no web framework:
-the gateway and the worker import exactly this code, so their keys cannot drift apart.
+request -> Prompt (render) -> block keys (keys) -> KV events (events), the documents a worker
+serves the gateway (documents), the OpenAI API both validate and answer with (openai/) and every
+`x-*` header between them (headers). No torch, no web framework: the gateway and the worker import
+exactly this code, so their keys, errors and wire names cannot drift apart.
 """
 
 from cachekey.assets import AssetError, ImageConfig, ModelAssets
@@ -14,6 +16,7 @@ from cachekey.errors import (
     TemplateError,
     UnsupportedContentError,
 )
+from cachekey.headers import PREFIX_HEADER
 from cachekey.images import (
     IGNORE_UUIDS,
     ClientUuids,
@@ -24,7 +27,6 @@ from cachekey.images import (
 )
 from cachekey.keys import (
     DEFAULT_HASH_SEED,
-    PREFIX_HEADER,
     HashNamespace,
     MMMatchRule,
     block_extra_keys,

@@ -6,7 +6,7 @@ the user what to change, not where the code failed.
 
 from __future__ import annotations
 
-from cachekey.openai_errors import CONTEXT_LENGTH_EXCEEDED, error_body
+from cachekey.openai.errors import CONTEXT_LENGTH_EXCEEDED, error_body
 
 
 class RenderError(ValueError):

@@ -251,10 +251,6 @@ def usable_match(
     )
 
 
-# The gateway's hint to the worker it sends a request to: the key, in hex, of the last block it
-# predicts the request to hit. The worker keeps that chain cached from the moment the request
-# arrives (worker/engine/block_manager.py, refresh_chain), not only once it is rendered.
-PREFIX_HEADER = "x-kvgate-prefix"
 _KEY_HEX_CHARS = 32  # xxh3_128
 
 

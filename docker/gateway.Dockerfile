@@ -16,6 +16,7 @@ COPY requirements/gateway.lock /tmp/req/
 RUN /opt/kvgate/bin/pip install --require-hashes --no-deps -r /tmp/req/gateway.lock
 COPY pyproject.toml README.md /src/
 COPY cachekey /src/cachekey
+COPY kvgate_cli /src/kvgate_cli
 COPY gateway /src/gateway
 # A wheel of the gateway's packages, installed (pip compiles it); the sources stay in this stage.
 RUN /opt/kvgate/bin/pip wheel --no-deps --wheel-dir /tmp/dist /src \

@@ -36,6 +36,7 @@ RUN set -eu; \
     fi
 COPY pyproject.toml README.md /src/
 COPY cachekey /src/cachekey
+COPY kvgate_cli /src/kvgate_cli
 COPY worker /src/worker
 RUN /opt/kvgate/bin/pip wheel --no-deps --wheel-dir /tmp/dist /src \
     && /opt/kvgate/bin/pip install --no-deps --no-index /tmp/dist/kvgate-*.whl \

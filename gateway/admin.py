@@ -12,7 +12,8 @@ from __future__ import annotations
 from starlette.responses import Response
 from starlette.types import Scope
 
-from gateway.errors import GatewayError, error_response
+from cachekey.openai.errors import APIError
+from gateway.errors import error_response
 
 ADMIN_PATHS = frozenset({"/metrics", "/kvgate/index"})
 _ADMIN_PORT_PATHS = ADMIN_PATHS | {"/health"}
@@ -28,4 +29,4 @@ def misrouted(scope: Scope, admin_port: int) -> bool:
 
 def not_found(scope: Scope) -> Response:
     where = "the admin port" if scope["path"] in ADMIN_PATHS else "the public port"
-    return error_response(GatewayError(404, f"Not Found: {scope['path']} is served on {where}"))
+    return error_response(APIError(404, f"Not Found: {scope['path']} is served on {where}"))

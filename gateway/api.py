@@ -8,7 +8,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
-from gateway.errors import GatewayError, error_response, http_error_response
+from cachekey.openai.errors import APIError
+from gateway.errors import error_response, http_error_response
 from gateway.serving import OpenAIServing, authenticate
 from gateway.state import GatewayState
 
@@ -20,7 +21,7 @@ def _state(request: Request) -> GatewayState:
 def _no_worker(st: GatewayState) -> Response:
     """503 naming every worker and why it takes no traffic."""
     msg = "no healthy worker: " + st.replicas.describe()
-    return error_response(GatewayError(503, msg, code="no_healthy_worker"))
+    return error_response(APIError(503, msg, code="no_healthy_worker"))
 
 
 def attach_routes(app: FastAPI) -> None:

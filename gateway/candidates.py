@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from cachekey.validation_errors import MISSING_PARAMETER
+from cachekey.openai.errors import APIError
+from cachekey.openai.validation import MISSING_PARAMETER
 from gateway.adapters import serves_adapter
-from gateway.errors import GatewayError
 from gateway.replica import Replica
 from gateway.state import GatewayState
 
@@ -24,7 +24,7 @@ def candidates_for(state: GatewayState, model: str | None) -> tuple[list[Replica
         known = sorted({r.model for r in everyone if r.model})
         adapters = sorted({a for r in everyone if r.lora is not None for a in r.lora.adapters})
         if model not in known and model not in adapters:
-            raise GatewayError(
+            raise APIError(
                 404,
                 f"The model `{model}` does not exist. Served models: "
                 + ", ".join(f"`{m}`" for m in known + adapters),
@@ -34,7 +34,7 @@ def candidates_for(state: GatewayState, model: str | None) -> tuple[list[Replica
         return serving, None
     served = {r.model for r in candidates}
     if len(served) > 1:
-        raise GatewayError(
+        raise APIError(
             400,
             "`model` is required: this gateway serves "
             + ", ".join(f"`{m}`" for m in sorted(m for m in served if m)),

@@ -8,9 +8,9 @@ import logging
 import resource
 import sys
 
-from cachekey.flags import add_flags, config_from_flags
-from cachekey.listen import listen_socket
 from gateway.config import GatewayConfig
+from kvgate_cli.flags import add_flags, config_from_flags
+from kvgate_cli.listen import listen_socket
 
 # The configs whose fields are this command's flags (also the docs' flag table).
 CONFIGS = (GatewayConfig,)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from cachekey.flags import LOG_LEVELS, flag_group, format_size, option, parse_size
+from cachekey.headers import SESSION_HEADER
 from cachekey.worker_auth import resolve_token
 from gateway.endpoints import check_topic, parse_bind, parse_worker
 from gateway.image_fetch import AllowList
 from gateway.limits import RequestLimits
+from kvgate_cli.flags import LOG_LEVELS, flag_group, format_size, option, parse_size
 
 POLICY_NAMES = ("cache_aware", "round_robin", "least_loaded", "session", "random")
 DISCOVERY_NAMES = ("static", "k8s", "inferencepool")
@@ -188,7 +189,7 @@ class GatewayConfig:
         "0 picks the lowest cost; > 0 samples the first choice from softmax(-cost/T), T in "
         "seconds of estimated cost",
     )
-    session_header: str = option("x-session-id", "header whose value the session policy hashes")
+    session_header: str = option(SESSION_HEADER, "header whose value the session policy hashes")
     # Front door (docs/security.md): input limits, image fetching, tenants, overload.
     limits: RequestLimits = field(
         default_factory=RequestLimits, metadata=flag_group("input limits (docs/security.md)")

@@ -11,22 +11,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import model_validator
 
-from cachekey.embeddings_request import (
-    EmbeddingInput,
-    check_count,
-    check_one_source,
-    not_streamed,
-    split_inputs,
-)
 from cachekey.keys import HashNamespace, block_keys, usable_match
-from cachekey.openai_errors import INVALID_VALUE
+from cachekey.openai.embeddings import EmbeddingFields, check_count
+from cachekey.openai.errors import INVALID_VALUE, APIError
 from cachekey.render import ImageOptions
 from cachekey.types import BlockKey, Prompt
-from gateway.errors import GatewayError
 from gateway.fetch import image_options
 from gateway.images import pin_images
 from gateway.protocol import _Request
@@ -34,27 +26,13 @@ from gateway.replica import Replica
 from gateway.request import ProxyRequest
 
 
-class EmbeddingRequest(_Request):
-    """The rules shared with the worker are in cachekey/embeddings_request.py."""
-
-    input: EmbeddingInput | None = None
-    messages: list[dict[str, Any]] | None = Field(None, min_length=1)
-    add_generation_prompt: bool = False
-    chat_template_kwargs: dict[str, Any] | None = None
-
-    @field_validator("stream")
-    @classmethod
-    def _no_stream(cls, v: bool) -> bool:
-        return not_streamed(v)
+class EmbeddingRequest(EmbeddingFields, _Request):
+    """The rules shared with the worker are in cachekey/openai/embeddings.py."""
 
     @model_validator(mode="after")
-    def _one_source(self) -> EmbeddingRequest:
-        check_one_source(self.input, self.messages)
+    def _at_most_max_inputs(self) -> EmbeddingRequest:
         check_count(self.inputs())  # before rendering any of them
         return self
-
-    def inputs(self) -> list[str | list[int]]:
-        return [] if self.input is None else split_inputs(self.input)
 
 
 Rendered = list[tuple[Prompt, list[BlockKey]]]
@@ -82,7 +60,7 @@ def render_embedding(
         prompts = [renderer.render_completion(p, "input") for p in req.inputs()]
     if not prompts:
         msg = "Invalid value for 'input': input must not be an empty list."  # as the worker says
-        raise GatewayError(400, msg, param="input", code=INVALID_VALUE)
+        raise APIError(400, msg, param="input", code=INVALID_VALUE)
     salt = req.cache_salt
     return [(p, block_keys(p.token_ids, ns, p.mm_items, lora_name, salt)) for p in prompts]
 
@@ -101,7 +79,7 @@ class EmbeddingProxyRequest(ProxyRequest):
         try:
             renderer = await st.get_renderer()
         except RuntimeError as e:  # the render assets could not be loaded
-            raise GatewayError(503, str(e), code="assets_unavailable") from e
+            raise APIError(503, str(e), code="assets_unavailable") from e
         assert isinstance(self.body, EmbeddingRequest)
         # One time and byte budget for all the request's remote images (docs/security.md).
         images = image_options(st.fetcher, st.config.allow_image_uuids, self.tenant)

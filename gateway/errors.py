@@ -2,7 +2,7 @@
 
 Each stage raises what it naturally raises (a limit, a render error, a validation error, an
 overload, an unreachable worker); `error_response` maps every one of them to a status and an
-OpenAI body (`cachekey.openai_errors`). Nothing else on the request path builds an error body.
+OpenAI body (`cachekey.openai.errors`). Nothing else on the request path builds an error body.
 """
 
 from __future__ import annotations
@@ -17,43 +17,22 @@ from starlette.responses import Response
 
 from cachekey.errors import RenderError
 from cachekey.json_shape import INVALID_JSON
-from cachekey.openai_errors import (
+from cachekey.openai.errors import (
     INTERNAL_ERROR,
     INVALID_API_KEY,
     LIMIT_EXCEEDED,
     RATE_LIMIT_EXCEEDED,
-    clean_message,
-    error_body,
+    APIError,
     route_error,
 )
-from cachekey.validation_errors import invalid_request
+from cachekey.openai.validation import validation_error
 from gateway.limits import LimitError, render_error_hint
 from gateway.tenants import AuthError
 
 log = logging.getLogger(__name__)
 
 
-class GatewayError(Exception):
-    """A request the gateway answers itself: status, message and the body's param and code."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        param: str | None = None,
-        code: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-        self.headers = headers
-
-
-class Overloaded(GatewayError):
+class Overloaded(APIError):
     """No room now: 429 with Retry-After."""
 
     def __init__(self, message: str, retry_after: int) -> None:
@@ -72,31 +51,28 @@ class UpstreamFailed(Exception):
         self.body = body
 
 
-def as_gateway_error(exc: BaseException) -> GatewayError:
+def as_gateway_error(exc: BaseException) -> APIError:
     """The status, message, param and code the client sees for `exc`."""
-    if isinstance(exc, GatewayError):
+    if isinstance(exc, APIError):
         return exc
     if isinstance(exc, AuthError):
-        return GatewayError(
-            401, str(exc), code=INVALID_API_KEY, headers={"www-authenticate": "Bearer"}
-        )
+        return APIError(401, str(exc), code=INVALID_API_KEY, headers={"www-authenticate": "Bearer"})
     if isinstance(exc, LimitError):
         code = exc.code or LIMIT_EXCEEDED
-        return GatewayError(exc.status, exc.message, param=exc.param, code=code)
+        return APIError(exc.status, exc.message, param=exc.param, code=code)
     if isinstance(exc, RenderError):
         msg = exc.message + render_error_hint(exc)
-        return GatewayError(exc.status_code, msg, param=exc.param, code=exc.code)
+        return APIError(exc.status_code, msg, param=exc.param, code=exc.code)
     if isinstance(exc, ValidationError):
-        message, param, code = invalid_request(exc.errors())  # as OpenAI words them
-        return GatewayError(400, clean_message(message), param=param, code=code)
+        return validation_error(exc.errors())  # as OpenAI words them
     if isinstance(exc, json.JSONDecodeError | UnicodeDecodeError):
-        return GatewayError(400, f"invalid JSON body: {exc}", code=INVALID_JSON)
+        return APIError(400, f"invalid JSON body: {exc}", code=INVALID_JSON)
     if isinstance(exc, RecursionError):
-        return GatewayError(400, "invalid JSON body: nested too deeply", code=INVALID_JSON)
+        return APIError(400, "invalid JSON body: nested too deeply", code=INVALID_JSON)
     if isinstance(exc, UpstreamFailed):
-        return GatewayError(502, f"all replicas failed: {exc}", code="upstream_failed")
+        return APIError(502, f"all replicas failed: {exc}", code="upstream_failed")
     log.exception("unexpected error on the request path", exc_info=exc)
-    return GatewayError(500, f"internal error: {type(exc).__name__}", code=INTERNAL_ERROR)
+    return APIError(500, f"internal error: {type(exc).__name__}", code=INTERNAL_ERROR)
 
 
 def error_response(exc: BaseException) -> Response:
@@ -104,10 +80,8 @@ def error_response(exc: BaseException) -> Response:
     if isinstance(exc, UpstreamFailed) and exc.status is not None:
         return Response(exc.body, exc.status, media_type="application/json")
     err = as_gateway_error(exc)
-    body = error_body(err.status, err.message, param=err.param, code=err.code)
-    return Response(
-        json.dumps(body).encode(), err.status, headers=err.headers, media_type="application/json"
-    )
+    body = json.dumps(err.body()).encode()
+    return Response(body, err.status, headers=err.headers, media_type="application/json")
 
 
 async def http_error_response(request: Request, exc: Exception) -> Response:
@@ -120,5 +94,5 @@ async def http_error_response(request: Request, exc: Exception) -> Response:
         )
     else:
         message, code = str(exc.detail), None
-    err = GatewayError(exc.status_code, message, code=code, headers=headers or None)
+    err = APIError(exc.status_code, message, code=code, headers=headers or None)
     return error_response(err)

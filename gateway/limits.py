@@ -15,10 +15,10 @@ from typing import Any
 
 from fastapi import Request
 
-from cachekey.flags import format_pixels, format_size, option, parse_pixels, parse_size
 from cachekey.json_shape import JSONShapeError, decode_json
-from cachekey.openai_errors import LIMIT_EXCEEDED
+from cachekey.openai.errors import LIMIT_EXCEEDED
 from cachekey.render import IMAGE_PART_TYPES, RenderLimits
+from kvgate_cli.flags import format_pixels, format_size, option, parse_pixels, parse_size
 
 _PARSE_INLINE_BYTES = 256 * 1024
 

@@ -1,29 +1,31 @@
-"""Request models (pydantic; unknown fields allowed and forwarded).
+"""The gateway's request models: the shared ones (cachekey/openai/protocol.py) on the fields the
+gateway checks before routing. Unknown fields are allowed and forwarded to the worker as sent.
 
-Known fields are typed strictly, as OpenAI types them: a string, a boolean or a decimal number
-(`64.0`) where an integer belongs is a 400 (`Invalid type for 'n': expected an integer, but got
-a string instead.`, code `invalid_type`), never coerced, so a limit checked on integers cannot be
-passed by sending another type. A number field takes integers and decimals, not booleans or
-strings. `null` is "not set" for every optional field. The worker's request models
-(worker/server/protocol.py) use the same types, and both word their validation errors with
-cachekey/validation_errors.py.
+`seed` is an int64 and the penalties lie in [-2, 2], as OpenAI's API bounds them; the worker
+adds what its engine runs (worker/server/protocol.py).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
-Int = Annotated[int, Strict()]
-Number = Annotated[float, Strict()]  # strict float still takes a JSON integer
-Bool = Annotated[bool, Strict()]
-Str = Annotated[str, Strict()]
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+from cachekey.openai.protocol import (
+    INT64_MAX,
+    INT64_MIN,
+    Bool,
+    ChatFields,
+    CompletionFields,
+    Int,
+    Number,
+    OpenAIRequest,
+    Str,
+)
 
 
-class _Request(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
+class _Request(OpenAIRequest):
+    model_config = ConfigDict(extra="allow")
 
     model: Str | None = None
     stream: Bool | None = False
@@ -54,27 +56,10 @@ class _Request(BaseModel):
         return v
 
 
-class ChatCompletionRequest(_Request):
-    messages: list[dict[str, Any]] = Field(min_length=1)
-    add_generation_prompt: Bool = True
-    tools: list[dict[str, Any]] | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
-    max_tokens: Int | None = Field(None, ge=1)
-    max_completion_tokens: Int | None = Field(None, ge=1)
+class ChatCompletionRequest(ChatFields, _Request):
     logprobs: Bool | None = None
     top_logprobs: Int | None = Field(None, ge=0, le=20)
 
-    def requested_max_tokens(self) -> int | None:
-        """The output length the request asks for; None when it names none."""
-        if self.max_completion_tokens is not None:
-            return self.max_completion_tokens
-        return self.max_tokens
 
-
-class CompletionRequest(_Request):
-    prompt: Str | list[Int] | list[Str] | list[list[Int]]
-    max_tokens: Int | None = Field(16, ge=1)  # OpenAI's default for completions
+class CompletionRequest(CompletionFields, _Request):
     logprobs: Int | None = Field(None, ge=0, le=5)
-
-    def requested_max_tokens(self) -> int | None:
-        return self.max_tokens

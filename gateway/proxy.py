@@ -13,13 +13,12 @@ from collections.abc import AsyncIterator, Callable
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from cachekey.openai_errors import error_body
+from cachekey.openai.errors import error_body
+from cachekey.openai.sse import DONE, DONE_EVENT, sse_event
 from gateway.accounting import CLIENT_GONE
 from gateway.upstream import UpstreamError, UpstreamResponse
 
 log = logging.getLogger(__name__)
-
-_DONE = b"data: [DONE]\n\n"
 
 
 class SSERelay:
@@ -47,7 +46,7 @@ class SSERelay:
         return rest
 
     def _keep(self, event: bytes) -> bool:
-        if event.startswith(b"data: [DONE]"):
+        if event.startswith(DONE_EVENT):
             self.saw_done = True
             return True
         if b'"usage"' not in event or b'"usage":null' in event or b'"usage": null' in event:
@@ -118,9 +117,9 @@ async def relay_stream(
         status = "stream_error"
         log.warning("stream from %s broke: %s", resp.origin, e)
         err = error_body(502, f"upstream stream broke: {e}", code="upstream_stream_broke")
-        yield b"data: " + json.dumps(err).encode() + b"\n\n"
+        yield sse_event(json.dumps(err).encode())
         if not relay.saw_done:
-            yield _DONE
+            yield DONE
     finally:
         resp.close()
         on_end(status)

@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 
 import xxhash
 
-from cachekey.keys import PREFIX_HEADER, HashNamespace, usable_match
-from cachekey.openai_errors import INVALID_VALUE
+from cachekey.headers import POLICY_HEADER, PREFIX_HEADER
+from cachekey.keys import HashNamespace, usable_match
+from cachekey.openai.errors import INVALID_VALUE, APIError
 from cachekey.types import BlockKey, Prompt
 from gateway import accounting
 from gateway.adapters import note_routed
 from gateway.candidates import candidates_for
-from gateway.errors import GatewayError
 from gateway.fetch import image_options
 from gateway.images import pin_images
 from gateway.index import ReplicaId
@@ -30,8 +30,6 @@ from gateway.replica import Replica
 from gateway.request_render import OpenAIRequest, is_small_text, render_request
 from gateway.speculative import Guess
 from gateway.state import GatewayState
-
-POLICY_HEADER = "x-kvgate-routing-policy"
 
 
 def policy_label(state: GatewayState, headers: Mapping[str, str]) -> str:
@@ -83,7 +81,7 @@ class ProxyRequest:
         name = headers.get(POLICY_HEADER) or state.config.policy
         policy = state.policies.get(name)
         if policy is None:
-            raise GatewayError(
+            raise APIError(
                 400,
                 f"unknown routing policy {name[:64]!r} in {POLICY_HEADER}; "
                 f"valid: {', '.join(state.policies)}",
@@ -96,7 +94,7 @@ class ProxyRequest:
         ns = state.namespace_for(candidates)
         if not candidates or ns is None:
             within = " in the proxy's endpoint subset" if subset is not None else ""
-            raise GatewayError(
+            raise APIError(
                 503,
                 f"no healthy worker{f' for model `{body.model}`' if body.model else ''}{within}: "
                 + state.replicas.describe(body.model),
@@ -143,7 +141,7 @@ class ProxyRequest:
         try:
             renderer = await st.get_renderer()
         except RuntimeError as e:  # the render assets could not be loaded
-            raise GatewayError(503, str(e), code="assets_unavailable") from e
+            raise APIError(503, str(e), code="assets_unavailable") from e
         # One time and byte budget for all the request's remote images (docs/security.md).
         images = image_options(st.fetcher, st.config.allow_image_uuids, self.tenant)
         if is_small_text(self.body):

@@ -6,6 +6,7 @@ the request's slot moves with the attempt. A worker's answer below 500 is the re
 
 from __future__ import annotations
 
+from cachekey.headers import RANK_HEADER
 from gateway import accounting
 from gateway.errors import UpstreamFailed
 from gateway.index import ReplicaId
@@ -23,7 +24,7 @@ async def send_with_retries(px: ProxyRequest, payload: bytes) -> UpstreamRespons
         tried.add(rep.id)
         assert rep.pool is not None
         n = rep.rank_header
-        rank = b"" if n is None else b"X-data-parallel-rank: %d\r\n" % n
+        rank = b"" if n is None else b"%b: %d\r\n" % (RANK_HEADER.encode(), n)
         try:
             resp = await rep.pool.post(px.endpoint, payload, rank + px.prefix_header())
         except UpstreamError as e:

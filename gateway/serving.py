@@ -17,6 +17,8 @@ import msgspec
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
+from cachekey.headers import PREDICTED_HEADER, REPLICA_HEADER
+from cachekey.openai.sse import SSE_MEDIA_TYPE
 from gateway import accounting
 from gateway.accounting import CLIENT_GONE
 from gateway.disconnect import unless_gone
@@ -31,9 +33,7 @@ from gateway.retry import send_with_retries
 from gateway.state import GatewayState
 from gateway.upstream import UpstreamResponse
 
-REPLICA_HEADER = "x-kvgate-replica"
 _GONE = Response(status_code=499)  # the answer to a client that left: nobody reads it
-PREDICTED_HEADER = "x-kvgate-predicted-cached-tokens"
 
 
 class RequestSource(Protocol):
@@ -169,7 +169,7 @@ def _relay(
 
     gen = relay_stream(resp, relay, on_end, px.first_token)
     headers_out = replica_headers(px, resp.status)
-    return RelayResponse(gen, on_close, media_type="text/event-stream", headers=headers_out)
+    return RelayResponse(gen, on_close, media_type=SSE_MEDIA_TYPE, headers=headers_out)
 
 
 def replica_headers(px: ProxyRequest, status: int) -> dict[str, str]:

@@ -29,7 +29,7 @@ import importlib.metadata as md, importlib.util, json, os, sys
 from pip._vendor.packaging.markers import default_environment
 dists = {d.metadata["Name"]: d.version for d in md.distributions()}
 kvgate = md.distribution("kvgate")
-mods = {m: importlib.util.find_spec(m) for m in ("cachekey", "gateway", "worker")}
+mods = {m: importlib.util.find_spec(m) for m in ("cachekey", "kvgate_cli", "gateway", "worker")}
 print(json.dumps({
     "env": default_environment(),
     "dists": dists,

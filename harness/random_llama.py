@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from cachekey.demo import VOCAB_SIZE as DEMO_VOCAB
-from cachekey.demo import ensure_demo_model, llama_layer_shapes
+from worker.demo.model import ensure_demo_model, llama_layer_shapes
+from worker.demo.tokenizer import VOCAB_SIZE as DEMO_VOCAB
 
 
 def _llama(

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from cachekey.demo import ensure_demo_model, llama_layer_shapes
+from worker.demo.model import ensure_demo_model, llama_layer_shapes
 
 # Prefill dominates a CPU request's TTFT (about 0.2 ms per prompt token on one thread).
 SHAPES: dict[str, dict[str, int]] = {

@@ -32,7 +32,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def demo_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    from cachekey.demo import write_demo_model
+    from worker.demo.model import write_demo_model
 
     path = tmp_path_factory.mktemp("demo-model")
     write_demo_model(path)

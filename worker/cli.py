@@ -8,8 +8,8 @@ import sys
 from collections.abc import Sequence
 
 from cachekey.documents import WorkerInfo
-from cachekey.flags import add_flags, config_from_flags, given
-from cachekey.listen import listen_socket
+from kvgate_cli.flags import add_flags, config_from_flags, given
+from kvgate_cli.listen import listen_socket
 from worker.engine.config import EngineConfig
 from worker.server.config import ServerConfig
 
@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def resolve_model(model: str) -> str:
     if model == "demo":
-        from cachekey.demo import ensure_demo_model
+        from worker.demo.model import ensure_demo_model
 
         return str(ensure_demo_model())
     return model

@@ -60,7 +60,7 @@ def resolve_model(name: str, models_dir: Path, device: torch.device) -> tuple[st
     from harness.random_llama import SHAPES, write_random_llama
 
     if name == "demo":
-        from cachekey.demo import ensure_demo_model
+        from worker.demo.model import ensure_demo_model
 
         return str(ensure_demo_model()), None
     if name in SHAPES:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from bench.lib.report import Col, percentile
 from bench.lib.runs import Measured, drive, reset_caches
+from cachekey.headers import POLICY_HEADER
 from harness.cluster import metric_total
 from harness.driver import Result, hit_rate, warm_results
 from harness.workload import Workload, WorkloadSpec
@@ -18,7 +19,6 @@ from harness.workload import Workload, WorkloadSpec
 # The issue's workers: 200 us per uncached prompt token, 2 ms per engine step.
 SIM_COST = ("--sim-prefill-s-per-token", "0.0002", "--sim-decode-s-per-step", "0.002")
 GATEWAY_ARGS = ("--poll-interval", "0.2")
-POLICY_HEADER = "x-kvgate-routing-policy"
 # Held out: the routing work was developed on seed 0; the tables use seed 1.
 SEED = 1
 
@@ -42,9 +42,9 @@ def trace(hot: bool, seed: int = SEED, tenants: int = 24, users: int | None = No
 def working_set_blocks(workload: Workload, block_size: int = 16) -> int:
     """Distinct full blocks of the trace as the demo model renders it (replies as 8 words)."""
     from cachekey.assets import ModelAssets
-    from cachekey.demo import ensure_demo_model
     from cachekey.keys import HashNamespace, block_keys
     from cachekey.render import Renderer
+    from worker.demo.model import ensure_demo_model
 
     renderer = Renderer(ModelAssets.from_dir(ensure_demo_model()))
     ns = HashNamespace("demo", block_size)

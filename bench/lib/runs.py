@@ -12,13 +12,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from cachekey.headers import POLICY_HEADER, SESSION_HEADER
 from harness import worker_metrics as wm
 from harness.cluster import Cluster, ClusterSpec
 from harness.driver import Result, run_workload
 from harness.workload import Turn, Workload, WorkloadSpec
 
-POLICY_HEADER = "x-kvgate-routing-policy"
-SESSION_HEADER = "x-session-id"
 # Long enough for AllBlocksCleared to reach the gateway and its speculative entries (2 s) to expire.
 SETTLE_S = 2.5
 

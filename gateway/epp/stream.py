@@ -34,9 +34,11 @@ from collections.abc import AsyncIterator, Mapping
 
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 
-from cachekey.keys import PREFIX_HEADER
+from cachekey.headers import PREFIX_HEADER, RANK_HEADER
+from cachekey.openai.errors import APIError
+from cachekey.openai.sse import SSE_MEDIA_TYPE
 from cachekey.worker_auth import bearer
-from gateway.errors import GatewayError, as_gateway_error
+from gateway.errors import as_gateway_error
 from gateway.index import ReplicaId
 from gateway.policies import RouteContext
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
@@ -174,7 +176,7 @@ class ExtProcStream:
         endpoints = list(dict.fromkeys(wire.endpoint_of(r.url) for r in same))[:n]
         extra = {"content-length": str(len(payload)), **_to_worker(self.state)}
         if rank is not None:
-            extra["x-data-parallel-rank"] = str(rank)
+            extra[RANK_HEADER] = str(rank)
         # The pick's predicted hit; a fallback endpoint refreshes that chain only if it holds it.
         if (hint := px.prefix_hint()) is not None:
             extra[PREFIX_HEADER] = hint
@@ -204,7 +206,7 @@ class ExtProcStream:
             reps = [r for r in reps if r.id in subset]
         if not reps:
             msg = "no healthy worker: " + self.state.replicas.describe()
-            raise GatewayError(503, msg, code="no_healthy_worker")
+            raise APIError(503, msg, code="no_healthy_worker")
         ctx = RouteContext(reps, [], 0, 1, headers=headers)
         return (await self.state.policies["least_loaded"].rank(ctx))[0]
 
@@ -213,7 +215,7 @@ class ExtProcStream:
         self.status = str(err.status)
         if self.px is None:  # refused before it was routed; a routed one ends in run()
             end(self.state, headers, None, self.status)
-        if err.status >= 500 and not isinstance(exc, GatewayError):
+        if err.status >= 500 and not isinstance(exc, APIError):
             # Not the request's fault: the proxy's failure mode decides, as when the EPP is down.
             await self.context.abort(Status.INTERNAL, err.message)
         return wire.immediate_response(err)
@@ -264,7 +266,7 @@ class ExtProcStream:
     def _on_response_headers(self, msg) -> dict[str, str]:
         headers = wire.header_dict(msg.response_headers.headers)
         self.status = headers.get(":status", self.status)
-        if "text/event-stream" in headers.get("content-type", ""):
+        if SSE_MEDIA_TYPE in headers.get("content-type", ""):
             self._relay = SSERelay(strip_usage=False)
         px = self.px
         if px is None:

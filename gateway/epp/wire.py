@@ -33,14 +33,11 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import (
 from envoy.type.v3.http_status_pb2 import HttpStatus
 from google.protobuf.struct_pb2 import Struct, Value
 
-from cachekey.openai_errors import error_body
-from gateway.errors import GatewayError
+from cachekey.headers import DESTINATION_KEY, SERVED_KEY, SUBSET_KEY
+from cachekey.openai.errors import APIError, error_body
 
 DESTINATION_NAMESPACE = "envoy.lb"
-DESTINATION_KEY = "x-gateway-destination-endpoint"
-SERVED_KEY = "x-gateway-destination-endpoint-served"
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
-SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 # Request headers only the proxy and the EPP may set: a client's own are removed (or, for the
 # destination, overwritten) in every headers answer, so that a client never steers its request.
 CLIENT_FORBIDDEN = (DESTINATION_KEY, SERVED_KEY, SUBSET_KEY, f"{DESTINATION_KEY}-fallback")
@@ -236,7 +233,7 @@ def trailers_response(*, response: bool) -> ProcessingResponse:
     return ProcessingResponse(request_trailers=TrailersResponse())
 
 
-def immediate_response(err: GatewayError) -> ProcessingResponse:
+def immediate_response(err: APIError) -> ProcessingResponse:
     """The proxy answers the client itself: the status and the OpenAI error body."""
     body = error_body(err.status, err.message, param=err.param, code=err.code)
     headers = {"content-type": "application/json", **(err.headers or {})}

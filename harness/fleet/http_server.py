@@ -16,7 +16,7 @@ from http import HTTPStatus
 import httptools
 import msgspec
 
-from cachekey.openai_errors import error_body
+from cachekey.openai.errors import error_body
 
 _json = msgspec.json.Encoder()
 _REASONS = {s.value: s.phrase for s in HTTPStatus}

@@ -29,7 +29,7 @@ class FleetModel:
     ) -> FleetModel:
         """`model` is a model directory, or "demo" for the project's generated demo model."""
         if model == "demo":
-            from cachekey.demo import ensure_demo_model
+            from worker.demo.model import ensure_demo_model
 
             path = Path(ensure_demo_model())
         else:

@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from cachekey.errors import RenderError
+from cachekey.openai.sse import sse_event
 from cachekey.types import Prompt
 from harness.fleet.model import FleetModel
 
@@ -150,7 +151,4 @@ def _event(rid: str, model: str, req: SimRequest, choices: list, use: dict | Non
     }
     if use is not None:
         body["usage"] = use
-    return b"data: " + _json.encode(body) + b"\n\n"
-
-
-DONE = b"data: [DONE]\n\n"
+    return sse_event(_json.encode(body))

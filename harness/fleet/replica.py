@@ -21,12 +21,14 @@ from cachekey.documents import (
     encode_document,
 )
 from cachekey.events import topic
-from cachekey.keys import PREFIX_HEADER, parse_prefix_header
+from cachekey.headers import PREFIX_HEADER
+from cachekey.keys import parse_prefix_header
+from cachekey.openai.sse import DONE
 from harness.fleet.engine import Job, SimEngine, Timing
 from harness.fleet.events import FleetZmq, ReplicaEvents
 from harness.fleet.http_server import Exchange
 from harness.fleet.model import FleetModel
-from harness.fleet.openai_api import DONE, BadRequest, answer, chunk, parse_request, usage_chunk
+from harness.fleet.openai_api import BadRequest, answer, chunk, parse_request, usage_chunk
 from worker.engine.sampling_params import SamplingParams
 from worker.engine.sequence import Sequence
 

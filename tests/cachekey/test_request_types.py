@@ -9,8 +9,11 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from cachekey.validation_errors import invalid_request
+from cachekey.openai.errors import APIError
+from cachekey.openai.validation import invalid_request, validation_error
+from gateway.embeddings import EmbeddingRequest as GatewayEmbedding
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
+from worker.server.embedding_protocol import EmbeddingRequest as WorkerEmbedding
 from worker.server.protocol import ChatCompletionRequest as WorkerChat
 from worker.server.protocol import CompletionRequest as WorkerCompletion
 
@@ -79,3 +82,33 @@ def test_completions_default_and_null() -> None:
     for bad in ({"prompt": [1, "a"]}, {"prompt": [[1], [True]]}, {"prompt": "x", "logprobs": 1.0}):
         with pytest.raises(ValidationError):
             CompletionRequest.model_validate(bad)
+
+
+@pytest.mark.parametrize(
+    ("models", "body"),
+    [
+        ((ChatCompletionRequest, WorkerChat), {"messages": []}),
+        ((ChatCompletionRequest, WorkerChat), {"messages": MSG, "max_completion_tokens": 0}),
+        ((ChatCompletionRequest, WorkerChat), {"messages": MSG, "add_generation_prompt": 1}),
+        ((ChatCompletionRequest, WorkerChat), {"messages": MSG, "temperature": -1}),
+        ((ChatCompletionRequest, WorkerChat), {"messages": MSG, "stop": ["a", 1]}),
+        ((ChatCompletionRequest, WorkerChat), {}),
+        ((CompletionRequest, WorkerCompletion), {"prompt": [[1], [True]]}),
+        ((CompletionRequest, WorkerCompletion), {"prompt": "x", "max_tokens": 0}),
+        ((GatewayEmbedding, WorkerEmbedding), {"input": "x", "messages": MSG}),
+        ((GatewayEmbedding, WorkerEmbedding), {"input": "x", "stream": True}),
+        ((GatewayEmbedding, WorkerEmbedding), {"input": 5}),
+        ((GatewayEmbedding, WorkerEmbedding), {"messages": []}),
+    ],
+)
+def test_both_sides_answer_a_shared_field_with_the_same_error(models, body: dict) -> None:
+    """The fields both sides take from cachekey/openai/ are refused with one error body."""
+    bodies = []
+    for model in models:
+        with pytest.raises(ValidationError) as info:
+            model.model_validate(body)
+        err = validation_error(info.value.errors())
+        assert isinstance(err, APIError) and err.status == 400
+        bodies.append(err.body())
+    assert bodies[0] == bodies[1]
+    assert bodies[0]["error"]["type"] == "invalid_request_error"

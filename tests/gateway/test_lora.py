@@ -7,9 +7,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from cachekey.demo_lora import DEMO_ADAPTERS, write_demo_adapter
 from harness.cluster import Cluster, ClusterSpec, Proc, free_port, wait_index_converged, wait_until
 from tests.support.vllm_like import VllmLike
+from worker.demo.lora import DEMO_ADAPTERS, write_demo_adapter
 
 PROMPT = "Adapters route to the replicas that hold them, like prefixes do. " * 4
 

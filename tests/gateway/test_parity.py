@@ -53,7 +53,7 @@ def test_mismatching_worker_is_flagged_and_routed_by_load_only(tmp_path):
 
 
 def test_local_model_dir_assets_match_the_workers(tmp_path):
-    from cachekey.demo import ensure_demo_model
+    from worker.demo.model import ensure_demo_model
 
     spec = ClusterSpec(
         workers=1,

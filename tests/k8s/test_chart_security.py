@@ -189,7 +189,7 @@ def _token_env(workload: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _worker_config(sts: dict[str, Any], token: str | None, monkeypatch) -> Any:
-    from cachekey.flags import config_from_flags
+    from kvgate_cli.flags import config_from_flags
     from worker.cli import build_parser
     from worker.server.config import ServerConfig
 

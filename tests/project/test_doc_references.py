@@ -13,7 +13,8 @@ from tests.support.paths import REPO
 
 # Where tests are cited: the docs, the README, code comments and docstrings, chart values, scripts.
 READ = ("README.md", "Makefile", "pyproject.toml", ".ci", ".github", "docs", "bench", "harness",
-        "gateway", "worker", "cachekey", "helm", "manifests", "docker", "tests")  # fmt: skip
+        "gateway", "worker", "cachekey", "kvgate_cli", "helm", "manifests", "docker",
+        "tests")  # fmt: skip
 SKIP = ("bench/results", "tests/fixtures/vllm_0_33", "tests/fixtures/vllm_cpu_0_32")
 SUFFIXES = {".md", ".py", ".yaml", ".yml", ".sh", ".toml", ""}
 CITED = re.compile(r"(?<![\w/.])tests/[\w/.*-]*[\w*/](?:::\w+)?")

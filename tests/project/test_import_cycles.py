@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tests.support.paths import REPO
 
-PACKAGES = ("cachekey", "gateway", "worker", "harness", "bench")
+PACKAGES = ("cachekey", "kvgate_cli", "gateway", "worker", "harness", "bench")
 
 
 def _modules(root: Path, packages: tuple[str, ...]) -> dict[str, Path]:

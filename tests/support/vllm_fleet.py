@@ -18,9 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from cachekey.demo import ensure_demo_model
-from cachekey.demo_hybrid import ensure_hybrid_model
-from cachekey.demo_lora import ensure_demo_adapters
+from cachekey.headers import POLICY_HEADER
 from harness.cluster import HOST, Proc, free_port, free_port_run
 from harness.vllm_server import (
     VllmProc,
@@ -30,8 +28,9 @@ from harness.vllm_server import (
     vllm_proc,
     wait_settled,
 )
-
-POLICY_HEADER = "x-kvgate-routing-policy"
+from worker.demo.hybrid import ensure_hybrid_model
+from worker.demo.lora import ensure_demo_adapters
+from worker.demo.model import ensure_demo_model
 
 
 @dataclass(slots=True)

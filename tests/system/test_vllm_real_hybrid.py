@@ -1,5 +1,5 @@
 """kvgate in front of a real vLLM serving a hybrid model (sliding-window + full attention, the
-shape of Gemma 3 and GPT-OSS; cachekey/demo_hybrid.py), its events in connect mode: `make
+shape of Gemma 3 and GPT-OSS; worker/demo/hybrid.py), its events in connect mode: `make
 test-vllm`. vLLM's sliding-window group keeps only the blocks a later hit can end on, so a prompt
 that shares only the early part of a cached one hits nothing; the gateway must predict exactly
 that, request by request, and reject none of vLLM's events.
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from cachekey.demo import build_tokenizer
 from harness.cluster import metric_total
 from tests.support.vllm_fleet import assert_exact, reset_caches, settled_ask, start_gateway
+from worker.demo.tokenizer import build_tokenizer
 
 # The first test also waits for the servers to start (minutes on 2 busy cores).
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import get_args
 
-from cachekey.flags import format_size, option, parse_size
 from cachekey.keys import DEFAULT_HASH_SEED, MMMatchRule
+from kvgate_cli.flags import format_size, option, parse_size
 
 _ENGINES = ("torch", "sim")
 _DEVICES = ("auto", "cpu", "cuda")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from cachekey.openai_errors import INVALID_API_KEY
+from cachekey.openai.errors import INVALID_API_KEY
 from cachekey.worker_auth import bearer, token_matches
 from worker.server.errors import send_error
 

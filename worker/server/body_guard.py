@@ -15,7 +15,7 @@ import asyncio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cachekey.json_shape import JSONShapeError, check_json_shape
-from cachekey.openai_errors import LIMIT_EXCEEDED
+from cachekey.openai.errors import LIMIT_EXCEEDED
 from worker.server.errors import send_error
 
 _CHECK_INLINE_BYTES = 1 << 20  # larger bodies are measured in a thread: the loop keeps serving

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cachekey.flags import LOG_LEVELS, format_size, option, parse_size
 from cachekey.worker_auth import CurveKeys, resolve_token
+from kvgate_cli.flags import LOG_LEVELS, format_size, option, parse_size
 
 
 @dataclass(slots=True)

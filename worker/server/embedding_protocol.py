@@ -6,28 +6,18 @@ on by default as OpenAI's embeddings are), `messages` instead of `input`, and `c
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator
 
-from cachekey.embeddings_request import (
-    EmbeddingInput,
-    check_count,
-    check_one_source,
-    not_streamed,
-    split_inputs,
-)
+from cachekey.openai.embeddings import EmbeddingFields, check_count
 from worker.server.protocol import _Request
 
 
-class EmbeddingRequest(_Request):
-    """The rules shared with the gateway are in cachekey/embeddings_request.py."""
+class EmbeddingRequest(EmbeddingFields, _Request):
+    """The rules shared with the gateway are in cachekey/openai/embeddings.py."""
 
     model: str | None = None
-    input: EmbeddingInput | None = None
-    messages: list[dict[str, Any]] | None = Field(None, min_length=1)
-    add_generation_prompt: bool = False
-    chat_template_kwargs: dict[str, Any] | None = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1)
     pooling: Literal["last", "mean"] = "last"
@@ -36,11 +26,6 @@ class EmbeddingRequest(_Request):
     user: str | None = None
     stream: bool = False
 
-    @field_validator("stream")
-    @classmethod
-    def _no_stream(cls, v: bool) -> bool:
-        return not_streamed(v)
-
     @field_validator("cache_salt")
     @classmethod
     def _salt_not_empty(cls, v: str | None) -> str | None:
@@ -48,15 +33,10 @@ class EmbeddingRequest(_Request):
             raise ValueError("cache_salt must be a non-empty string when given")
         return v
 
-    @model_validator(mode="after")
-    def _one_source(self) -> EmbeddingRequest:
-        check_one_source(self.input, self.messages)
-        return self
-
     def inputs(self) -> list[str | list[int]]:
         """The prompts to embed, one per output vector (empty ones refused)."""
         assert self.input is not None
-        items = split_inputs(self.input)
+        items = super().inputs()
         if not items:
             raise ValueError("input must not be an empty list")
         check_count(items)

@@ -17,7 +17,7 @@ import base64
 
 import numpy as np
 
-from worker.server.errors import APIError
+from cachekey.openai.errors import APIError
 
 
 def b64_floats(array: np.ndarray) -> str:
@@ -39,9 +39,9 @@ def require_hidden_cache(layers: tuple[int, ...], what: str, param: str) -> None
     worker without the cache (`layers`, the kept rows, is empty then)."""
     if not layers:
         raise APIError(
+            400,
             f"{what} needs the hidden state of every prompt token; this worker runs without "
             "--hidden-state-cache",
-            400,
             param=param,
             code="hidden_state_cache_disabled",
         )

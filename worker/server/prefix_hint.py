@@ -15,8 +15,9 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from cachekey.keys import PREFIX_HEADER, parse_prefix_header
-from worker.server.errors import APIError
+from cachekey.headers import PREFIX_HEADER
+from cachekey.keys import parse_prefix_header
+from cachekey.openai.errors import APIError
 from worker.server.serving import rank_index
 
 _HINT = PREFIX_HEADER.encode()

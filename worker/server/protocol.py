@@ -1,10 +1,10 @@
-"""OpenAI request models (pydantic). Unknown fields are ignored: peer routers add their own.
+"""The worker's request models: the shared ones (cachekey/openai/protocol.py) on the fields its
+engine runs. Unknown fields are ignored: peer routers add their own.
 
-Known fields are strict, as OpenAI's are and as the gateway's models (gateway/protocol.py) are:
-"64" or 64.0 for an integer is a 400, never coerced; a number field takes integers too; `null`
-means "not set". A string holding a lone UTF-16 surrogate (JSON `"\\ud800"`), which no
-tokenizer accepts, is a 400 too. Responses are built as plain dicts in the serving handlers;
-only requests need validation.
+Strict as the gateway's are: "64" or 64.0 for an integer is a 400, never coerced; a number field
+takes integers too; `null` means "not set". A string holding a lone UTF-16 surrogate (JSON
+`"\\ud800"`), which no tokenizer accepts, is a 400 too. Responses are built as plain dicts in the
+serving handlers; only requests need validation.
 """
 
 from __future__ import annotations
@@ -12,14 +12,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from cachekey.openai.protocol import ChatFields, CompletionFields, OpenAIRequest
 
 _SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads joins valid pairs: any left is lone
 
@@ -40,8 +35,8 @@ def has_lone_surrogate(value: Any) -> bool:
     return False
 
 
-class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+class _Request(OpenAIRequest):
+    model_config = ConfigDict(extra="ignore")
 
     @model_validator(mode="before")
     @classmethod
@@ -103,26 +98,11 @@ class SamplingFields(_Request):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
-class ChatCompletionRequest(SamplingFields):
-    messages: list[dict[str, Any]] = Field(..., min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    tools: list[dict[str, Any]] | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
-    add_generation_prompt: bool = True
-
-    def requested_max_tokens(self) -> int | None:
-        return (
-            self.max_completion_tokens
-            if self.max_completion_tokens is not None
-            else self.max_tokens
-        )
+class ChatCompletionRequest(ChatFields, SamplingFields):
+    """/v1/chat/completions: the shared chat fields on the engine's sampling fields."""
 
 
-class CompletionRequest(SamplingFields):
-    prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=1)
-
+class CompletionRequest(CompletionFields, SamplingFields):
     def single_prompt(self) -> str | list[int]:
         """The one prompt of this request; a batch of several is refused with a clear message."""
         p = self.prompt

@@ -14,19 +14,21 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from cachekey.errors import context_exceeded
+from cachekey.headers import RANK_HEADER
+from cachekey.openai.errors import APIError
+from cachekey.openai.sse import DONE, SSE_MEDIA_TYPE, sse_event
 from cachekey.render import Renderer
 from cachekey.types import Prompt
 from worker.engine.sampling_params import SamplingParams
 from worker.server.arrival_order import ArrivalOrder, Turn
 from worker.server.engine_client import AsyncEngine
-from worker.server.errors import APIError, as_api_error, error_body
+from worker.server.errors import as_api_error
 from worker.server.hidden_encoding import encode_hidden_states, require_hidden_cache
 from worker.server.metrics import EngineLatency
 from worker.server.protocol import SamplingFields
 from worker.server.request_stream import RequestStream, unless_gone
 
 _json = msgspec.json.Encoder()
-_DONE = b"data: [DONE]\n\n"
 
 
 @dataclass(slots=True)
@@ -75,10 +77,10 @@ class OpenAIServing:
         if lora is not None and any(name == model for name, _ in lora.adapters):
             return model  # the engine checks again when it adds the request
         raise APIError(
+            404,
             f"The model `{model}` does not exist; this worker serves `{self.ctx.model_name}`"
             + "".join(f", `{name}`" for name, _ in (lora.adapters if lora else ()))
             + ".",
-            404,
             param="model",
             code="model_not_found",
         )
@@ -145,7 +147,7 @@ class OpenAIServing:
             turn.leave()
         if body.stream:
             return StreamingResponse(
-                self._sse(stream, body, request_id, arrived), media_type="text/event-stream"
+                self._sse(stream, body, request_id, arrived), media_type=SSE_MEDIA_TYPE
             )
         return await self._complete(raw, stream, body, request_id, arrived)
 
@@ -225,11 +227,10 @@ class OpenAIServing:
                 yield self._chunk(rid, model, created, [], usage)
         except Exception as e:  # the client already has a 200: report in-band, as vLLM does
             err = as_api_error(e)
-            body_ = error_body(err.message, err.status_code, param=err.param, code=err.code)
-            yield b"data: " + _json.encode(body_) + b"\n\n"
+            yield sse_event(_json.encode(err.body()))
         finally:
             stream.close()
-        yield _DONE
+        yield DONE
 
     def _chunk(self, rid: str, model: str, created: int, choices: list, usage) -> bytes:
         payload = {
@@ -241,7 +242,7 @@ class OpenAIServing:
         }
         if usage is not _OMIT:
             payload["usage"] = usage
-        return b"data: " + _json.encode(payload) + b"\n\n"
+        return sse_event(_json.encode(payload))
 
     def _with_hidden(self, choice: dict, hidden: np.ndarray | None) -> dict:
         if hidden is not None:
@@ -272,17 +273,17 @@ def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> di
 def rank_index(raw: Request, count: int) -> int | None:
     """The engine a request names with X-data-parallel-rank: its index among this server's
     `count` engines, as vLLM reads the header (None: it names none)."""
-    value = raw.headers.get("x-data-parallel-rank")
+    value = raw.headers.get(RANK_HEADER)
     if value is None:
         return None
     try:
         asked = int(value)
     except ValueError:
-        raise APIError(f"X-data-parallel-rank must be an integer, got {value!r}", 400) from None
+        raise APIError(400, f"X-data-parallel-rank must be an integer, got {value!r}") from None
     if not 0 <= asked < count:
         raise APIError(
+            400,
             f"X-data-parallel-rank {asked} is out of range [0, {count}): this worker serves "
             f"{count} engine(s)",
-            400,
         )
     return asked

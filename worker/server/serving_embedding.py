@@ -21,11 +21,11 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from cachekey.errors import context_exceeded
+from cachekey.openai.errors import APIError
 from cachekey.types import Prompt
 from worker.engine.sampling_params import SamplingParams
 from worker.server.arrival_order import Turn
 from worker.server.embedding_protocol import EmbeddingRequest
-from worker.server.errors import APIError
 from worker.server.hidden_encoding import b64_floats, require_hidden_cache
 from worker.server.request_stream import RequestStream, unless_gone
 from worker.server.serving import OpenAIServing, ServingContext
@@ -87,19 +87,19 @@ class ServingEmbedding(OpenAIServing):
             return
         if not self.matryoshka:
             raise APIError(
-                "this model does not support `dimensions` (it is not a Matryoshka model)",
                 400,
+                "this model does not support `dimensions` (it is not a Matryoshka model)",
                 param="dimensions",
             )
         if dimensions > self.hidden_size:
             raise APIError(
-                f"`dimensions` must be at most the model's {self.hidden_size}",
                 400,
+                f"`dimensions` must be at most the model's {self.hidden_size}",
                 param="dimensions",
             )
         if self.matryoshka_dims is not None and dimensions not in self.matryoshka_dims:
             raise APIError(
-                f"`dimensions` must be one of {list(self.matryoshka_dims)}", 400, param="dimensions"
+                400, f"`dimensions` must be one of {list(self.matryoshka_dims)}", param="dimensions"
             )
 
     async def render_inputs(self, body: EmbeddingRequest) -> list[Prompt]:

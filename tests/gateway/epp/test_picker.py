@@ -17,7 +17,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from PIL import Image
 
-from cachekey.keys import PREFIX_HEADER
+from cachekey.headers import PREFIX_HEADER
 from gateway.epp.wire import BODY_CHUNK_BYTES
 from harness.cluster import (
     HOST,

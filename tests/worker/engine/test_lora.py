@@ -223,7 +223,7 @@ def test_demo_adapters_match_peft_on_the_demo_llava(demo_model_dir, tmp_path) ->
     import peft
     import transformers
 
-    from cachekey.demo_lora import DEMO_ADAPTERS, write_demo_adapter
+    from worker.demo.lora import DEMO_ADAPTERS, write_demo_adapter
 
     prompt = [1, 50, 60, 70, 80, 90, 100, 110, 120]
     modules = tuple(f"{n}={write_demo_adapter(tmp_path / n, n)}" for n in DEMO_ADAPTERS)

@@ -197,7 +197,7 @@ def test_cache_salt_scopes_partial_reuse(demo_model_dir: Path, cold: LLMEngine) 
 
 
 def test_lora_scopes_partial_reuse(demo_model_dir: Path, tmp_path: Path) -> None:
-    from cachekey.demo_lora import DEMO_ADAPTERS, write_demo_adapter
+    from worker.demo.lora import DEMO_ADAPTERS, write_demo_adapter
 
     modules = tuple(f"{n}={write_demo_adapter(tmp_path / n, n)}" for n in DEMO_ADAPTERS)
     lora = {"enable_lora": True, "max_loras": 2, "lora_modules": modules}

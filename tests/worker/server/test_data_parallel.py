@@ -10,7 +10,6 @@ import re
 
 import httpx
 
-from cachekey.demo_lora import DEMO_ADAPTERS, write_demo_adapter
 from cachekey.documents import Snapshot, WorkerInfo, decode_document
 from gateway.replica_names import replica_name
 from harness.cluster import (
@@ -25,6 +24,7 @@ from harness.extproc_client import ExtProcClient, forward
 from tests.support.chat import bearer, chat, chat_body, user
 from tests.support.waits import wait_synced
 from tests.support.worker_harness import WorkerProcess
+from worker.demo.lora import DEMO_ADAPTERS, write_demo_adapter
 
 
 def test_two_rank_kvgate_worker_behind_the_gateway(tmp_path, demo_model_dir):

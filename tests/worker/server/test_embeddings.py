@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 import zmq
 
-from cachekey.demo_lora import DEMO_ADAPTERS, lora_modules_arg, write_demo_adapter
 from cachekey.events import BlockStored, decode_batch, parse_replay_reply, seq_bytes
 from cachekey.keys import HashNamespace, block_keys
 from tests.support.engine import png_bytes
 from tests.support.worker_harness import WorkerProcess
+from worker.demo.lora import DEMO_ADAPTERS, lora_modules_arg, write_demo_adapter
 
 TEXT = "The quick brown fox jumps over the lazy dog while the cat watches. " * 5
 FLOAT32 = ("--dtype", "float32", "--device", "cpu", "--num-blocks", "256")

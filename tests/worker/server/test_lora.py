@@ -12,10 +12,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cachekey.demo_lora import DEMO_ADAPTERS, lora_modules_arg, write_demo_adapter
 from cachekey.documents import WorkerInfo, decode_document
 from tests.support.lora_fixtures import write_peft_adapter, write_tiny_llama
 from tests.support.worker_harness import REPO, WorkerProcess
+from worker.demo.lora import DEMO_ADAPTERS, lora_modules_arg, write_demo_adapter
 
 PROMPT = "Paged attention keeps the KV cache in fixed-size blocks. " * 4  # > 3 blocks
 BLOCK = 16

@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from cachekey.keys import PREFIX_HEADER
+from cachekey.headers import PREFIX_HEADER
 from harness.cluster import Cluster, ClusterSpec, metric_total, wait_until
 from tests.support.chat import bearer, post
 

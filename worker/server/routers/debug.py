@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Query, Request
 
+from cachekey.openai.errors import APIError
 from worker.server.app_state import rank_state
-from worker.server.errors import APIError
 
 router = APIRouter()
 
@@ -14,9 +14,9 @@ router = APIRouter()
 async def fault(raw: Request, kind: str = Query(...), count: int = Query(1)) -> dict:
     faults = rank_state(raw).faults  # the engine X-data-parallel-rank names
     if faults is None:
-        raise APIError("fault injection is disabled (--enable-fault-injection)", 404)
+        raise APIError(404, "fault injection is disabled (--enable-fault-injection)")
     try:
         faults.inject(kind, count)
     except ValueError as e:
-        raise APIError(str(e), 400, param="kind") from None
+        raise APIError(400, str(e), param="kind") from None
     return {"injected": kind}

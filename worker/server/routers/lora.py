@@ -12,8 +12,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, ConfigDict
 
+from cachekey.openai.errors import APIError
 from worker.server.app_state import all_ranks
-from worker.server.errors import APIError
 
 router = APIRouter()
 
@@ -45,7 +45,7 @@ async def load_lora_adapter(body: LoadLoRAAdapterRequest, raw: Request) -> Plain
 async def unload_lora_adapter(body: UnloadLoRAAdapterRequest, raw: Request) -> PlainTextResponse:
     if not body.lora_name:
         # vLLM's words; adapters are unloaded by name here (lora_int_id is not exposed).
-        raise APIError("either 'lora_name' and 'lora_int_id' needs to be provided.", 400)
+        raise APIError(400, "either 'lora_name' and 'lora_int_id' needs to be provided.")
     for rank in all_ranks(raw):
         await rank.engine.remove_lora(body.lora_name)
     return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")

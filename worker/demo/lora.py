@@ -5,7 +5,7 @@ They are in PEFT's layout (adapter_config.json + adapter_model.safetensors, keys
 the language model (r=8), `beta` only q, v and down (r=4). B is far from PEFT's zero init, so
 each adapter visibly changes what the model says.
 
-    python -m cachekey.demo_lora      # writes them once; prints alpha=PATH,beta=PATH
+    python -m worker.demo.lora      # writes them once; prints alpha=PATH,beta=PATH
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save_file
 
-from cachekey.demo import SEED, TEXT, default_cache_dir, dump_json, write_atomically
+from worker.demo.model import SEED, TEXT, default_cache_dir, dump_json, write_atomically
 
 # name -> (seed, rank, lora_alpha, target projections)
 DEMO_ADAPTERS: dict[str, tuple[int, int, int, tuple[str, ...]]] = {
@@ -106,7 +106,7 @@ def lora_modules_arg(paths: dict[str, Path]) -> str:
 
 def main(argv: list[str]) -> int:
     if argv:
-        print("usage: python -m cachekey.demo_lora", file=sys.stderr)
+        print("usage: python -m worker.demo.lora", file=sys.stderr)
         return 2
     print(lora_modules_arg(ensure_demo_adapters()))
     return 0

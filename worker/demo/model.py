@@ -1,11 +1,11 @@
 """The demo model: a tiny LLaVA-1.5-style model in Hugging Face format, generated, never downloaded.
 
-Everything is derived from constants in this module (a fixed corpus for the byte-level BPE, a
-fixed seed for the weights), so every run writes byte-identical files and every machine gets the
-same tokenizer, template and keys. Writing it needs numpy and safetensors, never torch.
-Its two LoRA adapters are generated the same way (cachekey/demo_lora.py).
+Everything is derived from constants (a fixed corpus for the byte-level BPE in tokenizer.py, a
+fixed seed for the weights here), so every run writes byte-identical files and every machine gets
+the same tokenizer, template and keys. Writing it needs numpy and safetensors, never torch. Its
+two LoRA adapters are generated the same way (worker/demo/lora.py).
 
-    python -m cachekey.demo OUTDIR
+    python -m worker.demo OUTDIR
 """
 
 from __future__ import annotations
@@ -15,100 +15,26 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 from safetensors.numpy import save_file
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+from worker.demo.tokenizer import (
+    BOS_ID,
+    CHAT_TEMPLATE,
+    EOS_ID,
+    IM_END_ID,
+    IMAGE_ID,
+    UNK_ID,
+    build_tokenizer,
+)
 
 DEMO_VERSION = "demo-model-v1"
-VOCAB_SIZE = 2000
 SEED = 20261122
-SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<image>", "<|im_start|>", "<|im_end|>")
-UNK_ID, BOS_ID, EOS_ID, IMAGE_ID, IM_START_ID, IM_END_ID = range(len(SPECIAL_TOKENS))
 
 TEXT = dict(hidden=128, intermediate=256, layers=2, heads=4, kv_heads=2, max_positions=4096)
 VISION = dict(hidden=64, intermediate=128, layers=2, heads=4, image_size=64, patch_size=8)
-
-# ChatML with BOS; string content or content-part lists (an image part becomes "<image>\n").
-CHAT_TEMPLATE = (
-    "{{ bos_token }}"
-    "{% if tools %}<|im_start|>system\n# Tools\n{{ tools | tojson }}<|im_end|>\n{% endif %}"
-    "{% for message in messages %}"
-    "<|im_start|>{{ message['role'] }}\n"
-    "{% if message['content'] is string %}{{ message['content'] }}"
-    "{% elif message['content'] is not none %}"
-    "{% for part in message['content'] %}"
-    "{% if part['type'] in ('image', 'image_url') %}<image>\n"
-    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
-    "{% endfor %}{% endif %}"
-    "{% if message['tool_calls'] %}{{ message['tool_calls'] | tojson }}{% endif %}"
-    "<|im_end|>\n"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
-_WORDS = """the of and to in is that for it as with was on be by at this are from or have an not
-but they which one you were all we her she there would their will when who him been has more if no
-out so said what up its about than into them can only other new some could time these two may then
-do first any my now such like our over man me even most made after also did many before must
-through back years where much your way well down should because each just those people how too
-little state good very make world still own see men work long get here between both life being
-under never day same another know while last might us great old year off come since against go
-came right used take three cache block token tokens model request router gateway worker prefix key
-keys image images vision tower layer layers attention head heads hidden memory batch queue latency
-throughput prompt prompts server servers cluster node nodes pod pods kubernetes route routing score
-hash hashing event events index replica replicas stream streaming chat completion completions
-system user assistant tool tools message messages content text python engine schedule scheduler
-decode prefill sequence sequences length number value values data file files config name names
-""".split()
-_SYLLABLES = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]
-
-
-def _corpus() -> Iterator[str]:
-    """Sentences from a fixed linear congruential generator: same text on every platform."""
-    state = 12345
-
-    def step() -> int:
-        nonlocal state
-        state = (state * 1103515245 + 12345) % 2**31
-        return state
-
-    for _ in range(6000):
-        words = []
-        for _ in range(4 + step() % 12):
-            r = step() >> 8
-            if r % 10 < 7:
-                words.append(_WORDS[(r >> 4) % len(_WORDS)])
-            elif r % 10 < 9:
-                n = 2 + (r >> 20) % 2
-                words.append(
-                    "".join(_SYLLABLES[(r >> (4 + 5 * k)) % len(_SYLLABLES)] for k in range(n))
-                )
-            else:
-                words.append(str((r >> 4) % 2000))
-        yield " ".join(words).capitalize() + "."
-
-
-def build_tokenizer() -> Tokenizer:
-    """A byte-level BPE (any text encodes, nothing is unknown) with the chat special tokens."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE,
-        special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(_corpus(), trainer=trainer)
-    # Completions get BOS from the post-processor, as Llama tokenizers do; chat templates
-    # write it themselves and are encoded without special tokens.
-    tok.post_processor = processors.TemplateProcessing(
-        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", BOS_ID)]
-    )
-    return tok
 
 
 def _configs(vocab_size: int) -> dict[str, dict]:
@@ -331,11 +257,7 @@ def write_atomically(target: Path, write) -> None:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m cachekey.demo OUTDIR", file=sys.stderr)
+        print("usage: python -m worker.demo OUTDIR", file=sys.stderr)
         return 2
     print(write_demo_model(argv[0]))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))

@@ -1,10 +1,10 @@
 """A request model's validation errors worded as OpenAI words them, on both sides.
 
-The gateway (gateway/protocol.py) and the worker (worker/server/protocol.py) validate with
-pydantic models of the same strict types; both turn pydantic's first error into the same
-message, `param` and `code` here, e.g. `Invalid 'temperature': decimal below minimum value.
-Expected a value >= 0, but got -1 instead.` (`decimal_below_min_value`). Whether a bound is an
-integer's or a decimal's follows the field (its bound's type), as OpenAI's does, not the value.
+The gateway and the worker validate with the models of cachekey/openai/protocol.py (each side's
+subclass); both turn pydantic's first error into the same `APIError` here, e.g. `Invalid
+'temperature': decimal below minimum value. Expected a value >= 0, but got -1 instead.`
+(`decimal_below_min_value`). Whether a bound is an integer's or a decimal's follows the field
+(its bound's type), as OpenAI's does, not the value.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from cachekey.openai_errors import INVALID_VALUE, clean_message
+from cachekey.openai.errors import INVALID_VALUE, APIError, clean_message
 
 INVALID_TYPE = "invalid_type"
 MISSING_PARAMETER = "missing_required_parameter"
@@ -49,6 +49,13 @@ def _param(loc: Sequence[Any]) -> str:
     for part in loc:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out
+
+
+def validation_error(errors: Sequence[Mapping[str, Any]]) -> APIError:
+    """The 400 of a request model's validation errors (pydantic's `errors()`, locations
+    relative to the body)."""
+    message, param, code = invalid_request(errors)
+    return APIError(400, message, param=param, code=code)
 
 
 def invalid_request(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str | None, str]:

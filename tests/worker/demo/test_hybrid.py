@@ -9,12 +9,12 @@ import sys
 import pytest
 
 from cachekey import ModelAssets, Renderer
-from cachekey.demo_hybrid import SLIDING_WINDOW, write_hybrid_model
+from worker.demo.hybrid import SLIDING_WINDOW, write_hybrid_model
 
 
 def test_byte_identical_and_written_without_torch(tmp_path):
     code = (
-        "import sys; from cachekey.demo_hybrid import write_hybrid_model; "
+        "import sys; from worker.demo.hybrid import write_hybrid_model; "
         f"write_hybrid_model({str(tmp_path / 'a')!r}); assert 'torch' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

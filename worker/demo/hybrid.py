@@ -7,7 +7,7 @@ the sliding-window layers hold the last `SLIDING_WINDOW` tokens before the match
 (docs/gateway.md, "vLLM workers"). The real-vLLM suite (tests/system/test_vllm_real.py) serves it;
 kvgate's own engine does not (it has no Gemma 3 layers). Needs numpy and safetensors, never torch.
 
-    python -m cachekey.demo_hybrid OUTDIR
+    python -m worker.demo.hybrid OUTDIR
 """
 
 from __future__ import annotations
@@ -19,16 +19,8 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save_file
 
-from cachekey.demo import (
-    BOS_ID,
-    EOS_ID,
-    IM_END_ID,
-    UNK_ID,
-    _configs,
-    build_tokenizer,
-    dump_json,
-    write_atomically,
-)
+from worker.demo.model import _configs, dump_json, write_atomically
+from worker.demo.tokenizer import BOS_ID, EOS_ID, IM_END_ID, UNK_ID, build_tokenizer
 
 HYBRID_VERSION = "demo-hybrid-v1"
 SEED = 20261126
@@ -141,7 +133,7 @@ def ensure_hybrid_model(cache_dir: Path | None = None) -> Path:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m cachekey.demo_hybrid OUTDIR", file=sys.stderr)
+        print("usage: python -m worker.demo.hybrid OUTDIR", file=sys.stderr)
         return 2
     print(write_hybrid_model(argv[0]))
     return 0

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cachekey.demo import ensure_demo_model, write_demo_model
+from worker.demo.model import ensure_demo_model, write_demo_model
 
 EXPECTED_FILES = {
     "config.json",
@@ -30,7 +30,7 @@ def test_byte_identical_in_process_and_across_processes(demo_model_dir, tmp_path
     again = read_all(write_demo_model(tmp_path / "again"))
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
     subprocess.run(
-        [sys.executable, "-m", "cachekey.demo", str(tmp_path / "other")],
+        [sys.executable, "-m", "worker.demo", str(tmp_path / "other")],
         check=True,
         env=env,
         capture_output=True,
@@ -44,7 +44,7 @@ def test_byte_identical_in_process_and_across_processes(demo_model_dir, tmp_path
 
 def test_writing_the_demo_model_does_not_import_torch(tmp_path):
     code = (
-        "import sys; from cachekey.demo import write_demo_model; "
+        "import sys; from worker.demo.model import write_demo_model; "
         f"write_demo_model({str(tmp_path)!r}); assert 'torch' not in sys.modules, 'torch'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

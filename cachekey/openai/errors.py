@@ -1,9 +1,10 @@
-"""The OpenAI error body, `{"error": {"message", "type", "param", "code"}}`, for gateway and worker.
+"""The OpenAI error, `{"error": {"message", "type", "param", "code"}}`, for gateway and worker.
 
 `type` follows the HTTP status as OpenAI's API sets it: `invalid_request_error` for 4xx (401
 and 404 included; OpenAI tells them apart by `code`, e.g. `invalid_api_key`, `model_not_found`),
 `rate_limit_error` for 429 and `server_error` for 5xx. `code` is a short snake_case string or
-None, never the HTTP status. No web framework here: callers wrap the dict in their response.
+None, never the HTTP status. `APIError` is the one exception either side raises for an answer
+it gives itself. No web framework here: callers wrap the dict in their response.
 """
 
 from __future__ import annotations
@@ -31,6 +32,30 @@ def error_type(status: int) -> str:
     if status == 429:
         return RATE_LIMIT
     return SERVER_ERROR if status >= 500 else INVALID_REQUEST
+
+
+class APIError(Exception):
+    """A request answered with an OpenAI error: HTTP status, message, the body's param and code,
+    and headers the response carries (e.g. Retry-After)."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers
+
+    def body(self) -> dict[str, dict[str, Any]]:
+        return error_body(self.status, self.message, param=self.param, code=self.code)
 
 
 def error_body(

@@ -1,0 +1,1 @@
+"""Tests of worker/demo/: the generated demo models."""
