@@ -142,7 +142,8 @@ def test_a_wrong_worker_token_is_named_as_soon_as_the_worker_answers(tmp_path) -
     )  # fmt: skip
     gw.start()
     try:
-        wait_until(lambda: "unreachable: ConnectionRefusedError" in gw.log_path.read_text(), 30, "a poll")
+        unreachable = "unreachable: ConnectionRefusedError"
+        wait_until(lambda: unreachable in gw.log_path.read_text(), 30, "a poll")
         worker.start()
         worker.wait_healthy(60)
         up = time.monotonic()
