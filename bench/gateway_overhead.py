@@ -26,10 +26,10 @@ from bench.lib.report import percentile, write_json
 from cachekey.events import BlockStored
 from cachekey.keys import HashNamespace, block_keys
 from gateway.config import GatewayConfig
-from gateway.index import BlockIndex, ReplicaId
-from gateway.policies import RouteContext
-from gateway.policies.cache_aware import CacheAwarePolicy
-from gateway.replica import Replica
+from gateway.fleet.replica import Replica
+from gateway.index.block_index import BlockIndex, ReplicaId
+from gateway.routing.policies import RouteContext
+from gateway.routing.policies.cache_aware import CacheAwarePolicy
 from harness.cluster import Cluster, ClusterSpec
 
 

@@ -35,10 +35,10 @@ async def measure(n: int, requests: int, model_dir: str) -> dict:
     from cachekey.events import BlockStored
     from cachekey.keys import HashNamespace, block_keys
     from gateway.config import GatewayConfig
-    from gateway.index import ReplicaId
+    from gateway.fleet.replica import Replica
+    from gateway.index.block_index import ReplicaId
     from gateway.protocol import ChatCompletionRequest
-    from gateway.replica import Replica
-    from gateway.request import ProxyRequest
+    from gateway.routing.request import ProxyRequest
     from gateway.state import GatewayState
     from harness.workload import Workload, WorkloadSpec
 

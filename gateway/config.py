@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 
 from cachekey.flags import LOG_LEVELS, flag_group, format_size, option, parse_size
 from cachekey.worker_auth import resolve_token
-from gateway.endpoints import check_topic, parse_bind, parse_worker
-from gateway.image_fetch import AllowList
-from gateway.limits import RequestLimits
+from gateway.discovery.endpoints import check_topic, parse_bind, parse_worker
+from gateway.http.limits import RequestLimits
+from gateway.images.guard import AllowList
 
 POLICY_NAMES = ("cache_aware", "round_robin", "least_loaded", "session", "random")
 DISCOVERY_NAMES = ("static", "k8s", "inferencepool")

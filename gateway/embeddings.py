@@ -27,11 +27,11 @@ from cachekey.openai_errors import INVALID_VALUE
 from cachekey.render import ImageOptions
 from cachekey.types import BlockKey, Prompt
 from gateway.errors import GatewayError
-from gateway.fetch import image_options
-from gateway.images import pin_images
+from gateway.fleet.replica import Replica
+from gateway.images.fetch import image_options
+from gateway.images.parts import pin_images
 from gateway.protocol import _Request
-from gateway.replica import Replica
-from gateway.request import ProxyRequest
+from gateway.routing.request import ProxyRequest
 
 
 class EmbeddingRequest(_Request):

@@ -27,8 +27,8 @@ from cachekey.openai_errors import (
     route_error,
 )
 from cachekey.validation_errors import invalid_request
-from gateway.limits import LimitError, render_error_hint
-from gateway.tenants import AuthError
+from gateway.http.limits import LimitError, render_error_hint
+from gateway.routing.tenants import AuthError
 
 log = logging.getLogger(__name__)
 

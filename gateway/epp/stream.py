@@ -37,13 +37,13 @@ from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import Proces
 from cachekey.keys import PREFIX_HEADER
 from cachekey.worker_auth import bearer
 from gateway.errors import GatewayError, as_gateway_error
-from gateway.index import ReplicaId
-from gateway.policies import RouteContext
+from gateway.fleet.replica import Replica
+from gateway.http.serving import end, read_request, read_usage, replica_headers
+from gateway.http.sse_relay import SSERelay
+from gateway.index.block_index import ReplicaId
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
-from gateway.proxy import SSERelay
-from gateway.replica import Replica
-from gateway.request import ProxyRequest
-from gateway.serving import end, read_request, read_usage, replica_headers
+from gateway.routing.policies import RouteContext
+from gateway.routing.request import ProxyRequest
 from gateway.state import GatewayState
 
 from . import served, wire

@@ -7,12 +7,12 @@ import asyncio
 
 from cachekey.documents import LoRAAdapters
 from cachekey.keys import HashNamespace, block_keys
-from gateway.adapters import FULL, RESIDENT, ROOM, adapter_miss, note_routed
 from gateway.config import GatewayConfig
-from gateway.index import ReplicaId
-from gateway.policies import POLICIES, RouteContext
-from gateway.replica import Replica
-from gateway.vllm_compat import lora_adapters, parse_lora_info, parse_models
+from gateway.fleet.replica import Replica
+from gateway.fleet.vllm_compat import lora_adapters, parse_lora_info, parse_models
+from gateway.index.block_index import ReplicaId
+from gateway.routing.adapters import FULL, RESIDENT, ROOM, adapter_miss, note_routed
+from gateway.routing.policies import POLICIES, RouteContext
 
 NS = HashNamespace("demo", 16)
 TTL = 2.0

@@ -11,11 +11,11 @@ import httpx
 import pytest
 
 from gateway.config import GatewayConfig
-from gateway.index import BlockIndex
+from gateway.fleet.names import replica_name
+from gateway.fleet.replica import Replica
+from gateway.fleet.replica_set import ReplicaSet
+from gateway.index.block_index import BlockIndex
 from gateway.metrics import GatewayMetrics
-from gateway.replica import Replica
-from gateway.replica_names import replica_name
-from gateway.replicas import ReplicaSet
 from harness.cluster import HOST, Cluster, ClusterSpec, Proc, free_port, wait_until
 from tests.support.waits import try_get
 
@@ -101,14 +101,14 @@ def test_down_worker_is_logged_again_only_after_the_rate_limit(caplog) -> None:
             await replicas.close()
             await http.aclose()
 
-    with caplog.at_level(logging.WARNING, logger="gateway.replicas"):
+    with caplog.at_level(logging.WARNING, logger="gateway.fleet.replica_set"):
         asyncio.run(scenario())
 
 
 def test_no_workers_at_all_is_a_warning(caplog) -> None:
-    from gateway.app import create_app
+    from gateway.http.app import create_app
 
-    with caplog.at_level(logging.WARNING, logger="gateway.app"):
+    with caplog.at_level(logging.WARNING, logger="gateway.http.app"):
         create_app(GatewayConfig())
     assert "no workers: start the gateway with --workers" in caplog.text
 
@@ -176,6 +176,6 @@ def test_debug_logs_show_decisions_not_http_internals(tmp_path) -> None:
                 assert r.status_code == 200, r.text
         time.sleep(1.0)  # ten polls of the worker each
         debug, http_debug = (g.log_path.read_text() for g in c.gateways)
-    assert debug.count("DEBUG gateway.policies.cache_aware: cache_aware") >= 3
+    assert debug.count("DEBUG gateway.routing.policies.cache_aware: cache_aware") >= 3
     assert "httpcore" not in debug and "httpx" not in debug
     assert http_debug.count("DEBUG httpcore") >= 10

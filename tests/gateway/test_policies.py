@@ -9,11 +9,11 @@ import pytest
 
 from cachekey.keys import HashNamespace, block_keys
 from gateway.config import CostWeights, GatewayConfig
-from gateway.index import ReplicaId
-from gateway.policies import POLICIES, RouteContext
-from gateway.policies.cache_aware import explain, fleet_rate
-from gateway.proxy import SSERelay
-from gateway.replica import Replica, parse_load
+from gateway.fleet.replica import Replica, parse_load
+from gateway.http.sse_relay import SSERelay
+from gateway.index.block_index import ReplicaId
+from gateway.routing.policies import POLICIES, RouteContext
+from gateway.routing.policies.cache_aware import explain, fleet_rate
 
 NS = HashNamespace("demo", 16)
 
@@ -76,7 +76,7 @@ def test_cache_aware_explains_each_decision_at_debug_level(caplog):
     assert first.startswith("(ms) http://w0 total=64 queue=0 prefill=32 interference=32 ")
     assert second.startswith("http://w1 total=292 queue=100 prefill=64 interference=128 ")
     assert "in_flight=1" in second
-    with caplog.at_level("DEBUG", logger="gateway.policies.cache_aware"):
+    with caplog.at_level("DEBUG", logger="gateway.routing.policies.cache_aware"):
         asyncio.run(policy.rank(ctx))
     assert text in caplog.text
     for r in reps:  # no rate measured yet: the same decision, in tokens
@@ -196,10 +196,10 @@ def test_parse_load_reads_vllm_gauges():
 
 
 def test_circuit_breaker_ejects_after_repeated_failures():
-    from gateway.breaker import CircuitBreaker
-    from gateway.index import BlockIndex
+    from gateway.fleet.breaker import CircuitBreaker
+    from gateway.fleet.replica_set import ReplicaSet
+    from gateway.index.block_index import BlockIndex
     from gateway.metrics import GatewayMetrics
-    from gateway.replicas import ReplicaSet
 
     cfg = GatewayConfig(eject_after_failures=3, eject_seconds=30.0)
     metrics = GatewayMetrics()
@@ -229,7 +229,7 @@ def test_circuit_breaker_ejects_after_repeated_failures():
 
 
 def test_prefill_rate_from_the_workers_vllm_histogram_sums():
-    from gateway.prefill_rate import MIN_TOKENS, PrefillRate, parse_prefill_sums
+    from gateway.fleet.prefill_rate import MIN_TOKENS, PrefillRate, parse_prefill_sums
 
     def page(seconds: float, tokens: float) -> str:
         return (

@@ -1,5 +1,5 @@
 """What fronting hundreds of workers takes: polls and event tail checks within their rate however
-many workers (gateway/pace.py, measured on real polls of a simulated fleet), a ZMQ context
+many workers (gateway/fleet/pace.py, measured on real polls of a simulated fleet), a ZMQ context
 that holds a SUB and a replay DEALER for each of them, and a match that looks only at the
 replicas holding a request's prefix."""
 
@@ -16,15 +16,15 @@ import zmq
 from cachekey.events import BlockStored
 from cachekey.keys import HashNamespace, block_keys
 from gateway.config import GatewayConfig
-from gateway.index import BlockIndex, ReplicaId
+from gateway.fleet.pace import Pace
+from gateway.fleet.replica import Replica
+from gateway.fleet.replica_set import ReplicaSet
+from gateway.index.block_index import BlockIndex, ReplicaId
+from gateway.index.followers import event_context
 from gateway.metrics import GatewayMetrics
-from gateway.pace import Pace
-from gateway.policies import RouteContext
-from gateway.policies.base import tie_order
-from gateway.policies.cache_aware import TOP, CacheAwarePolicy
-from gateway.rank_events import event_context
-from gateway.replica import Replica
-from gateway.replicas import ReplicaSet
+from gateway.routing.policies import RouteContext
+from gateway.routing.policies.base import tie_order
+from gateway.routing.policies.cache_aware import TOP, CacheAwarePolicy
 from harness.fleet.engine import Timing
 from harness.fleet.fleet import Fleet, FleetConfig
 

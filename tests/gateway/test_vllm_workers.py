@@ -22,12 +22,12 @@ from cachekey.keys import block_keys, usable_match
 from cachekey.render import Renderer
 from cachekey.types import MMItem
 from gateway.config import GatewayConfig
-from gateway.endpoints import parse_worker
-from gateway.index import BlockIndex, ReplicaId
+from gateway.discovery.endpoints import parse_worker
+from gateway.fleet.names import replica_name
+from gateway.fleet.replica import Replica
+from gateway.fleet.replica_set import ReplicaSet
+from gateway.index.block_index import BlockIndex, ReplicaId
 from gateway.metrics import GatewayMetrics
-from gateway.replica import Replica
-from gateway.replica_names import replica_name
-from gateway.replicas import ReplicaSet
 from harness.cluster import Proc, free_port, free_port_run
 from tests.support.metrics import sample
 from tests.support.vllm_like import VllmLike, load

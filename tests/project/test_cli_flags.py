@@ -13,7 +13,7 @@ import pytest
 from cachekey.flags import format_pixels, format_size, parse_pixels, parse_size
 from gateway import cli as gateway_cli
 from gateway.config import CostWeights, GatewayConfig
-from gateway.limits import RequestLimits
+from gateway.http.limits import RequestLimits
 from harness.cluster import free_port
 from tests.support.paths import REPO
 from worker import cli as worker_cli

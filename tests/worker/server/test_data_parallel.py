@@ -12,7 +12,7 @@ import httpx
 
 from cachekey.demo_lora import DEMO_ADAPTERS, write_demo_adapter
 from cachekey.documents import Snapshot, WorkerInfo, decode_document
-from gateway.replica_names import replica_name
+from gateway.fleet.names import replica_name
 from harness.cluster import (
     Proc,
     free_port,
