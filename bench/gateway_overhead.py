@@ -26,8 +26,9 @@ from bench.lib.report import percentile, write_json
 from cachekey.events import BlockStored
 from cachekey.keys import HashNamespace, block_keys
 from gateway.config import GatewayConfig
+from gateway.fleet.names import ReplicaId
 from gateway.fleet.replica import Replica
-from gateway.index.block_index import BlockIndex, ReplicaId
+from gateway.index.block_index import BlockIndex
 from gateway.routing.policies import RouteContext
 from gateway.routing.policies.cache_aware import CacheAwarePolicy
 from harness.cluster import Cluster, ClusterSpec

@@ -35,8 +35,8 @@ async def measure(n: int, requests: int, model_dir: str) -> dict:
     from cachekey.events import BlockStored
     from cachekey.keys import HashNamespace, block_keys
     from gateway.config import GatewayConfig
+    from gateway.fleet.names import ReplicaId
     from gateway.fleet.replica import Replica
-    from gateway.index.block_index import ReplicaId
     from gateway.protocol import ChatCompletionRequest
     from gateway.routing.request import ProxyRequest
     from gateway.state import GatewayState

@@ -37,10 +37,10 @@ from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import Proces
 from cachekey.keys import PREFIX_HEADER
 from cachekey.worker_auth import bearer
 from gateway.errors import GatewayError, as_gateway_error
+from gateway.fleet.names import ReplicaId
 from gateway.fleet.replica import Replica
 from gateway.http.serving import end, read_request, read_usage, replica_headers
 from gateway.http.sse_relay import SSERelay
-from gateway.index.block_index import ReplicaId
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.routing.policies import RouteContext
 from gateway.routing.request import ProxyRequest

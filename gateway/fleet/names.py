@@ -1,4 +1,6 @@
-"""The name a client sees for the replica that served it (`x-kvgate-replica`): never its URL.
+"""A replica's names: its id (`ReplicaId`, what the index and routing key it by: its worker URL,
+with `#dp<r>` for data-parallel rank r > 0), and the name a client sees for the replica that
+served it (`x-kvgate-replica`): never its URL.
 
 A worker's URL tells a client the cluster's internal addresses. The name is a short keyed hash
 of the replica id: stable (every gateway replica computes the same name for the same worker,
@@ -12,6 +14,9 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from typing import NewType
+
+ReplicaId = NewType("ReplicaId", str)
 
 
 def replica_name(replica_id: str, worker_token: str | None) -> str:

@@ -10,11 +10,10 @@ from dataclasses import dataclass, field
 from cachekey.documents import LoRAAdapters, WorkerInfo
 from cachekey.keys import HashNamespace, MMMatchRule
 from gateway.discovery.endpoints import WorkerEndpoint
-from gateway.fleet.names import replica_name
+from gateway.fleet.names import ReplicaId, replica_name
 from gateway.fleet.prefill_rate import PrefillRate
 from gateway.fleet.ranks import RankSlot, parse_engine_load
 from gateway.http.upstream import UpstreamPool
-from gateway.index.block_index import ReplicaId
 from gateway.index.subscriber import KVEventSubscriber
 
 

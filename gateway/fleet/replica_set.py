@@ -27,7 +27,7 @@ from cachekey.documents import DocumentError, WorkerInfo, decode_document
 from cachekey.worker_auth import CurveKeys, bearer
 from gateway.config import GatewayConfig
 from gateway.discovery.endpoints import WorkerEndpoint
-from gateway.fleet.names import replica_name
+from gateway.fleet.names import ReplicaId, replica_name
 from gateway.fleet.pace import Pace
 from gateway.fleet.parity import check_parity
 from gateway.fleet.prefill_rate import parse_prefill_sums
@@ -35,7 +35,7 @@ from gateway.fleet.ranks import RankSlot, parse_engine_load, rank_loras, rank_sl
 from gateway.fleet.replica import Replica
 from gateway.fleet.vllm_compat import vllm_info
 from gateway.http.upstream import Fetched, UpstreamError, UpstreamPool
-from gateway.index.block_index import BlockIndex, ReplicaId
+from gateway.index.block_index import BlockIndex
 from gateway.index.followers import EventFollowers, event_context
 from gateway.metrics import GatewayMetrics
 from gateway.tasks import cancel_and_wait

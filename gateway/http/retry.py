@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from gateway import accounting
 from gateway.errors import UpstreamFailed
+from gateway.fleet.names import ReplicaId
 from gateway.http.upstream import UpstreamError, UpstreamResponse
-from gateway.index.block_index import ReplicaId
 from gateway.routing.request import ProxyRequest
 
 

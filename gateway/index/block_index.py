@@ -30,15 +30,13 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import islice
-from typing import NewType
 
 from cachekey.events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from cachekey.keys import HashNamespace
 from cachekey.types import BlockKey, MMItem
-from gateway.index.replica_blocks import ReplicaState, is_sparse, stored_keys
+from gateway.fleet.names import ReplicaId
+from gateway.index.replica_blocks import ReplicaBlocks, is_sparse, stored_keys
 from gateway.index.speculative import Guess, SpeculativeEntries
-
-ReplicaId = NewType("ReplicaId", str)
 
 # CPython bytes per indexed block, measured with tracemalloc by bench/index_ingest.py on 64-bit
 # CPython 3.11 (int engine hashes, one replica): the key dict entry with its 16-byte key, and
@@ -66,11 +64,11 @@ class BlockIndex:
         self.speculative_ttl = speculative_ttl
         self._held: dict[BlockKey, int] = {}
         self._extra: dict[tuple[BlockKey, int], int] = {}  # (key, slot bit) -> copies beyond 1
-        self._replicas: dict[ReplicaId, ReplicaState] = {}
+        self._replicas: dict[ReplicaId, ReplicaBlocks] = {}
         # Slot bit -> its replica, and the replicas with lookahead keys (replaced whole): a match
         # looks only at the replicas holding a request's block 0, and at those.
-        self._by_bit: dict[int, ReplicaState] = {}
-        self._lookahead: tuple[ReplicaState, ...] = ()
+        self._by_bit: dict[int, ReplicaBlocks] = {}
+        self._lookahead: tuple[ReplicaBlocks, ...] = ()
         self._reannouncing: set[ReplicaId] = set()
         self._free_slots: list[int] = []
         self._next_slot = 0
@@ -192,7 +190,7 @@ class BlockIndex:
 
     def _add_copies(
         self,
-        rep: ReplicaState,
+        rep: ReplicaBlocks,
         ev: BlockStored,
         hashes: Sequence,
         hkeys: Sequence[BlockKey],
@@ -291,11 +289,11 @@ class BlockIndex:
             if rep in self._lookahead:
                 self._lookahead = tuple(r for r in self._lookahead if r is not rep)
 
-    def _add_replica(self, replica: ReplicaId) -> ReplicaState:
+    def _add_replica(self, replica: ReplicaId) -> ReplicaBlocks:
         with self._lock:
             rep = self._replicas.get(replica)
             if rep is None:
-                rep = self._replicas[replica] = ReplicaState(replica, self._take_slot)
+                rep = self._replicas[replica] = ReplicaBlocks(replica, self._take_slot)
                 self._by_bit[rep.home_bit] = rep
             return rep
 
@@ -373,7 +371,7 @@ class BlockIndex:
                 self.spec.expire(now)
         spec = self.spec.mask if speculative else None
         held = self._held
-        reps: dict[ReplicaId, ReplicaState] = {r.id: r for r in self._lookahead}
+        reps: dict[ReplicaId, ReplicaBlocks] = {r.id: r for r in self._lookahead}
         first = (held.get(keys[0], 0) | (spec.get(keys[0], 0) if spec else 0)) if keys else 0
         alive = 0
         while first:

@@ -22,10 +22,11 @@ from cachekey.keys import HashNamespace
 from cachekey.worker_auth import CurveKeys
 from gateway.config import GatewayConfig
 from gateway.discovery.endpoints import WorkerEndpoint
+from gateway.fleet.names import ReplicaId
 from gateway.fleet.pace import Pace
 from gateway.fleet.ranks import RankSlot
 from gateway.fleet.vllm_compat import INSTANCE
-from gateway.index.block_index import BlockIndex, ReplicaId
+from gateway.index.block_index import BlockIndex
 from gateway.index.event_hub import EventHub
 from gateway.index.subscriber import EventSource, KVEventSubscriber
 from gateway.metrics import GatewayMetrics
@@ -43,7 +44,7 @@ def event_context() -> zmq.asyncio.Context:
     return ctx
 
 
-class Replica(Protocol):
+class FollowedReplica(Protocol):
     """What following a replica's events reads and sets (gateway.fleet.replica.Replica)."""
 
     id: ReplicaId
@@ -80,7 +81,7 @@ class EventFollowers:
         # One pace for every subscriber's tail checks (gateway/fleet/pace.py).
         self._tail_pace = Pace(config.event_tail_check_interval, config.max_tail_checks_per_second)
 
-    def start(self, rep: Replica) -> None:
+    def start(self, rep: FollowedReplica) -> None:
         """Follow one rank's KV events: its own SUB, or its inbox on the central SUB."""
         info, slot = rep.info, rep.slot
         assert info is not None and slot is not None and rep.namespace is not None
@@ -125,7 +126,7 @@ class EventFollowers:
         self._tail_pace.join()
         rep.sub_task = asyncio.create_task(self._run(rep, sub))
 
-    async def _run(self, rep: Replica, sub: KVEventSubscriber) -> None:
+    async def _run(self, rep: FollowedReplica, sub: KVEventSubscriber) -> None:
         while rep.subscriber is sub:
             try:
                 await sub.run()
@@ -135,7 +136,7 @@ class EventFollowers:
                 log.warning("subscriber %s failed: %s; restarting", rep.id, e)
                 await asyncio.sleep(self.config.poll_interval)
 
-    async def stop(self, rep: Replica) -> None:
+    async def stop(self, rep: FollowedReplica) -> None:
         sub, rep.subscriber = rep.subscriber, None
         if sub is not None:
             self._tail_pace.leave()

@@ -12,7 +12,8 @@ from typing import NamedTuple
 
 from cachekey.events import DecodeError, decode_batch
 from cachekey.keys import HashNamespace
-from gateway.index.block_index import BlockIndex, ReplicaId
+from gateway.fleet.names import ReplicaId
+from gateway.index.block_index import BlockIndex
 
 log = logging.getLogger(__name__)
 

@@ -41,7 +41,7 @@ class Group:
         return None
 
 
-class ReplicaState:
+class ReplicaBlocks:
     """Engine hash -> gateway key (or (key, lookahead key)), and the replica's groups.
 
     `full_bits`, `full_bit_list` and `sliding` are derived and replaced whole when a group

@@ -40,8 +40,9 @@ from cachekey.documents import Snapshot, decode_document
 from cachekey.events import seq_from_bytes as seq_of
 from cachekey.keys import HashNamespace
 from cachekey.worker_auth import CurveKeys
+from gateway.fleet.names import ReplicaId
 from gateway.fleet.pace import Pace
-from gateway.index.block_index import BlockIndex, ReplicaId
+from gateway.index.block_index import BlockIndex
 from gateway.index.ingest import INGEST, ingest_batch
 from gateway.index.replay import REPLAY_ONLY_WARN_AFTER, ReplayClient, replay_only_hint
 from gateway.metrics import GatewayMetrics

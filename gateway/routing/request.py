@@ -18,11 +18,11 @@ from cachekey.openai_errors import INVALID_VALUE
 from cachekey.types import BlockKey, Prompt
 from gateway import accounting
 from gateway.errors import GatewayError
+from gateway.fleet.names import ReplicaId
 from gateway.fleet.replica import Replica
 from gateway.http.limits import default_max_tokens
 from gateway.images.fetch import image_options
 from gateway.images.parts import pin_images
-from gateway.index.block_index import ReplicaId
 from gateway.index.speculative import Guess
 from gateway.protocol import ChatCompletionRequest
 from gateway.routing.adapters import note_routed

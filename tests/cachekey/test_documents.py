@@ -28,9 +28,10 @@ from cachekey.documents import (
 )
 from cachekey.keys import block_extra_keys
 from gateway.config import GatewayConfig
+from gateway.fleet.names import ReplicaId
 from gateway.fleet.replica import Replica
 from gateway.fleet.replica_set import ReplicaSet
-from gateway.index.block_index import BlockIndex, ReplicaId
+from gateway.index.block_index import BlockIndex
 from gateway.index.subscriber import EventSource, KVEventSubscriber
 from gateway.metrics import GatewayMetrics
 from harness.cluster import free_port

@@ -7,7 +7,8 @@ import msgspec
 from cachekey.events import AllBlocksCleared, BlockRemoved, BlockStored, decode_batch
 from cachekey.keys import HashNamespace, block_extra_keys, block_keys
 from cachekey.types import MMItem
-from gateway.index.block_index import BlockIndex, ReplicaId
+from gateway.fleet.names import ReplicaId
+from gateway.index.block_index import BlockIndex
 
 NS = HashNamespace("demo", block_size=4)
 A, B = ReplicaId("http://a"), ReplicaId("http://b")

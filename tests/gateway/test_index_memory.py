@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from cachekey.events import BlockStored
 from cachekey.keys import HashNamespace, block_keys
-from gateway.index.block_index import BlockIndex, ReplicaId
+from gateway.fleet.names import ReplicaId
+from gateway.index.block_index import BlockIndex
 
 NS = HashNamespace("demo", block_size=4)
 A, B = ReplicaId("http://a"), ReplicaId("http://b")

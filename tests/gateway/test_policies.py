@@ -9,9 +9,9 @@ import pytest
 
 from cachekey.keys import HashNamespace, block_keys
 from gateway.config import CostWeights, GatewayConfig
+from gateway.fleet.names import ReplicaId
 from gateway.fleet.replica import Replica, parse_load
 from gateway.http.sse_relay import SSERelay
-from gateway.index.block_index import ReplicaId
 from gateway.routing.policies import POLICIES, RouteContext
 from gateway.routing.policies.cache_aware import explain, fleet_rate
 

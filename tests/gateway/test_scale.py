@@ -16,10 +16,11 @@ import zmq
 from cachekey.events import BlockStored
 from cachekey.keys import HashNamespace, block_keys
 from gateway.config import GatewayConfig
+from gateway.fleet.names import ReplicaId
 from gateway.fleet.pace import Pace
 from gateway.fleet.replica import Replica
 from gateway.fleet.replica_set import ReplicaSet
-from gateway.index.block_index import BlockIndex, ReplicaId
+from gateway.index.block_index import BlockIndex
 from gateway.index.followers import event_context
 from gateway.metrics import GatewayMetrics
 from gateway.routing.policies import RouteContext

@@ -29,7 +29,8 @@ from cachekey.events import (
     seq_from_bytes,
 )
 from cachekey.keys import HashNamespace, block_keys
-from gateway.index.block_index import BlockIndex, ReplicaId
+from gateway.fleet.names import ReplicaId
+from gateway.index.block_index import BlockIndex
 from gateway.index.subscriber import EventSource, KVEventSubscriber
 from gateway.metrics import GatewayMetrics
 from harness.cluster import free_port

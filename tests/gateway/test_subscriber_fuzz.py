@@ -27,7 +27,8 @@ from hypothesis import strategies as st
 
 from cachekey.events import seq_bytes
 from cachekey.keys import HashNamespace, block_keys
-from gateway.index.block_index import BlockIndex, ReplicaId
+from gateway.fleet.names import ReplicaId
+from gateway.index.block_index import BlockIndex
 from gateway.index.ingest import ingest_batch
 from gateway.index.subscriber import EventSource, KVEventSubscriber
 from gateway.metrics import GatewayMetrics

@@ -21,7 +21,8 @@ import zmq.asyncio
 from cachekey.events import decode_batch, parse_replay_reply, seq_from_bytes
 from cachekey.keys import HashNamespace, block_keys, usable_match
 from cachekey.types import MMItem
-from gateway.index.block_index import BlockIndex, ReplicaId
+from gateway.fleet.names import ReplicaId
+from gateway.index.block_index import BlockIndex
 from gateway.index.subscriber import EventSource, KVEventSubscriber
 from gateway.metrics import GatewayMetrics
 from tests.support.metrics import sample

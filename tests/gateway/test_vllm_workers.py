@@ -23,10 +23,10 @@ from cachekey.render import Renderer
 from cachekey.types import MMItem
 from gateway.config import GatewayConfig
 from gateway.discovery.endpoints import parse_worker
-from gateway.fleet.names import replica_name
+from gateway.fleet.names import ReplicaId, replica_name
 from gateway.fleet.replica import Replica
 from gateway.fleet.replica_set import ReplicaSet
-from gateway.index.block_index import BlockIndex, ReplicaId
+from gateway.index.block_index import BlockIndex
 from gateway.metrics import GatewayMetrics
 from harness.cluster import Proc, free_port, free_port_run
 from tests.support.metrics import sample
