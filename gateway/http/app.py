@@ -16,18 +16,11 @@ from gateway.discovery import Discovery
 from gateway.discovery.endpoints import WorkerEndpoint
 from gateway.discovery.static import StaticDiscovery
 from gateway.http.admin import misrouted, not_found
-from gateway.http.routes import attach_routes
-from gateway.http.serving import OpenAIServing
+from gateway.http.routes import PROXIED, attach_routes, serve_proxied
 from gateway.state import GatewayState
 from gateway.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
-
-_PROXIED = {
-    "/v1/chat/completions": "chat_completions",
-    "/v1/completions": "completions",
-    "/v1/embeddings": "embeddings",
-}
 
 
 class GatewayApp(FastAPI):
@@ -35,7 +28,8 @@ class GatewayApp(FastAPI):
 
     They are the hot path: `OpenAIServing` answers every failure itself, so the exception
     middleware, dependency solving and routing would only add per-request time (profiled in
-    docs/benchmarks.md). The same routes stay registered for the OpenAPI schema.
+    docs/benchmarks.md). The same routes stay registered for the OpenAPI schema, and both
+    ways reach `serve_proxied` (routes.py).
     """
 
     admin_port: int | None = None  # set: /metrics and /kvgate/index only there (admin.py)
@@ -44,13 +38,10 @@ class GatewayApp(FastAPI):
         if scope["type"] == "http" and self.admin_port and misrouted(scope, self.admin_port):
             await not_found(scope)(scope, receive, send)
             return
-        if scope["type"] == "http" and scope["method"] == "POST":
-            name = _PROXIED.get(scope["path"])
-            if name is not None:
-                serving = OpenAIServing(self.state.gateway)
-                response = await getattr(serving, name)(Request(scope, receive))
-                await response(scope, receive, send)
-                return
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in PROXIED:
+            response = await serve_proxied(self.state.gateway, Request(scope, receive))
+            await response(scope, receive, send)
+            return
         await super().__call__(scope, receive, send)
 
 

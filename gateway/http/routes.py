@@ -1,8 +1,14 @@
-"""HTTP routes: thin wrappers over OpenAIServing and the state."""
+"""HTTP routes: the proxied POST routes (`PROXIED`, served by `serve_proxied`) and thin wrappers
+over the state for the rest.
+
+`GatewayApp` (app.py) serves the proxied routes itself, before FastAPI's middleware and routing;
+`attach_routes` registers the same table so that the OpenAPI schema lists them, through the same
+`serve_proxied`: one path either way."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -23,20 +29,27 @@ def _no_worker(st: GatewayState) -> Response:
     return error_response(GatewayError(503, msg, code="no_healthy_worker"))
 
 
+# The routes proxied to a worker, and the OpenAIServing method that serves each.
+PROXIED: dict[str, Callable[[OpenAIServing, Request], Awaitable[Response]]] = {
+    "/v1/chat/completions": OpenAIServing.chat_completions,
+    "/v1/completions": OpenAIServing.completions,
+    "/v1/embeddings": OpenAIServing.embeddings,
+}
+
+
+async def serve_proxied(state: GatewayState, request: Request) -> Response:
+    """A proxied route's answer (its path is in PROXIED), whichever way the request came in."""
+    return await PROXIED[request.scope["path"]](OpenAIServing(state), request)
+
+
+async def _proxied_route(request: Request) -> Response:
+    return await serve_proxied(_state(request), request)
+
+
 def attach_routes(app: FastAPI) -> None:
     app.add_exception_handler(HTTPException, http_error_response)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        return await OpenAIServing(_state(request)).chat_completions(request)
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await OpenAIServing(_state(request)).completions(request)
-
-    @app.post("/v1/embeddings")
-    async def embeddings(request: Request) -> Response:
-        return await OpenAIServing(_state(request)).embeddings(request)
+    for path, serve in PROXIED.items():
+        app.add_api_route(path, _proxied_route, methods=["POST"], name=serve.__name__)
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
