@@ -206,7 +206,7 @@ class ExtProcStream:
             msg = "no healthy worker: " + self.state.replicas.describe()
             raise GatewayError(503, msg, code="no_healthy_worker")
         ctx = RouteContext(reps, [], 0, 1, headers=headers)
-        return (await self.state.policies["least_loaded"].rank(ctx))[0]
+        return self.state.policies["least_loaded"].rank(ctx)[0]
 
     async def _refuse(self, exc: Exception, headers: Mapping[str, str]):
         err = as_gateway_error(exc)  # logs an unexpected one

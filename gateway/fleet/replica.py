@@ -12,7 +12,7 @@ from cachekey.keys import HashNamespace, MMMatchRule
 from gateway.discovery.endpoints import WorkerEndpoint
 from gateway.fleet.names import ReplicaId, replica_name
 from gateway.fleet.prefill_rate import PrefillRate
-from gateway.fleet.ranks import RankSlot, parse_engine_load
+from gateway.fleet.ranks import RankSlot
 from gateway.http.upstream import UpstreamPool
 from gateway.index.subscriber import KVEventSubscriber
 
@@ -102,8 +102,3 @@ class Replica:
         else:
             state = self.down_reason or "unhealthy"
         return f"{self.name} ({state})"
-
-
-def parse_load(text: str) -> dict[str, float]:
-    """The three load gauges from a vLLM-style /metrics page (summed over label sets)."""
-    return parse_engine_load(text)[None]

@@ -109,10 +109,6 @@ class ReplicaSet:
                 rep.poll_task = asyncio.create_task(self._poll_loop(rep))
                 self.metrics.replica_healthy.labels(rid).set(0)
 
-    async def set_urls(self, urls: frozenset[str]) -> None:
-        """`set_workers` for plain base URLs."""
-        await self.set_workers(frozenset(WorkerEndpoint(u.rstrip("/")) for u in urls))
-
     async def _remove(self, head: Replica) -> None:
         if self._heads.get(head.url) is head:
             del self._heads[head.url]

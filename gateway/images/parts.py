@@ -20,10 +20,6 @@ def _mime(data: bytes) -> str:
     return next((m for magic, m in _IMAGE_MAGIC if data.startswith(magic)), "image/png")
 
 
-def _is_image(part: dict[str, Any]) -> bool:
-    return part.get("type") in IMAGE_PART_TYPES
-
-
 def _image_parts(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The image content parts (of every image part type) in the order the renderer walks them."""
     parts = []

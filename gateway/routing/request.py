@@ -197,7 +197,7 @@ class ProxyRequest:
             seed,
             self.lora_name,
         )
-        ranked = await self.policy.rank(ctx)
+        ranked = self.policy.rank(ctx)
         st.metrics.routing_seconds.observe(time.perf_counter() - t0)
         self.admitted = False  # place() turns the claim into a slot, or gives it up
         rep = await st.admission.place(ranked)

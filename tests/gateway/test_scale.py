@@ -16,6 +16,7 @@ import zmq
 from cachekey.events import BlockStored
 from cachekey.keys import HashNamespace, block_keys
 from gateway.config import GatewayConfig
+from gateway.discovery.endpoints import WorkerEndpoint
 from gateway.fleet.names import ReplicaId
 from gateway.fleet.pace import Pace
 from gateway.fleet.replica import Replica
@@ -63,7 +64,7 @@ def test_polls_of_a_fleet_stay_within_max_polls_per_second():
             gw = GatewayConfig(poll_interval=0.05, max_polls_per_second=20, kv_events=False)
             replicas = ReplicaSet(gw, BlockIndex(), GatewayMetrics(), http)
             try:
-                await replicas.set_urls(frozenset(fleet.urls))
+                await replicas.set_workers(frozenset(WorkerEndpoint(u) for u in fleet.urls))
                 await asyncio.sleep(2.0)
                 assert all(r.healthy for r in replicas.replicas.values())
             finally:
@@ -135,7 +136,7 @@ def test_cache_aware_ranks_the_first_places_of_hundreds_of_replicas_exactly():
         tokens = list(range(trial, trial + 2600))
         matched = {reps[i].id: rng.randrange(1, 160) for i in rng.sample(range(300), 3)}
         ctx = _ctx(reps, tokens, matched)
-        ranked = asyncio.run(policy.rank(ctx))
+        ranked = policy.rank(ctx)
         assert sorted(map(id, ranked)) == sorted(map(id, reps))  # each candidate once
         later = time.monotonic()
         exact = sorted(

@@ -1,4 +1,5 @@
-"""Routing policies behind one async signature; `POLICIES` maps a name to its class."""
+"""Routing policies behind one signature (plain: ranking never waits); `POLICIES` maps a name
+to its class."""
 
 from gateway.routing.policies.base import Policy, RouteContext
 from gateway.routing.policies.cache_aware import CacheAwarePolicy

@@ -28,7 +28,7 @@ class RouteContext:
 class Policy(Protocol):
     name: str
 
-    async def rank(self, ctx: RouteContext) -> list[Replica]: ...
+    def rank(self, ctx: RouteContext) -> list[Replica]: ...
 
 
 def tie_order(seed: bytes, replica: Replica) -> int:

@@ -89,7 +89,7 @@ class CacheAwarePolicy:
             adapter=adapter,
         )
 
-    async def rank(self, ctx: RouteContext) -> list[Replica]:
+    def rank(self, ctx: RouteContext) -> list[Replica]:
         now = time.monotonic()
         rate = fleet_rate(ctx.candidates)
         exact = self.temperature > 0 or ctx.lora_name is not None or len(ctx.candidates) <= 2 * TOP

@@ -13,7 +13,7 @@ class LeastLoadedPolicy:
     def __init__(self, config: GatewayConfig) -> None:
         pass
 
-    async def rank(self, ctx: RouteContext) -> list[Replica]:
+    def rank(self, ctx: RouteContext) -> list[Replica]:
         return sorted(
             ctx.candidates,
             key=lambda r: (r.in_flight + r.waiting, r.kv_usage, tie_order(ctx.tie_seed, r)),

@@ -15,7 +15,7 @@ class RandomPolicy:
     def __init__(self, config: GatewayConfig) -> None:
         self._rng = random.Random()
 
-    async def rank(self, ctx: RouteContext) -> list[Replica]:
+    def rank(self, ctx: RouteContext) -> list[Replica]:
         reps = list(ctx.candidates)
         self._rng.shuffle(reps)
         return reps

@@ -15,7 +15,7 @@ class RoundRobinPolicy:
     def __init__(self, config: GatewayConfig) -> None:
         self._counter = itertools.count()
 
-    async def rank(self, ctx: RouteContext) -> list[Replica]:
+    def rank(self, ctx: RouteContext) -> list[Replica]:
         reps = sorted(ctx.candidates, key=lambda r: r.id)
         i = next(self._counter) % len(reps)
         return reps[i:] + reps[:i]

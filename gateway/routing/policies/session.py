@@ -20,10 +20,10 @@ class SessionPolicy:
         self.header = config.session_header.lower()
         self._fallback = CacheAwarePolicy(config)
 
-    async def rank(self, ctx: RouteContext) -> list[Replica]:
+    def rank(self, ctx: RouteContext) -> list[Replica]:
         session = ctx.headers.get(self.header)
         if not session:
-            return await self._fallback.rank(ctx)
+            return self._fallback.rank(ctx)
         seed = session.encode()
         # Rendezvous hashing keeps a session on its replica while others come and go.
         return sorted(ctx.candidates, key=lambda r: -xxhash.xxh64_intdigest(seed + r.id.encode()))
