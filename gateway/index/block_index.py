@@ -321,10 +321,11 @@ class BlockIndex:
 
     # ---- speculative entries (gateway/index/speculative.py) ------------------------------------
 
-    def add_speculative(
+    def speculate(
         self, replica: ReplicaId, keys: Sequence[BlockKey], now: float | None = None
     ) -> Guess:
-        """Guess that `replica` will hold `keys` soon (a request was just routed there)."""
+        """Guess that `replica` will hold `keys` soon (a request was just routed there). The
+        returned `Guess` is the request's handle: `show`, `release` or `discard` it."""
         now = time.monotonic() if now is None else now
         rep = self._replicas.get(replica) or self._add_replica(replica)
         defers, capacity = self._traits.get(replica, (True, None))

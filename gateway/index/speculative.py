@@ -17,7 +17,8 @@ keys are kept in use order and capped at its KV-cache size when it is known: the
 first, as the worker's own LRU would evict them.
 
 Locking: the index's ingestion thread confirms guesses while the request path adds and settles
-them. `show`, `release` and `discard` take the index's lock; the rest run under it already.
+them. `show`, `release` and `discard` (called on a `Guess`, the handle `BlockIndex.speculate`
+returns) take the index's lock; the rest run under it already.
 """
 
 from __future__ import annotations
@@ -33,15 +34,36 @@ from cachekey.types import BlockKey
 class Guess:
     """One routed request's speculative keys on one replica."""
 
-    __slots__ = ("bit", "capacity", "gen", "keys", "live", "shown")
+    __slots__ = ("_entries", "bit", "capacity", "gen", "keys", "live", "shown")
 
-    def __init__(self, bit: int, gen: int, keys: list[BlockKey], capacity: int | None) -> None:
+    def __init__(
+        self,
+        entries: SpeculativeEntries,
+        bit: int,
+        gen: int,
+        keys: list[BlockKey],
+        capacity: int | None,
+    ) -> None:
+        self._entries = entries
         self.bit = bit
         self.gen = gen  # the bit's generation: a guess outliving its replica's slot is ignored
         self.keys = keys
         self.capacity = capacity  # the replica's KV-cache blocks, when known
         self.shown = False
         self.live = True
+
+    # The handle's whole interface, for the request that made the guess.
+    def show(self, now: float | None = None) -> None:
+        """Its request's prefill finished: its keys are a hit on any worker now."""
+        self._entries.show(self, now)
+
+    def release(self, now: float | None = None) -> None:
+        """Its request ended: its keys stay `ttl` seconds more (unless events confirm them)."""
+        self._entries.release(self, now)
+
+    def discard(self) -> None:
+        """Its request never reached the replica: forget its keys there."""
+        self._entries.discard(self)
 
 
 class SpeculativeEntries:
@@ -70,7 +92,7 @@ class SpeculativeEntries:
         """Guess that `bit`'s replica will hold `keys` (those it does not hold already);
         shown at once when its worker defers."""
         keys = [k for k in keys if not held.get(k, 0) & bit]
-        guess = Guess(bit, self._gen.get(bit, 0), keys, capacity)
+        guess = Guess(self, bit, self._gen.get(bit, 0), keys, capacity)
         if show:
             self._show(guess, now)
         return guess

@@ -274,7 +274,7 @@ class ProxyRequest:
         """Undo what routing charged to `rep`: its queued prefill and its speculative entry."""
         self._uncharge(rep)
         if self.guess is not None:
-            self.state.index.spec.discard(self.guess)  # it never reached rep
+            self.guess.discard()  # it never reached rep
             self.guess = None
 
     def release(self, status: str, usage: dict | None = None) -> None:
@@ -291,9 +291,9 @@ class ProxyRequest:
         self._uncharge(rep)
         if self.guess is not None:
             if status.startswith("4"):  # the worker refused it: nothing of it was cached
-                st.index.spec.discard(self.guess)
+                self.guess.discard()
             else:
-                st.index.spec.release(self.guess)
+                self.guess.release()
         st.admission.release(rep)
         accounting.finished(
             st, rep, self.policy_name, status, self.num_prompt_tokens, self.predicted, usage
@@ -320,7 +320,7 @@ class ProxyRequest:
         now = time.monotonic()
         rep.add_recent_prefill(uncached, now, st.config.recent_half_life)
         if rep.parity_ok:
-            self.guess = st.index.add_speculative(rep.id, self.speculative_keys())
+            self.guess = st.index.speculate(rep.id, self.speculative_keys())
         if self.lora_name is not None:
             note_routed(rep, self.lora_name, now, st.config.speculative_ttl)
 
@@ -349,7 +349,7 @@ class ProxyRequest:
         if self.replica is not None:
             self._uncharge(self.replica)
         if self.guess is not None:
-            self.state.index.spec.show(self.guess)
+            self.guess.show()
 
     def _uncharge(self, rep: Replica) -> None:
         if self.prefilling:

@@ -108,7 +108,7 @@ def test_hits_name_only_the_replicas_holding_a_prefix():
     request = block_keys([*tokens, 99, 98, 97, 96], ns)  # the chain and one block more
     assert index.hits(request) == {"r7": 3}
     assert index.match(request, ["r7", "r8"]) == {"r7": 3, "r8": 0}
-    index.add_speculative(ReplicaId("r9"), request[:2])  # a request was just routed to r9
+    index.speculate(ReplicaId("r9"), request[:2])  # a request was just routed to r9
     assert index.hits(request) == {"r7": 3, "r9": 2}
     assert index.hits(request, speculative=False) == {"r7": 3}
     index.drop_replica(ReplicaId("r7"))
