@@ -27,8 +27,9 @@ from gateway.http.retry import send_with_retries
 from gateway.http.sse_relay import RelayResponse, SSERelay, relay_stream
 from gateway.http.upstream import UpstreamResponse
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
+from gateway.routing.policy_choice import policy_label
 from gateway.routing.render import OpenAIRequest
-from gateway.routing.request import ProxyRequest, policy_label
+from gateway.routing.request import ProxyRequest
 from gateway.state import GatewayState
 
 REPLICA_HEADER = "x-kvgate-replica"

@@ -1,9 +1,14 @@
-"""Which replicas may serve a request: those serving its model, or the LoRA adapter it names."""
+"""Which replicas may serve a request: those serving its model, or the LoRA adapter it names,
+within the endpoint subset an EPP's proxy may name."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
+from cachekey.keys import HashNamespace
 from cachekey.validation_errors import MISSING_PARAMETER
 from gateway.errors import GatewayError
+from gateway.fleet.names import ReplicaId
 from gateway.fleet.replica import Replica
 from gateway.routing.adapters import serves_adapter
 from gateway.state import GatewayState
@@ -42,3 +47,23 @@ def candidates_for(state: GatewayState, model: str | None) -> tuple[list[Replica
             code=MISSING_PARAMETER,
         )
     return candidates, None
+
+
+def routable(
+    state: GatewayState, model: str | None, subset: Collection[ReplicaId] | None
+) -> tuple[list[Replica], str | None, HashNamespace]:
+    """`candidates_for`, within `subset` when one is given, and the hash namespace they share
+    (503 when none is available)."""
+    candidates, lora_name = candidates_for(state, model)
+    if subset is not None:
+        candidates = [r for r in candidates if r.id in subset]
+    ns = state.namespace_for(candidates)
+    if not candidates or ns is None:
+        within = " in the proxy's endpoint subset" if subset is not None else ""
+        raise GatewayError(
+            503,
+            f"no healthy worker{f' for model `{model}`' if model else ''}{within}: "
+            + state.replicas.describe(model),
+            code="no_healthy_worker",
+        )
+    return candidates, lora_name, ns

@@ -2,7 +2,8 @@
 
 It owns the parsed request (the one source of truth: the forwarded body is derived from it once,
 in `payload`), its rendering and block keys, the ranked replicas, and the replica holding its
-slot with the load charged there. `release` is the one place the slot is given back.
+slot with the load charged there (its `Lease`, lease.py). `release` is the one place the slot is
+given back.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from dataclasses import dataclass, field
 import xxhash
 
 from cachekey.keys import PREFIX_HEADER, HashNamespace, usable_match
-from cachekey.openai_errors import INVALID_VALUE
 from cachekey.types import BlockKey, Prompt
 from gateway import accounting
 from gateway.errors import GatewayError
@@ -23,22 +23,13 @@ from gateway.fleet.replica import Replica
 from gateway.http.limits import default_max_tokens
 from gateway.images.fetch import image_options
 from gateway.images.parts import pin_images
-from gateway.index.speculative import Guess
 from gateway.protocol import ChatCompletionRequest
-from gateway.routing.adapters import note_routed
-from gateway.routing.candidates import candidates_for
+from gateway.routing.candidates import routable
+from gateway.routing.lease import Lease
 from gateway.routing.policies import Policy, RouteContext
+from gateway.routing.policy_choice import choose_policy
 from gateway.routing.render import OpenAIRequest, is_small_text, render_request
 from gateway.state import GatewayState
-
-POLICY_HEADER = "x-kvgate-routing-policy"
-
-
-def policy_label(state: GatewayState, headers: Mapping[str, str]) -> str:
-    """The `policy` label of a request refused before routing: the one it asked for, if that
-    is a policy (an unknown name must not become a label), else the default."""
-    name = headers.get(POLICY_HEADER)
-    return name if name in state.policies else state.config.policy
 
 
 @dataclass(slots=True, eq=False)
@@ -59,11 +50,21 @@ class ProxyRequest:
     keys: list[BlockKey] = field(default_factory=list)
     matched: dict[ReplicaId, int] = field(default_factory=dict)
     ranked: list[Replica] = field(default_factory=list)
-    replica: Replica | None = None  # holds the slot
-    predicted: int = 0  # cached tokens expected on `replica`
-    prefilling: bool = False  # its uncached tokens are charged to `replica` as queued prefill
-    guess: Guess | None = None  # its speculative entry on `replica`
+    lease: Lease = field(init=False)  # its load on the replica holding its slot
     released: bool = False
+
+    def __post_init__(self) -> None:
+        self.lease = Lease(self.state)
+
+    @property
+    def replica(self) -> Replica | None:
+        """The replica holding its slot (None: none yet, or given back)."""
+        return self.lease.replica
+
+    @property
+    def predicted(self) -> int:
+        """Cached tokens expected on `replica`."""
+        return self.lease.predicted
 
     @classmethod
     def route(
@@ -80,28 +81,8 @@ class ProxyRequest:
         `subset`, when given, is the only replicas the request may go to (an EPP's proxy can
         name them); none of them available is a 503.
         """
-        name = headers.get(POLICY_HEADER) or state.config.policy
-        policy = state.policies.get(name)
-        if policy is None:
-            raise GatewayError(
-                400,
-                f"unknown routing policy {name[:64]!r} in {POLICY_HEADER}; "
-                f"valid: {', '.join(state.policies)}",
-                param=POLICY_HEADER,
-                code=INVALID_VALUE,
-            )
-        candidates, lora_name = candidates_for(state, body.model)
-        if subset is not None:
-            candidates = [r for r in candidates if r.id in subset]
-        ns = state.namespace_for(candidates)
-        if not candidates or ns is None:
-            within = " in the proxy's endpoint subset" if subset is not None else ""
-            raise GatewayError(
-                503,
-                f"no healthy worker{f' for model `{body.model}`' if body.model else ''}{within}: "
-                + state.replicas.describe(body.model),
-                code="no_healthy_worker",
-            )
+        name, policy = choose_policy(state, headers)
+        candidates, lora_name, ns = routable(state, body.model, subset)
         wants_usage = bool((body.stream_options or {}).get("include_usage"))
         return cls(
             state,
@@ -236,11 +217,13 @@ class ProxyRequest:
         when no attempt is left, is given back)."""
         rep = self.replica
         assert rep is not None
-        self._forget(rep)
+        self.lease.forget()
         rest = [] if give_up else [r for r in self.ranked if r.id not in tried]
-        nxt = self.replica = self.state.admission.move(rep, rest)
+        nxt = self.state.admission.move(rep, rest)
         if nxt is not None:
             self._charge(nxt)
+        else:
+            self.lease = Lease(self.state)  # the slot is given back: no replica holds it
         return nxt
 
     def served_by(self, target: Replica, reason: str) -> None:
@@ -253,7 +236,7 @@ class ProxyRequest:
         if rep is None or rep is target:
             return
         accounting.attempt_failed(self.state, rep, self.policy_name, reason)
-        self._forget(rep)
+        self.lease.forget()
         self.state.admission.transfer(rep, target)
         self._charge(target)
 
@@ -265,17 +248,9 @@ class ProxyRequest:
         if rep is None:
             return
         accounting.attempt_failed(self.state, rep, self.policy_name, reason)
-        self._forget(rep)
+        self.lease.forget()
         self.state.admission.release(rep)
-        self.replica = None
-        self.predicted = 0
-
-    def _forget(self, rep: Replica) -> None:
-        """Undo what routing charged to `rep`: its queued prefill and its speculative entry."""
-        self._uncharge(rep)
-        if self.guess is not None:
-            self.guess.discard()  # it never reached rep
-            self.guess = None
+        self.lease = Lease(self.state)
 
     def release(self, status: str, usage: dict | None = None) -> None:
         """The one place the slot is given back and the request's outcome recorded."""
@@ -288,12 +263,7 @@ class ProxyRequest:
                 st.admission.withdraw()
             accounting.answered_here(st, self.policy_name, status)
             return
-        self._uncharge(rep)
-        if self.guess is not None:
-            if status.startswith("4"):  # the worker refused it: nothing of it was cached
-                self.guess.discard()
-            else:
-                self.guess.release()
+        self.lease.end(refused=status.startswith("4"))
         st.admission.release(rep)
         accounting.finished(
             st, rep, self.policy_name, status, self.num_prompt_tokens, self.predicted, usage
@@ -311,18 +281,14 @@ class ProxyRequest:
         return usable_match(n, len(self.prompt), bs, self.prompt.mm_items, rep.mm_match_rule)
 
     def _charge(self, rep: Replica) -> None:
-        st = self.state
-        self.replica = rep
-        self.predicted = self._predicted_for(rep)
-        uncached = self.num_prompt_tokens - self.predicted
-        rep.in_flight_prefill_tokens += uncached
-        self.prefilling = True
-        now = time.monotonic()
-        rep.add_recent_prefill(uncached, now, st.config.recent_half_life)
-        if rep.parity_ok:
-            self.guess = st.index.speculate(rep.id, self.speculative_keys())
-        if self.lora_name is not None:
-            note_routed(rep, self.lora_name, now, st.config.speculative_ttl)
+        self.lease = Lease(self.state)
+        self.lease.take(
+            rep,
+            self._predicted_for(rep),
+            self.num_prompt_tokens,
+            self.speculative_keys(),
+            self.lora_name,
+        )
 
     def speculative_keys(self) -> list[BlockKey]:
         """The keys the replica will hold once it has prefilled the request."""
@@ -346,12 +312,4 @@ class ProxyRequest:
     def first_token(self) -> None:
         """Its prefill finished (the first bytes of its stream arrived): it queues no prefill
         there any more, and its keys are a hit on any worker (gateway/index/speculative.py)."""
-        if self.replica is not None:
-            self._uncharge(self.replica)
-        if self.guess is not None:
-            self.guess.show()
-
-    def _uncharge(self, rep: Replica) -> None:
-        if self.prefilling:
-            self.prefilling = False
-            rep.in_flight_prefill_tokens -= self.num_prompt_tokens - self.predicted
+        self.lease.first_token()
