@@ -5,15 +5,16 @@ with that message instead of later on the request path."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 from cachekey.flags import LOG_LEVELS
 from cachekey.worker_auth import resolve_token
 from gateway.discovery.endpoints import check_topic, parse_bind, parse_worker
 from gateway.images.guard import AllowList
 
-if TYPE_CHECKING:
-    from gateway.config import GatewayConfig
+# The checks take a GatewayConfig (config.py calls them from its __post_init__, so this module
+# cannot import it back).
+GatewayConfig = Any
 
 POLICY_NAMES = ("cache_aware", "round_robin", "least_loaded", "session", "random")
 DISCOVERY_NAMES = ("static", "k8s", "inferencepool")

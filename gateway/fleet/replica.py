@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from cachekey.documents import LoRAAdapters, WorkerInfo
 from cachekey.keys import HashNamespace, MMMatchRule
 from gateway.discovery.endpoints import WorkerEndpoint
+from gateway.fleet.breaker import Circuit
 from gateway.fleet.names import ReplicaId, replica_name
 from gateway.fleet.prefill_rate import PrefillRate
 from gateway.fleet.ranks import RankSlot
@@ -55,9 +56,7 @@ class Replica:
     # time, without decaying each one (cache_aware ranks hundreds of idle replicas by it).
     recent_key: float = -math.inf
     failed_polls: int = 0  # in a row, on the head replica (gateway/fleet/replica_set.py)
-    # Circuit breaker (gateway/fleet/breaker.py).
-    failures: int = 0
-    ejected_until: float = 0.0
+    circuit: Circuit = field(default_factory=Circuit)  # the circuit breaker's (breaker.py)
     # Keep-alive connections for requests; the pollers' traffic goes through httpx.
     pool: UpstreamPool | None = field(default=None, repr=False)
     subscriber: KVEventSubscriber | None = field(default=None, repr=False)
@@ -82,7 +81,7 @@ class Replica:
             self.name = replica_name(self.id, None)
 
     def available(self, now: float) -> bool:
-        return self.healthy and now >= self.ejected_until
+        return self.healthy and now >= self.circuit.open_until
 
     def recent_prefill_at(self, now: float, half_life: float) -> float:
         return self.recent_prefill * 0.5 ** ((now - self.recent_at) / half_life)
@@ -97,7 +96,7 @@ class Replica:
         """`name (why it takes no traffic)`, or `name (healthy...)`: for clients, so no URL."""
         if self.available(now):
             state = "healthy" if self.parity_ok else "healthy, parity mismatch: routed by load only"
-        elif now < self.ejected_until:
+        elif self.circuit.is_open(now):
             state = self.down_reason or "ejected"
         else:
             state = self.down_reason or "unhealthy"

@@ -229,7 +229,7 @@ class ReplicaSet:
                 setattr(rep, attr, value)
 
     def _set_health(self, rep: Replica, health_r: Fetched) -> None:
-        ejected = time.monotonic() < rep.ejected_until
+        ejected = rep.circuit.is_open(time.monotonic())
         healthy = health_r.status == 200 and not ejected
         if not healthy and not ejected:
             rep.down_reason = f"/health {health_r.status}: {_reason(health_r)}"

@@ -223,7 +223,7 @@ def test_circuit_breaker_ejects_after_repeated_failures():
         assert f"{b.name} (healthy)" in described
         a.healthy = True  # even a good probe does not end the ejection early
         assert [r.id for r in replicas.available()] == [b.id]
-        a.ejected_until = 0.0
+        a.circuit.close()
         assert {r.id for r in replicas.available()} == {a.id, b.id}
     finally:
         asyncio.run(replicas.close())
