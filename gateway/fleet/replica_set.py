@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 
@@ -27,6 +26,7 @@ from cachekey.documents import DocumentError, WorkerInfo, decode_document
 from cachekey.worker_auth import CurveKeys, bearer
 from gateway.config import GatewayConfig
 from gateway.discovery.endpoints import WorkerEndpoint
+from gateway.fleet.health import ReplicaHealth, refusal
 from gateway.fleet.names import ReplicaId, replica_name
 from gateway.fleet.pace import Pace
 from gateway.fleet.parity import check_parity
@@ -42,30 +42,8 @@ from gateway.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
-_REWARN_SECONDS = 30.0  # how often an unreachable worker is logged again
 
-
-def _reason(resp: Fetched) -> str:
-    """The message of a worker's error body, else the start of its text."""
-    try:
-        return str(json.loads(resp.body)["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        return resp.text[:200] or f"HTTP {resp.status}"
-
-
-def _refusal(info_r: Fetched) -> str:
-    if info_r.status == 401:
-        return "/kvgate/info answered 401: the worker does not take this gateway's worker token"
-    return f"/kvgate/info answered {info_r.status}"
-
-
-def _cause(reason: str | None) -> str | None:
-    """A down reason's kind ("unreachable", "/kvgate/info answered 401", "/health 503"), without
-    the details that may change from one poll to the next."""
-    return reason.split(":", 1)[0] if reason else reason
-
-
-class ReplicaSet:
+class ReplicaSet(ReplicaHealth):
     """Registry of replicas; keeps pollers and event subscribers in step with the worker set."""
 
     def __init__(
@@ -205,7 +183,7 @@ class ReplicaSet:
         if info is None and info_r.status == 404 and health_r.status == 200:
             info = await vllm_info(self._http, rep.url, metrics_r.text, self.config, rep.endpoint)
         if info is None:
-            reason = rep.info_error or _refusal(info_r)
+            reason = rep.info_error or refusal(info_r)
             await self._mark_down(rep, reason)
             return
         if info.instance_id != rep.instance_id or worker_layout(info) != worker_layout(rep.info):
@@ -228,24 +206,6 @@ class ReplicaSet:
             for attr, value in (load or {}).items():
                 setattr(rep, attr, value)
 
-    def _set_health(self, rep: Replica, health_r: Fetched) -> None:
-        ejected = rep.circuit.is_open(time.monotonic())
-        healthy = health_r.status == 200 and not ejected
-        if not healthy and not ejected:
-            rep.down_reason = f"/health {health_r.status}: {_reason(health_r)}"
-        if healthy != rep.healthy:
-            if healthy:
-                log.info("replica %s healthy", rep.id)
-            else:
-                log.warning("replica %s unhealthy: %s", rep.id, rep.down_reason)
-            rep.healthy = healthy
-            rep.down_reason = None if healthy else rep.down_reason
-            rep.warned_at, rep.warned_reason = time.monotonic(), rep.down_reason
-            self.changed.set()
-        elif not healthy:
-            self._warn_down(rep)
-        self.metrics.replica_healthy.labels(rep.id).set(1 if healthy else 0)
-
     def _read_info(self, rep: Replica, resp: Fetched) -> WorkerInfo | None:
         if resp.status != 200:
             return None
@@ -258,49 +218,6 @@ class ReplicaSet:
             return None
         rep.info_error = None
         return info
-
-    async def _unreachable(self, head: Replica, why: str) -> None:
-        """A poll got no answer. A healthy worker is marked down (its index entries dropped)
-        only after --down-after-failed-polls in a row: one poll too slow on an overloaded host
-        would otherwise drop the index of every worker it fronts, and rebuilding them all at
-        once deepens the overload (seen at 512 workers behind 4 gateways, docs/benchmarks.md)."""
-        head.failed_polls += 1
-        limit = self.config.down_after_failed_polls
-        if head.healthy and head.failed_polls < limit:
-            log.warning(
-                "worker %s: poll failed (%s), %d of %d before it is marked down",
-                head.url,
-                why,
-                head.failed_polls,
-                limit,
-            )
-            return
-        await self._mark_down(head, f"unreachable: {why}")
-
-    async def _mark_down(self, head: Replica, reason: str) -> None:
-        for rep in head.ranks:
-            was_up = rep.healthy or rep.instance_id is not None
-            rep.down_reason = reason
-            if was_up:
-                log.warning("replica %s %s; dropping its index entries", rep.id, reason)
-                rep.warned_at, rep.warned_reason = time.monotonic(), reason
-            else:
-                self._warn_down(rep)
-            rep.healthy = False
-            rep.instance_id = None
-            self.metrics.replica_healthy.labels(rep.id).set(0)
-            await self._stop_subscriber(rep)
-            self.index.drop_replica(rep.id)
-
-    def _warn_down(self, rep: Replica) -> None:
-        """Log a replica that is down at once, again as soon as the reason changes (a worker
-        that was not up yet now refuses the token: the real cause), and every _REWARN_SECONDS
-        while it stays down."""
-        now = time.monotonic()
-        new = _cause(rep.down_reason) != _cause(rep.warned_reason)
-        if new or rep.warned_at is None or now - rep.warned_at >= _REWARN_SECONDS:
-            rep.warned_at, rep.warned_reason = now, rep.down_reason
-            log.warning("worker %s takes no traffic: %s", rep.url, rep.down_reason)
 
     async def _new_instance(self, head: Replica, info: WorkerInfo) -> None:
         """A (re)started worker: one replica per rank, each with a new event subscriber."""
