@@ -28,7 +28,8 @@ from gateway.fleet.ranks import RankSlot
 from gateway.fleet.vllm_compat import INSTANCE
 from gateway.index.block_index import BlockIndex
 from gateway.index.event_hub import EventHub
-from gateway.index.subscriber import EventSource, KVEventSubscriber
+from gateway.index.event_source import EventSource
+from gateway.index.subscriber import KVEventSubscriber
 from gateway.metrics import GatewayMetrics
 from gateway.tasks import cancel_and_wait
 

@@ -30,46 +30,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
 
 import httpx
 import zmq
 import zmq.asyncio
 
-from cachekey.documents import Snapshot, decode_document
+from cachekey.documents import Snapshot
 from cachekey.events import seq_from_bytes as seq_of
 from cachekey.keys import HashNamespace
-from cachekey.worker_auth import CurveKeys
 from gateway.fleet.names import ReplicaId
 from gateway.fleet.pace import Pace
 from gateway.index.block_index import BlockIndex
+from gateway.index.event_source import EventSource, fetch_snapshot
 from gateway.index.ingest import INGEST, ingest_batch
 from gateway.index.replay import REPLAY_ONLY_WARN_AFTER, ReplayClient, replay_only_hint
 from gateway.metrics import GatewayMetrics
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class EventSource:
-    """Where one worker instance publishes: its events endpoints and snapshot URL."""
-
-    instance_id: str
-    host: str
-    port: int | None  # None: connect mode, batches come from the central SUB
-    replay_port: int | None
-    topic: str
-    snapshot_url: str | None
-    rank: int | None = None  # the data-parallel rank its batches must name (None: any)
-    curve: CurveKeys | None = None  # the worker's sockets are CURVE servers (worker token)
-
-    def endpoint(self, port: int) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"tcp://{host}:{port}"
-
-    @property
-    def ipv6(self) -> bool:
-        return ":" in self.host
 
 
 class KVEventSubscriber:
@@ -296,7 +273,7 @@ class KVEventSubscriber:
         """
         self._metrics.event_resyncs.inc()
         self.index.drop_replica(self.replica)
-        snap = await self._fetch_snapshot()
+        snap = await fetch_snapshot(self.source, self._http, self.replica)
         if snap is not None:
             await asyncio.get_running_loop().run_in_executor(INGEST, self.load_snapshot, snap)
         else:
@@ -315,20 +292,6 @@ class KVEventSubscriber:
             )
             self.next_seq = batches[0][0]
         await self._apply_run(batches)
-
-    async def _fetch_snapshot(self) -> Snapshot | None:
-        """The worker's snapshot; None when it has none. A malformed one raises DocumentError,
-        which restarts this subscriber (logged with the field at fault)."""
-        if self.source.snapshot_url is None:
-            return None
-        try:
-            resp = await self._http.get(self.source.snapshot_url, timeout=30.0)
-        except httpx.HTTPError as e:
-            log.warning("%s: snapshot failed: %s", self.replica, e)
-            return None
-        if resp.status_code != 200:
-            return None
-        return decode_document(resp.content, Snapshot)
 
     def load_snapshot(self, snap: Snapshot) -> None:
         applied = sum(self.index.store(self.replica, self.ns, ev) for ev in snap.stored_events())

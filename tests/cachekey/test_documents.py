@@ -32,7 +32,8 @@ from gateway.fleet.names import ReplicaId
 from gateway.fleet.replica import Replica
 from gateway.fleet.replica_set import ReplicaSet
 from gateway.index.block_index import BlockIndex
-from gateway.index.subscriber import EventSource, KVEventSubscriber
+from gateway.index.event_source import EventSource
+from gateway.index.subscriber import KVEventSubscriber
 from gateway.metrics import GatewayMetrics
 from harness.cluster import free_port
 

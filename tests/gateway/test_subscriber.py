@@ -31,7 +31,8 @@ from cachekey.events import (
 from cachekey.keys import HashNamespace, block_keys
 from gateway.fleet.names import ReplicaId
 from gateway.index.block_index import BlockIndex
-from gateway.index.subscriber import EventSource, KVEventSubscriber
+from gateway.index.event_source import EventSource
+from gateway.index.subscriber import KVEventSubscriber
 from gateway.metrics import GatewayMetrics
 from harness.cluster import free_port
 from tests.support.metrics import sample

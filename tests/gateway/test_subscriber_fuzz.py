@@ -29,8 +29,9 @@ from cachekey.events import seq_bytes
 from cachekey.keys import HashNamespace, block_keys
 from gateway.fleet.names import ReplicaId
 from gateway.index.block_index import BlockIndex
+from gateway.index.event_source import EventSource
 from gateway.index.ingest import ingest_batch
-from gateway.index.subscriber import EventSource, KVEventSubscriber
+from gateway.index.subscriber import KVEventSubscriber
 from gateway.metrics import GatewayMetrics
 from tests.support.metrics import sample
 from tests.support.waits import until

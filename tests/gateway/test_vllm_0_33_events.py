@@ -23,7 +23,8 @@ from cachekey.keys import HashNamespace, block_keys, usable_match
 from cachekey.types import MMItem
 from gateway.fleet.names import ReplicaId
 from gateway.index.block_index import BlockIndex
-from gateway.index.subscriber import EventSource, KVEventSubscriber
+from gateway.index.event_source import EventSource
+from gateway.index.subscriber import KVEventSubscriber
 from gateway.metrics import GatewayMetrics
 from tests.support.metrics import sample
 from tests.support.paths import FIXTURES
