@@ -22,7 +22,7 @@ from gateway.index.subscriber import KVEventSubscriber
 class Replica:
     id: ReplicaId
     url: str
-    name: str = ""  # what clients see (x-kvgate-replica): never the URL (replica_names.py)
+    name: str = ""  # what clients see (x-kvgate-replica): never the URL (names.py)
     dp_rank: int | None = None  # its global data-parallel rank (None: not data parallel)
     rank_header: int | None = None  # the X-data-parallel-rank a request sends (None: none)
     endpoint: WorkerEndpoint | None = None  # what discovery says about its URL
@@ -45,7 +45,8 @@ class Replica:
     # Uncached prompt tokens of this gateway's requests here that have no first token yet.
     in_flight_prefill_tokens: int = 0
     prefill_rate: PrefillRate = field(default_factory=PrefillRate)  # from the worker's metrics
-    # LoRA adapters it serves (polled), and when the gateway last sent it each one (adapters.py).
+    # LoRA adapters it serves (polled), and when the gateway last sent it each one (routing/
+    # adapters.py).
     lora: LoRAAdapters | None = None
     lora_routed: dict[str, float] = field(default_factory=dict)
     # Uncached prefill tokens routed here, exponentially decayed: spreads new prefix groups
