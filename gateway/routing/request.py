@@ -281,7 +281,7 @@ class ProxyRequest:
         return usable_match(n, len(self.prompt), bs, self.prompt.mm_items, rep.mm_match_rule)
 
     def _charge(self, rep: Replica) -> None:
-        self.lease = Lease(self.state)
+        # The lease is fresh or forgotten here (no charge, no guess): `take` sets all of it.
         self.lease.take(
             rep,
             self._predicted_for(rep),
