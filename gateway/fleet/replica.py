@@ -3,7 +3,6 @@ keeps the set of them in step with the workers)."""
 
 from __future__ import annotations
 
-import asyncio
 import math
 from dataclasses import dataclass, field
 
@@ -11,11 +10,10 @@ from cachekey.documents import LoRAAdapters, WorkerInfo
 from cachekey.keys import HashNamespace, MMMatchRule
 from gateway.discovery.endpoints import WorkerEndpoint
 from gateway.fleet.breaker import Circuit
+from gateway.fleet.link import ReplicaLink
 from gateway.fleet.names import ReplicaId, replica_name
 from gateway.fleet.prefill_rate import PrefillRate
 from gateway.fleet.ranks import RankSlot
-from gateway.http.upstream import UpstreamPool
-from gateway.index.subscriber import KVEventSubscriber
 
 
 @dataclass(slots=True)
@@ -58,11 +56,7 @@ class Replica:
     recent_key: float = -math.inf
     failed_polls: int = 0  # in a row, on the head replica (gateway/fleet/replica_set.py)
     circuit: Circuit = field(default_factory=Circuit)  # the circuit breaker's (breaker.py)
-    # Keep-alive connections for requests; the pollers' traffic goes through httpx.
-    pool: UpstreamPool | None = field(default=None, repr=False)
-    subscriber: KVEventSubscriber | None = field(default=None, repr=False)
-    poll_task: asyncio.Task | None = field(default=None, repr=False)
-    sub_task: asyncio.Task | None = field(default=None, repr=False)
+    link: ReplicaLink = field(default_factory=ReplicaLink, repr=False)  # pool, subscriber, tasks
     # On the head replica of a URL: its other ranks (polled with it, sharing its pool).
     siblings: list[Replica] = field(default_factory=list, repr=False)
     slot: RankSlot | None = field(default=None, repr=False)

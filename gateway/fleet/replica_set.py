@@ -27,6 +27,7 @@ from cachekey.worker_auth import CurveKeys, bearer
 from gateway.config import GatewayConfig
 from gateway.discovery.endpoints import WorkerEndpoint
 from gateway.fleet.health import ReplicaHealth, refusal
+from gateway.fleet.link import ReplicaLink
 from gateway.fleet.names import ReplicaId, replica_name
 from gateway.fleet.pace import Pace
 from gateway.fleet.parity import check_parity
@@ -84,18 +85,18 @@ class ReplicaSet(ReplicaHealth):
                 rep = self._new_replica(rid, url, endpoint, self._new_pool(url))
                 self.replicas[rid] = self._heads[url] = rep
                 self._poll_pace.join()
-                rep.poll_task = asyncio.create_task(self._poll_loop(rep))
+                rep.link.poll_task = asyncio.create_task(self._poll_loop(rep))
                 self.metrics.replica_healthy.labels(rid).set(0)
 
     async def _remove(self, head: Replica) -> None:
         if self._heads.get(head.url) is head:
             del self._heads[head.url]
             self._poll_pace.leave()
-        await cancel_and_wait(head.poll_task)
+        await cancel_and_wait(head.link.poll_task)
         for rep in head.ranks:
             await self._forget(rep)
-        if head.pool is not None:
-            await head.pool.close()
+        if head.link.pool is not None:
+            await head.link.pool.close()
 
     async def _forget(self, rep: Replica) -> None:
         """Take one replica out: its subscriber, index entries and metrics."""
@@ -164,9 +165,9 @@ class ReplicaSet(ReplicaHealth):
         """One poll of a worker: /kvgate/info, /health and /metrics, one after the other on
         one kept-alive connection of its pool (the request path's), within twice the connect
         timeout: a connection, and answers that are small."""
-        if rep.pool is None:
-            rep.pool = self._new_pool(rep.url)
-        pool = rep.pool
+        if rep.link.pool is None:
+            rep.link.pool = self._new_pool(rep.url)
+        pool = rep.link.pool
         try:
             async with asyncio.timeout(2 * self.config.connect_timeout):
                 info_r = await pool.fetch("/kvgate/info")
@@ -248,13 +249,13 @@ class ReplicaSet(ReplicaHealth):
         self, rid: ReplicaId, url: str, endpoint: WorkerEndpoint | None, pool: UpstreamPool | None
     ) -> Replica:
         name = replica_name(rid, self.config.worker_token)  # each rank has a name of its own
-        return Replica(id=rid, url=url, name=name, endpoint=endpoint, pool=pool)
+        return Replica(id=rid, url=url, name=name, endpoint=endpoint, link=ReplicaLink(pool=pool))
 
     def _sibling(self, head: Replica, slot: RankSlot) -> Replica:
         rid = ReplicaId(f"{head.url}#dp{slot.rank}")
         rep = next((r for r in head.siblings if r.id == rid), None)
         if rep is None:
-            rep = self._new_replica(rid, head.url, head.endpoint, head.pool)
+            rep = self._new_replica(rid, head.url, head.endpoint, head.link.pool)
             rep.healthy, rep.down_reason = head.healthy, head.down_reason
             self.metrics.replica_healthy.labels(rid).set(1 if rep.healthy else 0)
         self.replicas[rid] = rep

@@ -21,11 +21,11 @@ async def send_with_retries(px: ProxyRequest, payload: bytes) -> UpstreamRespons
     failed = UpstreamFailed("no replica available")
     while (rep := px.replica) is not None:
         tried.add(rep.id)
-        assert rep.pool is not None
+        assert rep.link.pool is not None
         n = rep.rank_header
         rank = b"" if n is None else b"X-data-parallel-rank: %d\r\n" % n
         try:
-            resp = await rep.pool.post(px.endpoint, payload, rank + px.prefix_header())
+            resp = await rep.link.pool.post(px.endpoint, payload, rank + px.prefix_header())
         except UpstreamError as e:
             reason = str(e)
             failed = UpstreamFailed(f"{rep.id}: {reason}")

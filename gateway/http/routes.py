@@ -97,7 +97,7 @@ def attach_routes(app: FastAPI) -> None:
         s = st.index.stats()
         replicas = {}
         for r in st.replicas.replicas.values():
-            sub = r.subscriber
+            sub = r.link.subscriber
             replicas[r.id] = {
                 "name": r.name,  # the x-kvgate-replica clients see
                 "instance_id": r.instance_id,

@@ -22,6 +22,7 @@ from cachekey.keys import HashNamespace
 from cachekey.worker_auth import CurveKeys
 from gateway.config import GatewayConfig
 from gateway.discovery.endpoints import WorkerEndpoint
+from gateway.fleet.link import ReplicaLink
 from gateway.fleet.names import ReplicaId
 from gateway.fleet.pace import Pace
 from gateway.fleet.ranks import RankSlot
@@ -54,8 +55,7 @@ class FollowedReplica(Protocol):
     info: WorkerInfo | None
     slot: RankSlot | None
     namespace: HashNamespace | None
-    subscriber: KVEventSubscriber | None
-    sub_task: asyncio.Task | None
+    link: ReplicaLink  # its subscriber and the task running it
 
 
 class EventFollowers:
@@ -123,12 +123,12 @@ class EventFollowers:
             tail_check_interval=self._tail_pace,
             inbox=inbox,
         )
-        rep.subscriber = sub
+        rep.link.subscriber = sub
         self._tail_pace.join()
-        rep.sub_task = asyncio.create_task(self._run(rep, sub))
+        rep.link.sub_task = asyncio.create_task(self._run(rep, sub))
 
     async def _run(self, rep: FollowedReplica, sub: KVEventSubscriber) -> None:
-        while rep.subscriber is sub:
+        while rep.link.subscriber is sub:
             try:
                 await sub.run()
             except asyncio.CancelledError:
@@ -138,10 +138,10 @@ class EventFollowers:
                 await asyncio.sleep(self.config.poll_interval)
 
     async def stop(self, rep: FollowedReplica) -> None:
-        sub, rep.subscriber = rep.subscriber, None
+        sub, rep.link.subscriber = rep.link.subscriber, None
         if sub is not None:
             self._tail_pace.leave()
-        task, rep.sub_task = rep.sub_task, None
+        task, rep.link.sub_task = rep.link.sub_task, None
         await cancel_and_wait(task)
         if sub is not None and sub.inbox is not None and self.hub is not None:
             self.hub.unregister(sub.source.topic, sub.source.rank, sub.inbox)

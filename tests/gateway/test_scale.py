@@ -156,8 +156,8 @@ def test_a_healthy_worker_is_marked_down_only_after_three_unanswered_polls():
             rep = replicas.replicas[ReplicaId(url)] = Replica(ReplicaId(url), url)
             try:
                 await replicas.poll_once(rep)
-                assert rep.healthy and rep.subscriber is not None
-                await asyncio.wait_for(rep.subscriber.synced.wait(), 10)  # its snapshot loaded
+                assert rep.healthy and rep.link.subscriber is not None
+                await asyncio.wait_for(rep.link.subscriber.synced.wait(), 10)  # its snapshot loaded
                 tokens = list(range(16))
                 index.store(rep.id, sim.model.namespace, BlockStored([b"k"], None, tokens, 16))
                 answer = sim._routes[("GET", "/kvgate/info")]
