@@ -68,11 +68,8 @@ class FramesIn:
     _opened: int
     _early_resets: int
 
-    def write(self, data: bytes) -> None:
-        raise NotImplementedError
-
-    def _drop(self, s: Stream) -> None:
-        raise NotImplementedError
+    write: Callable[[bytes], None]
+    _drop: Callable[[Stream], None]
 
     # ---- frames in ------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 from gateway.config import GatewayConfig
 from gateway.fleet.replica import Replica
@@ -51,8 +52,7 @@ class ReplicaHealth:
     index: BlockIndex
     changed: asyncio.Event
 
-    async def _stop_subscriber(self, rep: Replica) -> None:
-        raise NotImplementedError
+    _stop_subscriber: Callable[[Replica], Awaitable[None]]
 
     def _set_health(self, rep: Replica, health_r: Fetched) -> None:
         ejected = rep.circuit.is_open(time.monotonic())

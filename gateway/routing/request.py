@@ -159,7 +159,7 @@ class ProxyRequest:
         keys = self.keys
         prompt = self.prompt  # its tokens: lookahead (EAGLE/MTP) and sliding-window replicas
         # Only replicas holding a prefix: those holding none cost nothing
-        # (gateway/index/block_index.py).
+        # (gateway/index/lookup.py, `hits`).
         hits = st.index.hits(keys, tokens=prompt.token_ids, mm_items=prompt.mm_items)
         if hits:
             allowed = {r.id for r in self.candidates if r.parity_ok}
