@@ -26,10 +26,11 @@ from bench.lib.report import percentile, write_json
 from cachekey.events import BlockStored
 from cachekey.keys import HashNamespace, block_keys
 from gateway.config import GatewayConfig
-from gateway.index import BlockIndex, ReplicaId
-from gateway.policies import RouteContext
-from gateway.policies.cache_aware import CacheAwarePolicy
-from gateway.replica import Replica
+from gateway.fleet.names import ReplicaId
+from gateway.fleet.replica import Replica
+from gateway.index.block_index import BlockIndex
+from gateway.routing.policies import RouteContext
+from gateway.routing.policies.cache_aware import CacheAwarePolicy
 from harness.cluster import Cluster, ClusterSpec
 
 
@@ -107,7 +108,7 @@ def routing_decision(sizes: tuple[int, ...], repeats: int) -> list[dict]:
             t1 = time.perf_counter()
             matched = index.match(keys, [r.id for r in reps])
             ctx = RouteContext(reps, keys, size, 16, matched, {}, keys[0])
-            ranked = _rank_sync(policy, ctx)
+            ranked = policy.rank(ctx)
             t2 = time.perf_counter()
             assert ranked[0] is reps[0]
             keys_t.append(t1 - t0)
@@ -123,16 +124,6 @@ def routing_decision(sizes: tuple[int, ...], repeats: int) -> list[dict]:
             }
         )
     return rows
-
-
-def _rank_sync(policy: CacheAwarePolicy, ctx: RouteContext) -> list[Replica]:
-    # The policy is async for the sake of policies that await; this one never suspends.
-    coro = policy.rank(ctx)
-    try:
-        coro.send(None)
-    except StopIteration as done:
-        return done.value
-    raise RuntimeError("cache_aware suspended")
 
 
 def render_times(system_words: int) -> dict:

@@ -110,7 +110,7 @@ def main() -> None:
     ap.add_argument("--baseline", default="369fa11")
     ap.add_argument("--blocks", type=int, default=200_000)
     args = ap.parse_args()
-    from gateway.index import BlockIndex
+    from gateway.index.block_index import BlockIndex
 
     rows = [("baseline " + args.baseline, load_baseline(args.baseline)), ("HEAD", BlockIndex)]
     events = workload(args.blocks)

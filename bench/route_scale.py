@@ -35,11 +35,17 @@ async def measure(n: int, requests: int, model_dir: str) -> dict:
     from cachekey.events import BlockStored
     from cachekey.keys import HashNamespace, block_keys
     from gateway.config import GatewayConfig
-    from gateway.index import ReplicaId
     from gateway.protocol import ChatCompletionRequest
-    from gateway.replica import Replica
-    from gateway.request import ProxyRequest
     from gateway.state import GatewayState
+
+    try:  # a --baseline tree from before the gateway's packages (issue 31) has them flat
+        from gateway.fleet.names import ReplicaId
+        from gateway.fleet.replica import Replica
+        from gateway.routing.request import ProxyRequest
+    except ModuleNotFoundError:
+        from gateway.index import ReplicaId  # type: ignore[no-redef]
+        from gateway.replica import Replica  # type: ignore[no-redef]
+        from gateway.request import ProxyRequest  # type: ignore[no-redef]
     from harness.workload import Workload, WorkloadSpec
 
     state = GatewayState.build(GatewayConfig(model_dir=model_dir, max_inflight_per_replica=None))

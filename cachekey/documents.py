@@ -69,10 +69,6 @@ class LoRAAdapters(msgspec.Struct, frozen=True, kw_only=True):
     resident: list[str] = []
     max_lora_rank: PositiveInt | None = None
 
-    def has_room(self) -> bool:
-        """A slot is free: loading one more adapter evicts none."""
-        return len(self.resident) < self.max_loras
-
 
 class RankInfo(msgspec.Struct, frozen=True, kw_only=True):
     """One data-parallel rank of a worker that serves several behind one URL (as vLLM's

@@ -9,7 +9,7 @@ recorded only for answers a replica served (2xx): a worker's refusal cached noth
 
 from __future__ import annotations
 
-from gateway.replica import Replica
+from gateway.fleet.replica import Replica
 from gateway.state import GatewayState
 
 CLIENT_GONE = "client_gone"  # the client left before the end of its answer

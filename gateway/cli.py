@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = config_from_args(args)
         if config.api_keys_file:  # fail at start, not on the first request
-            from gateway.tenants import TenantRegistry
+            from gateway.routing.tenants import TenantRegistry
 
             TenantRegistry(config.api_keys_file, config.tenant_salt_secret)
     except (OSError, ValueError) as e:
@@ -62,15 +62,15 @@ def main(argv: list[str] | None = None) -> int:
     raise_open_files_limit()
     try:
         sockets = [listen_socket(config.host, config.port)]
-        if config.admin_port is not None:  # same server, same app: gateway/admin.py
+        if config.admin_port is not None:  # same server, same app: gateway/http/admin.py
             sockets.append(listen_socket(config.host, config.admin_port, "--admin-port"))
     except OSError as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2
     import uvicorn
 
-    from gateway.app import create_app
-    from gateway.drain import DrainingServer
+    from gateway.http.app import create_app
+    from gateway.http.drain import DrainingServer
 
     app = create_app(config)
     uvicorn_config = uvicorn.Config(

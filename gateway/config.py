@@ -5,14 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cachekey.headers import SESSION_HEADER
-from cachekey.worker_auth import resolve_token
-from gateway.endpoints import check_topic, parse_bind, parse_worker
-from gateway.image_fetch import AllowList
-from gateway.limits import RequestLimits
+from gateway.config_checks import DISCOVERY_NAMES, POLICY_NAMES, check_config
+from gateway.http.limits import RequestLimits
 from kvgate_cli.flags import LOG_LEVELS, flag_group, format_size, option, parse_size
-
-POLICY_NAMES = ("cache_aware", "round_robin", "least_loaded", "session", "random")
-DISCOVERY_NAMES = ("static", "k8s", "inferencepool")
 
 
 def _unbounded_if_zero(text: str) -> int | None:
@@ -262,67 +257,4 @@ class GatewayConfig:
     )
 
     def __post_init__(self) -> None:
-        self.workers = tuple(w.strip().rstrip("/") for w in self.workers if w.strip())
-        if self.policy not in POLICY_NAMES:
-            raise ValueError(f"unknown policy {self.policy!r}; choose from {POLICY_NAMES}")
-        if self.discovery not in DISCOVERY_NAMES:
-            raise ValueError(f"discovery must be one of {', '.join(DISCOVERY_NAMES)}")
-        if self.discovery == "k8s" and not self.k8s_namespace:
-            raise ValueError("Kubernetes discovery needs --k8s-namespace")
-        if self.discovery == "inferencepool" and not self.k8s_namespace:
-            raise ValueError("InferencePool discovery needs --k8s-namespace")
-        if self.discovery == "inferencepool" and not self.inference_pool:
-            raise ValueError("inferencepool discovery needs --inference-pool")
-        if self.discovery == "static":
-            urls = [parse_worker(w).url for w in self.workers]  # raises on a malformed one
-            twice = sorted({u for u in urls if urls.count(u) > 1})
-            if twice:
-                raise ValueError(f"worker listed twice: {', '.join(twice)}")
-        check_topic(self.vllm_kv_events_topic)
-        if self.kv_events_bind is not None:
-            parse_bind(self.kv_events_bind)  # raises on anything but tcp://HOST:PORT
-        if not 0 < self.port < 65536:
-            raise ValueError(f"port out of range: {self.port}")
-        if self.admin_port is not None:
-            if not 0 < self.admin_port < 65536:
-                raise ValueError(f"admin port out of range: {self.admin_port}")
-            if self.admin_port == self.port or (self.epp and self.admin_port == self.epp_port):
-                raise ValueError("--admin-port must differ from --port and --epp-port")
-        self.worker_token = resolve_token(self.worker_token)
-        if not 0 < self.epp_port < 65536 or (self.epp and self.epp_port == self.port):
-            raise ValueError(f"epp_port out of range or equal to port: {self.epp_port}")
-        if (self.epp_tls_cert_file is None) != (self.epp_tls_key_file is None):
-            raise ValueError("--epp-tls-cert-file and --epp-tls-key-file go together")
-        if self.index_max_blocks <= 0:
-            raise ValueError("index_max_blocks must be positive")
-        if self.speculative_ttl is None:
-            self.speculative_ttl = 2.0 if self.kv_events else 120.0
-        if self.speculative_ttl < 0 or self.retries < 0 or self.epp_fallbacks < 0:
-            raise ValueError("speculative_ttl, retries and epp_fallbacks must be >= 0")
-        if self.connect_timeout <= 0 or self.request_timeout <= 0 or self.poll_interval <= 0:
-            raise ValueError("timeouts and poll_interval must be positive")
-        if self.down_after_failed_polls < 1:
-            raise ValueError("down_after_failed_polls must be >= 1")
-        if self.event_tail_check_interval <= 0:
-            raise ValueError("event_tail_check_interval must be positive")
-        for rate in (self.max_polls_per_second, self.max_tail_checks_per_second):
-            if rate is not None and rate <= 0:
-                raise ValueError("max_polls_per_second and max_tail_checks_per_second must be > 0")
-        if self.recent_half_life <= 0:
-            raise ValueError("recent_half_life must be positive")
-        if self.softmax_temperature < 0:
-            raise ValueError("softmax_temperature must be >= 0")
-        self.image_fetch_allow = tuple(self.image_fetch_allow)
-        AllowList.parse(self.image_fetch_allow)  # raises on a malformed entry
-        if self.image_fetch_timeout <= 0 or self.image_fetch_max_bytes <= 0:
-            raise ValueError("image_fetch_timeout and image_fetch_max_bytes must be positive")
-        if self.max_inflight_per_replica is not None and self.max_inflight_per_replica <= 0:
-            raise ValueError("max_inflight_per_replica must be positive")
-        if self.max_queue < 0 or self.queue_timeout < 0:
-            raise ValueError("max_queue and queue_timeout must be >= 0")
-        if self.log_level not in LOG_LEVELS or self.log_level_http not in LOG_LEVELS:
-            raise ValueError(f"log levels must be one of {', '.join(LOG_LEVELS)}")
-        if self.drain_timeout < 0:
-            raise ValueError("drain_timeout must be >= 0")
-        if self.max_render_queue <= 0:
-            raise ValueError("max_render_queue must be positive")
+        check_config(self)  # normalizes a few fields, raises ValueError on a bad one

@@ -19,11 +19,11 @@ from cachekey.openai.embeddings import EmbeddingFields, check_count
 from cachekey.openai.errors import INVALID_VALUE, APIError
 from cachekey.render import ImageOptions
 from cachekey.types import BlockKey, Prompt
-from gateway.fetch import image_options
-from gateway.images import pin_images
+from gateway.fleet.replica import Replica
+from gateway.images.fetch import image_options
+from gateway.images.parts import pin_images
 from gateway.protocol import _Request
-from gateway.replica import Replica
-from gateway.request import ProxyRequest
+from gateway.routing.request import ProxyRequest
 
 
 class EmbeddingRequest(EmbeddingFields, _Request):

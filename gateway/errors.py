@@ -26,8 +26,8 @@ from cachekey.openai.errors import (
     route_error,
 )
 from cachekey.openai.validation import validation_error
-from gateway.limits import LimitError, render_error_hint
-from gateway.tenants import AuthError
+from gateway.http.limits import LimitError, render_error_hint
+from gateway.routing.tenants import AuthError
 
 log = logging.getLogger(__name__)
 

@@ -11,18 +11,18 @@ import httpx
 from cachekey.keys import HashNamespace
 from cachekey.render import Renderer
 from cachekey.worker_auth import bearer
-from gateway.admission import Admission, RenderQueue
 from gateway.assets import load_assets
-from gateway.breaker import CircuitBreaker
 from gateway.config import GatewayConfig
-from gateway.fetch import ImageFetcher, RemoteImagesDisabled
-from gateway.image_fetch import AllowList, FetchPolicy
-from gateway.index import BlockIndex
+from gateway.fleet.breaker import CircuitBreaker
+from gateway.fleet.replica import Replica
+from gateway.fleet.replica_set import ReplicaSet
+from gateway.images.fetch import ImageFetcher, RemoteImagesDisabled
+from gateway.images.guard import AllowList, FetchPolicy
+from gateway.index.block_index import BlockIndex
 from gateway.metrics import GatewayMetrics
-from gateway.policies import POLICIES, Policy
-from gateway.replica import Replica
-from gateway.replicas import ReplicaSet
-from gateway.tenants import TenantRegistry
+from gateway.routing.admission import Admission, RenderQueue
+from gateway.routing.policies import POLICIES, Policy
+from gateway.routing.tenants import TenantRegistry
 
 log = logging.getLogger(__name__)
 

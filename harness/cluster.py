@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cachekey.documents import Snapshot, decode_document
 from cachekey.worker_auth import WORKER_TOKEN_ENV
-from gateway.replica_names import replica_name
+from gateway.fleet.names import replica_name
 from harness import worker_metrics as wm
 from harness.lifetime import die_with_parent
 

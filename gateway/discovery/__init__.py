@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-from gateway.endpoints import WorkerEndpoint
+from gateway.discovery.endpoints import WorkerEndpoint
 
 OnChange = Callable[[frozenset[WorkerEndpoint]], Awaitable[None]]
 

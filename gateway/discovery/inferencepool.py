@@ -16,8 +16,8 @@ from typing import Any
 
 from kubernetes import client
 
+from gateway.discovery.endpoints import WorkerEndpoint
 from gateway.discovery.list_watch import Backoff, ListWatch, run_watches
-from gateway.endpoints import WorkerEndpoint
 
 GROUP = "inference.networking.k8s.io"
 VERSION = "v1"

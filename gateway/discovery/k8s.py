@@ -9,8 +9,8 @@ from typing import Any
 
 from kubernetes import client
 
+from gateway.discovery.endpoints import WorkerEndpoint
 from gateway.discovery.list_watch import Backoff, ListWatch, run_watches
-from gateway.endpoints import WorkerEndpoint
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 # Mounted into every pod that has a service-account token: the pod's own namespace.

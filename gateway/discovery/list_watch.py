@@ -22,7 +22,7 @@ from typing import Any
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
-from gateway.endpoints import WorkerEndpoint
+from gateway.discovery.endpoints import WorkerEndpoint
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Iterable
 
 from gateway.discovery import OnChange
-from gateway.endpoints import parse_worker
+from gateway.discovery.endpoints import parse_worker
 
 
 class StaticDiscovery:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import logging
 
-from gateway.replica import Replica
-from gateway.request import ProxyRequest
+from gateway.fleet.replica import Replica
+from gateway.routing.request import ProxyRequest
 from gateway.state import GatewayState
 
 from . import wire

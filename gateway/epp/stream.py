@@ -39,13 +39,13 @@ from cachekey.openai.errors import APIError
 from cachekey.openai.sse import SSE_MEDIA_TYPE
 from cachekey.worker_auth import bearer
 from gateway.errors import as_gateway_error
-from gateway.index import ReplicaId
-from gateway.policies import RouteContext
+from gateway.fleet.names import ReplicaId
+from gateway.fleet.replica import Replica
+from gateway.http.serving import end, read_request, read_usage, replica_headers
+from gateway.http.sse_relay import SSERelay
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
-from gateway.proxy import SSERelay
-from gateway.replica import Replica
-from gateway.request import ProxyRequest
-from gateway.serving import end, read_request, read_usage, replica_headers
+from gateway.routing.policies import RouteContext
+from gateway.routing.request import ProxyRequest
 from gateway.state import GatewayState
 
 from . import served, wire
@@ -208,7 +208,7 @@ class ExtProcStream:
             msg = "no healthy worker: " + self.state.replicas.describe()
             raise APIError(503, msg, code="no_healthy_worker")
         ctx = RouteContext(reps, [], 0, 1, headers=headers)
-        return (await self.state.policies["least_loaded"].rank(ctx))[0]
+        return self.state.policies["least_loaded"].rank(ctx)[0]
 
     async def _refuse(self, exc: Exception, headers: Mapping[str, str]):
         err = as_gateway_error(exc)  # logs an unexpected one

@@ -28,11 +28,13 @@ from cachekey.documents import (
 )
 from cachekey.keys import block_extra_keys
 from gateway.config import GatewayConfig
-from gateway.index import BlockIndex, ReplicaId
+from gateway.fleet.names import ReplicaId
+from gateway.fleet.replica import Replica
+from gateway.fleet.replica_set import ReplicaSet
+from gateway.index.block_index import BlockIndex
+from gateway.index.event_source import EventSource
+from gateway.index.subscriber import KVEventSubscriber
 from gateway.metrics import GatewayMetrics
-from gateway.replica import Replica
-from gateway.replicas import ReplicaSet
-from gateway.subscriber import EventSource, KVEventSubscriber
 from harness.cluster import free_port
 
 INFO = {
@@ -138,11 +140,11 @@ def test_gateway_refuses_malformed_info_with_one_clear_log_line(caplog) -> None:
             rep = Replica(id=ReplicaId(worker.url), url=worker.url)
             try:
                 worker.bodies["/kvgate/info"] = json.dumps({**INFO, "block_size": "x"}).encode()
-                with caplog.at_level(logging.ERROR, logger="gateway.replicas"):
+                with caplog.at_level(logging.ERROR, logger="gateway.fleet.replica_set"):
                     for _ in range(3):
                         await replicas.poll_once(rep)
                 assert not rep.healthy and rep.info is None and rep.namespace is None
-                (record,) = [r for r in caplog.records if r.name == "gateway.replicas"]
+                (record,) = [r for r in caplog.records if r.name == "gateway.fleet.replica_set"]
                 assert worker.url in record.getMessage()
                 assert "malformed /kvgate/info document" in record.getMessage()
                 assert "at `$.block_size`" in record.getMessage()
@@ -189,7 +191,7 @@ def test_subscriber_refuses_a_malformed_snapshot() -> None:
 
 
 def _vllm_info(models: dict, metrics: str, config: GatewayConfig) -> WorkerInfo | None:
-    from gateway.vllm_compat import vllm_info
+    from gateway.fleet.vllm_compat import vllm_info
 
     worker = FakeWorker()
     worker.bodies["/v1/models"] = json.dumps(models).encode()
@@ -205,7 +207,7 @@ def _vllm_info(models: dict, metrics: str, config: GatewayConfig) -> WorkerInfo 
 
 
 def test_plain_vllm_info_is_a_worker_info_without_snapshot() -> None:
-    from gateway.vllm_compat import INSTANCE
+    from gateway.fleet.vllm_compat import INSTANCE
 
     models = {"data": [{"id": "llava", "max_model_len": 4096}]}
     metrics = 'vllm:cache_config_info{block_size="32",num_gpu_blocks="9"} 1.0\n'

@@ -20,7 +20,7 @@ from cachekey import (
     image_identifier,
     scoped_uuid_identifier,
 )
-from gateway.fetch import RemoteImagesDisabled, image_options
+from gateway.images.fetch import RemoteImagesDisabled, image_options
 from harness.workload import make_image
 
 CONTENT_HASH = re.compile(r"[0-9a-f]{32}")

@@ -3,16 +3,14 @@ load, and what the gateway reads from plain vLLM workers (/v1/models, vllm:lora_
 
 from __future__ import annotations
 
-import asyncio
-
 from cachekey.documents import LoRAAdapters
 from cachekey.keys import HashNamespace, block_keys
-from gateway.adapters import FULL, RESIDENT, ROOM, adapter_miss, note_routed
 from gateway.config import GatewayConfig
-from gateway.index import ReplicaId
-from gateway.policies import POLICIES, RouteContext
-from gateway.replica import Replica
-from gateway.vllm_compat import lora_adapters, parse_lora_info, parse_models
+from gateway.fleet.names import ReplicaId
+from gateway.fleet.replica import Replica
+from gateway.fleet.vllm_compat import lora_adapters, parse_lora_info, parse_models
+from gateway.routing.adapters import FULL, RESIDENT, ROOM, adapter_miss, note_routed
+from gateway.routing.policies import POLICIES, RouteContext
 
 NS = HashNamespace("demo", 16)
 TTL = 2.0
@@ -27,7 +25,7 @@ def replica(i: int, resident: list[str], max_loras: int = 2) -> Replica:
 def rank(reps: list[Replica], lora: str, tokens: list[int], matched=None) -> list[Replica]:
     keys = block_keys(tokens, NS, lora_name=lora)
     ctx = RouteContext(reps, keys, len(tokens), 16, matched or {}, {}, keys[0], lora)
-    return asyncio.run(POLICIES["cache_aware"](GatewayConfig()).rank(ctx))
+    return POLICIES["cache_aware"](GatewayConfig()).rank(ctx)
 
 
 def test_miss_is_resident_then_room_then_full():
@@ -100,4 +98,4 @@ def test_vllm_lora_metric_latest_sample_wins():
     assert lora == LoRAAdapters(max_loras=2, adapters=["sql", "chat"], resident=["chat", "sql"])
     assert lora_adapters([], text) is None
     unknown = lora_adapters(["sql"], "")
-    assert unknown is not None and unknown.resident == [] and unknown.has_room()
+    assert unknown is not None and unknown.resident == []

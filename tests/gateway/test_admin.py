@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.replica_names import replica_name
+from gateway.fleet.names import replica_name
 from harness.cluster import HOST, Cluster, ClusterSpec, Proc, free_port, wait_until
 from tests.support.chat import chat, user
 from tests.support.waits import try_get

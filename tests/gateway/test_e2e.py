@@ -173,7 +173,7 @@ def test_bad_requests_get_openai_errors(cluster, path, body, headers, status, pa
 
 
 def test_gateway_import_leaves_torch_out():
-    code = "import sys, gateway, gateway.app, gateway.cli; assert 'torch' not in sys.modules"
+    code = "import sys, gateway, gateway.http.app, gateway.cli; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
 
 

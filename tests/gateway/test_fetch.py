@@ -15,8 +15,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from cachekey.errors import ImageFetchError, ImageTooLargeError
-from gateway.fetch import ImageFetcher, RemoteImagesDisabled
-from gateway.image_fetch import AllowList, FetchPolicy, ImageFetchRefused, forbidden_reason
+from gateway.images.fetch import ImageFetcher, RemoteImagesDisabled
+from gateway.images.guard import AllowList, FetchPolicy, ImageFetchRefused, forbidden_reason
 
 ip = ipaddress.ip_address
 
@@ -135,7 +135,7 @@ REFUSED = "is not allowed: this gateway fetches images only from public addresse
 def test_refused_before_any_connection(url: str, logged: str | None, caplog) -> None:
     # The resolver would fail the test if called: IP literals and metadata names never resolve.
     f = ImageFetcher(policy=FetchPolicy(resolver=_refusing_resolver))
-    caplog.set_level(logging.INFO, logger="gateway.image_fetch")
+    caplog.set_level(logging.INFO, logger="gateway.images.guard")
     try:
         with pytest.raises(ImageFetchRefused) as info:
             f(url)
@@ -163,7 +163,7 @@ def test_malformed_urls_refused(url: str, needle: str) -> None:
 def test_refusal_never_names_the_resolved_address(caplog) -> None:
     """A name that resolves inside the cluster: the client learns only that it is not allowed."""
     policy = FetchPolicy(resolver=lambda host, port: ["10.96.0.10"])
-    caplog.set_level(logging.INFO, logger="gateway.image_fetch")
+    caplog.set_level(logging.INFO, logger="gateway.images.guard")
     with pytest.raises(ImageFetchRefused) as info:
         policy.resolve("kube-dns.kube-system.svc.cluster.local", 80, 1.0)
     policy.close()
@@ -174,7 +174,7 @@ def test_refusal_never_names_the_resolved_address(caplog) -> None:
 def test_every_resolved_address_is_checked(caplog) -> None:
     """A name with one public and one private answer is refused (no rebinding by ordering)."""
     policy = FetchPolicy(resolver=lambda host, port: ["93.184.216.34", "10.9.9.9"])
-    caplog.set_level(logging.INFO, logger="gateway.image_fetch")
+    caplog.set_level(logging.INFO, logger="gateway.images.guard")
     with pytest.raises(ImageFetchRefused, match=REFUSED):
         policy.resolve("mixed.example", 80, 1.0)
     policy.close()

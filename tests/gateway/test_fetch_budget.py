@@ -16,8 +16,8 @@ import tracemalloc
 import pytest
 
 from cachekey.errors import ImageFetchError, ImageTooLargeError
-from gateway.fetch import FetchBudget, ImageFetcher
-from gateway.image_fetch import AllowList, FetchPolicy
+from gateway.images.fetch import FetchBudget, ImageFetcher
+from gateway.images.guard import AllowList, FetchPolicy
 from harness.workload import make_image
 from tests.support.image_server import BOMB_INFLATED, ImageServer
 

@@ -7,7 +7,8 @@ import msgspec
 from cachekey.events import AllBlocksCleared, BlockRemoved, BlockStored, decode_batch
 from cachekey.keys import HashNamespace, block_extra_keys, block_keys
 from cachekey.types import MMItem
-from gateway.index import BlockIndex, ReplicaId
+from gateway.fleet.names import ReplicaId
+from gateway.index.block_index import BlockIndex
 
 NS = HashNamespace("demo", block_size=4)
 A, B = ReplicaId("http://a"), ReplicaId("http://b")
@@ -99,14 +100,14 @@ def test_speculative_entries_expire_and_yield_to_real_events():
     tokens = list(range(8))
     keys = block_keys(tokens, NS)
     idx = BlockIndex(speculative_ttl=2.0)
-    guess = idx.add_speculative(B, keys, now=100.0)
+    guess = idx.speculate(B, keys, now=100.0)
     assert idx.match(keys, [A, B], now=101.0) == {A: 0, B: 2}
     assert idx.match(keys, [A, B], speculative=False) == {A: 0, B: 0}
     assert idx.match(keys, [A, B], now=150.0) == {A: 0, B: 2}  # in flight: no expiry
-    idx.spec.release(guess, now=150.0)  # the request ended: ttl from here
+    guess.release(now=150.0)  # the request ended: ttl from here
     assert idx.match(keys, [A, B], now=151.5) == {A: 0, B: 2}
     assert idx.match(keys, [A, B], now=152.5) == {A: 0, B: 0}
-    idx.add_speculative(A, keys, now=200.0)
+    idx.speculate(A, keys, now=200.0)
     idx.apply(A, NS, [_stored(tokens, [1, 2])])
     assert idx.match(keys, [A], now=300.0) == {A: 2}  # real entries do not expire
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from cachekey.events import BlockStored
 from cachekey.keys import HashNamespace, block_keys
-from gateway.index import BlockIndex, ReplicaId
+from gateway.fleet.names import ReplicaId
+from gateway.index.block_index import BlockIndex
 
 NS = HashNamespace("demo", block_size=4)
 A, B = ReplicaId("http://a"), ReplicaId("http://b")
@@ -29,7 +30,7 @@ def test_confirmed_speculative_entries_are_freed() -> None:
     for i in range(200):
         tokens = [i, i + 1, i + 2, i + 3, 7, 7, 7, 7]
         keys = block_keys(tokens, NS)
-        index.add_speculative(A, keys, now=0.0)
+        index.speculate(A, keys, now=0.0)
         assert index.match(keys, [A], now=0.0) == {A: 2}
         index.apply(A, NS, [_stored(tokens, keys)])
         assert index.match(keys, [A], speculative=False) == {A: 2}
@@ -42,8 +43,8 @@ def test_drop_replica_frees_its_speculative_entries() -> None:
     index = BlockIndex(speculative_ttl=3600.0)
     only_a = block_keys([1, 2, 3, 4, 5, 6, 7, 8], NS)
     shared = block_keys([9, 9, 9, 9], NS)
-    index.add_speculative(A, [*only_a, *shared], now=0.0)
-    index.add_speculative(B, shared, now=0.0)
+    index.speculate(A, [*only_a, *shared], now=0.0)
+    index.speculate(B, shared, now=0.0)
     index.drop_replica(A)
     assert index.match(only_a, [A, B], now=0.0) == {A: 0, B: 0}
     assert index.match(shared, [A, B], now=0.0) == {A: 0, B: 1}

@@ -109,11 +109,11 @@ def test_streams_release_their_slots(cluster) -> None:
 def test_admission_unit_bounds_and_handoff() -> None:
     import asyncio
 
-    from gateway.admission import Admission
     from gateway.config import GatewayConfig
     from gateway.errors import Overloaded
-    from gateway.index import ReplicaId
-    from gateway.replica import Replica
+    from gateway.fleet.names import ReplicaId
+    from gateway.fleet.replica import Replica
+    from gateway.routing.admission import Admission
 
     async def scenario() -> None:
         cfg = GatewayConfig(max_inflight_per_replica=1, max_queue=1, queue_timeout=5.0)
@@ -145,11 +145,11 @@ def test_claims_count_against_free_slots() -> None:
     """Requests admitted but still rendering hold their claim: no more pass than slots exist."""
     import asyncio
 
-    from gateway.admission import Admission
     from gateway.config import GatewayConfig
     from gateway.errors import Overloaded
-    from gateway.index import ReplicaId
-    from gateway.replica import Replica
+    from gateway.fleet.names import ReplicaId
+    from gateway.fleet.replica import Replica
+    from gateway.routing.admission import Admission
 
     async def scenario() -> None:
         cfg = GatewayConfig(max_inflight_per_replica=2, max_queue=0, queue_timeout=1.0)
@@ -170,8 +170,8 @@ def test_full_render_queue_gives_429() -> None:
     import asyncio
     import threading
 
-    from gateway.admission import RenderQueue
     from gateway.errors import Overloaded, error_response
+    from gateway.routing.admission import RenderQueue
 
     async def scenario() -> None:
         q = RenderQueue(threads=1, max_queue=2)

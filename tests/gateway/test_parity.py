@@ -6,7 +6,7 @@ import time
 
 import httpx
 
-from gateway.replica_names import replica_name
+from gateway.fleet.names import replica_name
 from harness.cluster import Cluster, ClusterSpec, Proc, free_port, wait_index_converged
 
 

@@ -9,11 +9,12 @@ import pytest
 
 from cachekey.keys import HashNamespace, block_keys
 from gateway.config import CostWeights, GatewayConfig
-from gateway.index import ReplicaId
-from gateway.policies import POLICIES, RouteContext
-from gateway.policies.cache_aware import explain, fleet_rate
-from gateway.proxy import SSERelay
-from gateway.replica import Replica, parse_load
+from gateway.fleet.names import ReplicaId
+from gateway.fleet.ranks import parse_engine_load
+from gateway.fleet.replica import Replica
+from gateway.http.sse_relay import SSERelay
+from gateway.routing.policies import POLICIES, RouteContext
+from gateway.routing.policies.cache_aware import explain, fleet_rate
 
 NS = HashNamespace("demo", 16)
 
@@ -29,7 +30,7 @@ def _ctx(reps, tokens, matched=None, headers=None) -> RouteContext:
 
 
 def _rank(name: str, ctx: RouteContext, config: GatewayConfig | None = None) -> list[Replica]:
-    return asyncio.run(POLICIES[name](config or GatewayConfig()).rank(ctx))
+    return POLICIES[name](config or GatewayConfig()).rank(ctx)
 
 
 def test_cache_aware_prefers_the_longest_prefix_until_its_queue_outweighs_it():
@@ -54,7 +55,7 @@ def test_cache_aware_cost_is_seconds_at_the_candidates_median_rate():
     ctx = _ctx(reps, list(range(320)), {reps[0].id: 10})
     # Every replica is costed at the median, 2e-4 s per token: the 160 uncached tokens on the
     # replica holding the prefix beat 320 on one whose own rate reads 4x lower.
-    assert asyncio.run(policy.rank(ctx))[0] is reps[0]
+    assert policy.rank(ctx)[0] is reps[0]
     assert fleet_rate(reps) == 2e-4
     cost = policy.cost(ctx, reps[0], 0.0, fleet_rate(reps))
     assert cost.prefill == pytest.approx(160 * 2e-4) and cost.queue == 0.0
@@ -76,8 +77,8 @@ def test_cache_aware_explains_each_decision_at_debug_level(caplog):
     assert first.startswith("(ms) http://w0 total=64 queue=0 prefill=32 interference=32 ")
     assert second.startswith("http://w1 total=292 queue=100 prefill=64 interference=128 ")
     assert "in_flight=1" in second
-    with caplog.at_level("DEBUG", logger="gateway.policies.cache_aware"):
-        asyncio.run(policy.rank(ctx))
+    with caplog.at_level("DEBUG", logger="gateway.routing.policies.cache_aware"):
+        policy.rank(ctx)
     assert text in caplog.text
     for r in reps:  # no rate measured yet: the same decision, in tokens
         r.prefill_rate.seconds_per_token = None
@@ -114,7 +115,7 @@ def test_softmax_temperature_samples_near_ties():
     cfg = GatewayConfig(softmax_temperature=0.005)  # seconds: about the costs' difference
     policy = POLICIES["cache_aware"](cfg)
     ctx = _ctx(reps, list(range(64)), {reps[0].id: 1})
-    picks = {asyncio.run(policy.rank(ctx))[0].id for _ in range(200)}
+    picks = {policy.rank(ctx)[0].id for _ in range(200)}
     assert picks == {reps[0].id, reps[1].id}
 
 
@@ -122,7 +123,7 @@ def test_round_robin_rotates_and_session_sticks_with_fallback():
     reps = _reps(3)
     policy = POLICIES["round_robin"](GatewayConfig())
     ctx = _ctx(reps, list(range(40)))
-    assert [asyncio.run(policy.rank(ctx))[0].id for _ in range(3)] == [r.id for r in reps]
+    assert [policy.rank(ctx)[0].id for _ in range(3)] == [r.id for r in reps]
     hdr = {"x-session-id": "alice"}
     home = _rank("session", _ctx(reps, list(range(40)), headers=hdr))
     assert home[0] is _rank("session", _ctx(reps, list(range(99)), headers=hdr))[0]
@@ -192,14 +193,14 @@ def test_parse_load_reads_vllm_gauges():
         'vllm:kv_cache_usage_perc{model_name="demo"} 0.25\n'
         "vllm:prefix_cache_hits_total 7.0\n"
     )
-    assert parse_load(text) == {"waiting": 3.0, "running": 2.0, "kv_usage": 0.25}
+    assert parse_engine_load(text)[None] == {"waiting": 3.0, "running": 2.0, "kv_usage": 0.25}
 
 
 def test_circuit_breaker_ejects_after_repeated_failures():
-    from gateway.breaker import CircuitBreaker
-    from gateway.index import BlockIndex
+    from gateway.fleet.breaker import CircuitBreaker
+    from gateway.fleet.replica_set import ReplicaSet
+    from gateway.index.block_index import BlockIndex
     from gateway.metrics import GatewayMetrics
-    from gateway.replicas import ReplicaSet
 
     cfg = GatewayConfig(eject_after_failures=3, eject_seconds=30.0)
     metrics = GatewayMetrics()
@@ -222,14 +223,14 @@ def test_circuit_breaker_ejects_after_repeated_failures():
         assert f"{b.name} (healthy)" in described
         a.healthy = True  # even a good probe does not end the ejection early
         assert [r.id for r in replicas.available()] == [b.id]
-        a.ejected_until = 0.0
+        a.circuit.close()
         assert {r.id for r in replicas.available()} == {a.id, b.id}
     finally:
         asyncio.run(replicas.close())
 
 
 def test_prefill_rate_from_the_workers_vllm_histogram_sums():
-    from gateway.prefill_rate import MIN_TOKENS, PrefillRate, parse_prefill_sums
+    from gateway.fleet.prefill_rate import MIN_TOKENS, PrefillRate, parse_prefill_sums
 
     def page(seconds: float, tokens: float) -> str:
         return (

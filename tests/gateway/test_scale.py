@@ -1,5 +1,5 @@
 """What fronting hundreds of workers takes: polls and event tail checks within their rate however
-many workers (gateway/pace.py, measured on real polls of a simulated fleet), a ZMQ context
+many workers (gateway/fleet/pace.py, measured on real polls of a simulated fleet), a ZMQ context
 that holds a SUB and a replay DEALER for each of them, and a match that looks only at the
 replicas holding a request's prefix."""
 
@@ -16,15 +16,17 @@ import zmq
 from cachekey.events import BlockStored
 from cachekey.keys import HashNamespace, block_keys
 from gateway.config import GatewayConfig
-from gateway.index import BlockIndex, ReplicaId
+from gateway.discovery.endpoints import WorkerEndpoint
+from gateway.fleet.names import ReplicaId
+from gateway.fleet.pace import Pace
+from gateway.fleet.replica import Replica
+from gateway.fleet.replica_set import ReplicaSet
+from gateway.index.block_index import BlockIndex
+from gateway.index.followers import event_context
 from gateway.metrics import GatewayMetrics
-from gateway.pace import Pace
-from gateway.policies import RouteContext
-from gateway.policies.base import tie_order
-from gateway.policies.cache_aware import TOP, CacheAwarePolicy
-from gateway.rank_events import event_context
-from gateway.replica import Replica
-from gateway.replicas import ReplicaSet
+from gateway.routing.policies import RouteContext
+from gateway.routing.policies.base import tie_order
+from gateway.routing.policies.cache_aware import TOP, CacheAwarePolicy
 from harness.fleet.engine import Timing
 from harness.fleet.fleet import Fleet, FleetConfig
 
@@ -62,7 +64,7 @@ def test_polls_of_a_fleet_stay_within_max_polls_per_second():
             gw = GatewayConfig(poll_interval=0.05, max_polls_per_second=20, kv_events=False)
             replicas = ReplicaSet(gw, BlockIndex(), GatewayMetrics(), http)
             try:
-                await replicas.set_urls(frozenset(fleet.urls))
+                await replicas.set_workers(frozenset(WorkerEndpoint(u) for u in fleet.urls))
                 await asyncio.sleep(2.0)
                 assert all(r.healthy for r in replicas.replicas.values())
             finally:
@@ -106,7 +108,7 @@ def test_hits_name_only_the_replicas_holding_a_prefix():
     request = block_keys([*tokens, 99, 98, 97, 96], ns)  # the chain and one block more
     assert index.hits(request) == {"r7": 3}
     assert index.match(request, ["r7", "r8"]) == {"r7": 3, "r8": 0}
-    index.add_speculative(ReplicaId("r9"), request[:2])  # a request was just routed to r9
+    index.speculate(ReplicaId("r9"), request[:2])  # a request was just routed to r9
     assert index.hits(request) == {"r7": 3, "r9": 2}
     assert index.hits(request, speculative=False) == {"r7": 3}
     index.drop_replica(ReplicaId("r7"))
@@ -134,7 +136,7 @@ def test_cache_aware_ranks_the_first_places_of_hundreds_of_replicas_exactly():
         tokens = list(range(trial, trial + 2600))
         matched = {reps[i].id: rng.randrange(1, 160) for i in rng.sample(range(300), 3)}
         ctx = _ctx(reps, tokens, matched)
-        ranked = asyncio.run(policy.rank(ctx))
+        ranked = policy.rank(ctx)
         assert sorted(map(id, ranked)) == sorted(map(id, reps))  # each candidate once
         later = time.monotonic()
         exact = sorted(
@@ -154,8 +156,8 @@ def test_a_healthy_worker_is_marked_down_only_after_three_unanswered_polls():
             rep = replicas.replicas[ReplicaId(url)] = Replica(ReplicaId(url), url)
             try:
                 await replicas.poll_once(rep)
-                assert rep.healthy and rep.subscriber is not None
-                await asyncio.wait_for(rep.subscriber.synced.wait(), 10)  # its snapshot loaded
+                assert rep.healthy and rep.link.subscriber is not None
+                await asyncio.wait_for(rep.link.subscriber.synced.wait(), 10)  # its snapshot loaded
                 tokens = list(range(16))
                 index.store(rep.id, sim.model.namespace, BlockStored([b"k"], None, tokens, 16))
                 answer = sim._routes[("GET", "/kvgate/info")]

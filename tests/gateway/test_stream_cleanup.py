@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 from starlette.requests import ClientDisconnect
 
-from gateway.proxy import RelayResponse
+from gateway.http.sse_relay import RelayResponse
 
 SCOPE = {"type": "http", "asgi": {"spec_version": "2.4"}, "method": "POST", "headers": []}
 

@@ -29,9 +29,11 @@ from cachekey.events import (
     seq_from_bytes,
 )
 from cachekey.keys import HashNamespace, block_keys
-from gateway.index import BlockIndex, ReplicaId
+from gateway.fleet.names import ReplicaId
+from gateway.index.block_index import BlockIndex
+from gateway.index.event_source import EventSource
+from gateway.index.subscriber import KVEventSubscriber
 from gateway.metrics import GatewayMetrics
-from gateway.subscriber import EventSource, KVEventSubscriber
 from harness.cluster import free_port
 from tests.support.metrics import sample
 from tests.support.waits import until

@@ -2,10 +2,11 @@
 
 Mutated vLLM 0.33 batches (fields replaced by junk of every type, tokens past 32 bits, maps inside
 extra_keys, lists as hashes, bad `ts`, unknown events, truncated or random bytes) go through the
-subscriber's own ingestion (`gateway.ingest.ingest_batch`: decode, hash, apply) between well-formed
-batches. Nothing may raise, a well-formed event in a mutated batch must still be applied, and the
-replica's prefix stored first must stay matched. The last test sends a few hundred mutated
-batches over a real ZMQ PUB to a running subscriber, which must keep its index and its task.
+subscriber's own ingestion (`gateway.index.ingest.ingest_batch`: decode, hash, apply) between
+well-formed batches. Nothing may raise, a well-formed event in a mutated batch must still be
+applied, and the replica's prefix stored first must stay matched. The last test sends a few
+hundred mutated batches over a real ZMQ PUB to a running subscriber, which must keep its index
+and its task.
 
 `KVGATE_FUZZ_EXAMPLES` sets the example count (default 1000; docs/reliability.md has a bigger run).
 """
@@ -26,10 +27,12 @@ from hypothesis import strategies as st
 
 from cachekey.events import seq_bytes
 from cachekey.keys import HashNamespace, block_keys
-from gateway.index import BlockIndex, ReplicaId
-from gateway.ingest import ingest_batch
+from gateway.fleet.names import ReplicaId
+from gateway.index.block_index import BlockIndex
+from gateway.index.event_source import EventSource
+from gateway.index.ingest import ingest_batch
+from gateway.index.subscriber import KVEventSubscriber
 from gateway.metrics import GatewayMetrics
-from gateway.subscriber import EventSource, KVEventSubscriber
 from tests.support.metrics import sample
 from tests.support.waits import until
 

@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from gateway.tenants import AuthError, TenantRegistry, parse_keys
+from gateway.routing.tenants import AuthError, TenantRegistry, parse_keys
 from harness.cluster import Cluster, ClusterSpec, wait_index_converged
 from tests.support.chat import bearer, chat, user
 

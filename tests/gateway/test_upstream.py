@@ -8,7 +8,7 @@ import contextlib
 import pytest
 import uvloop
 
-from gateway.upstream import UpstreamError, UpstreamPool, UpstreamTimeout
+from gateway.http.upstream import UpstreamError, UpstreamPool, UpstreamTimeout
 from harness.cluster import HOST, free_port
 
 

@@ -21,9 +21,11 @@ import zmq.asyncio
 from cachekey.events import decode_batch, parse_replay_reply, seq_from_bytes
 from cachekey.keys import HashNamespace, block_keys, usable_match
 from cachekey.types import MMItem
-from gateway.index import BlockIndex, ReplicaId
+from gateway.fleet.names import ReplicaId
+from gateway.index.block_index import BlockIndex
+from gateway.index.event_source import EventSource
+from gateway.index.subscriber import KVEventSubscriber
 from gateway.metrics import GatewayMetrics
-from gateway.subscriber import EventSource, KVEventSubscriber
 from tests.support.metrics import sample
 from tests.support.paths import FIXTURES
 from tests.support.waits import until

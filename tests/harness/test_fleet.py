@@ -18,7 +18,8 @@ import zmq.asyncio
 from cachekey.documents import Snapshot, WorkerInfo, decode_document
 from cachekey.events import BlockRemoved, BlockStored, decode_batch, parse_replay_reply, seq_bytes
 from cachekey.events import seq_from_bytes as seq_of
-from gateway.index import BlockIndex, ReplicaId
+from gateway.fleet.names import ReplicaId
+from gateway.index.block_index import BlockIndex
 from harness.cluster import (
     ClusterSpec,
     index_mismatches,

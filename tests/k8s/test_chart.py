@@ -266,9 +266,9 @@ def vllm_flag(args: list[str], name: str) -> str:
 def test_vllm_values(chart: Any, dp: int) -> None:
     """vLLM as the worker, and a gateway that follows it: the ports, rank offsets and topic the
     gateway derives from the rendered objects are the ones vLLM's rendered flags publish on."""
+    from gateway.discovery.endpoints import format_topic
     from gateway.discovery.k8s import worker_endpoints
-    from gateway.endpoints import format_topic
-    from gateway.ranks import vllm_ranks
+    from gateway.fleet.ranks import vllm_ranks
 
     values = load_values("values-vllm.yaml")
     values["worker"]["vllm"]["dataParallelSize"] = dp

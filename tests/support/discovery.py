@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import time
 
-from gateway.endpoints import WorkerEndpoint
+from gateway.discovery.endpoints import WorkerEndpoint
 
 WAIT_S = 10.0
 

@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from gateway.replica_names import replica_name
+from gateway.fleet.names import replica_name
 from harness.cluster import Cluster, ClusterSpec, wait_until
 from harness.load import Tally, hold_one_per_worker
 from tests.support.bench_runs import run_bench

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway.discovery.endpoints import WorkerEndpoint
 from gateway.discovery.k8s import (
     KubernetesDiscovery,
     build_selector,
@@ -18,7 +19,6 @@ from gateway.discovery.k8s import (
     worker_endpoints,
 )
 from gateway.discovery.list_watch import Backoff
-from gateway.endpoints import WorkerEndpoint
 from tests.support.discovery import WAIT_S, Recorder
 from tests.support.k8s_fake_api import FakeApi, FakeApiServer, make_slice
 from tests.support.waits import until

@@ -25,7 +25,7 @@ import uvloop
 from google.protobuf.wrappers_pb2 import BytesValue
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gateway.epp.h2 import RESET_FLOOR
+from gateway.epp.h2_frames import RESET_FLOOR
 from gateway.epp.health import NOT_SERVING, SERVING, Health
 from gateway.epp.rpc import Call, Method, RpcServer, Status
 from harness.cluster import HOST, free_port, wait_until

@@ -65,7 +65,7 @@ async def _scenario(config: GatewayConfig, port: int, root: bytes) -> None:
             # Alive at once; ready once discovery delivered the worker set (even an empty one).
             assert await status("liveness") == SERVING
             assert await status("readiness") == NOT_SERVING
-            await state.replicas.set_urls(frozenset())
+            await state.replicas.set_workers(frozenset())
             await server.mark_synced()
             assert await status("readiness") == SERVING
             assert await status("envoy.service.ext_proc.v3.ExternalProcessor") == SERVING

@@ -6,7 +6,8 @@ import pytest
 
 from cachekey import BlockKey, HashNamespace, MMItem, MMMatchRule, Prompt
 from cachekey.events import BlockRemoved, BlockStored
-from gateway.index import BlockIndex, ReplicaId
+from gateway.fleet.names import ReplicaId
+from gateway.index.block_index import BlockIndex
 from worker.engine.block_manager import BlockManager
 from worker.engine.free_queue import Block, FreeBlockQueue
 from worker.engine.sampling_params import SamplingParams

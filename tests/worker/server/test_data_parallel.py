@@ -11,7 +11,7 @@ import re
 import httpx
 
 from cachekey.documents import Snapshot, WorkerInfo, decode_document
-from gateway.replica_names import replica_name
+from gateway.fleet.names import replica_name
 from harness.cluster import (
     Proc,
     free_port,

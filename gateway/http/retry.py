@@ -1,0 +1,41 @@
+"""Retries: an attempt that fails before the first byte (unreachable, or a 5xx) moves on.
+
+At most `--retries` more replicas are tried, in ranked order, each only if it has a free slot;
+the request's slot moves with the attempt. A worker's answer below 500 is the request's answer.
+"""
+
+from __future__ import annotations
+
+from cachekey.headers import RANK_HEADER
+from gateway import accounting
+from gateway.errors import UpstreamFailed
+from gateway.fleet.names import ReplicaId
+from gateway.http.upstream import UpstreamError, UpstreamResponse
+from gateway.routing.request import ProxyRequest
+
+
+async def send_with_retries(px: ProxyRequest, payload: bytes) -> UpstreamResponse:
+    """POST `payload` to the request's replica, then to the next ones, until one answers."""
+    st = px.state
+    attempts = st.config.retries + 1
+    tried: set[ReplicaId] = set()
+    failed = UpstreamFailed("no replica available")
+    while (rep := px.replica) is not None:
+        tried.add(rep.id)
+        assert rep.link.pool is not None
+        n = rep.rank_header
+        rank = b"" if n is None else b"%b: %d\r\n" % (RANK_HEADER.encode(), n)
+        try:
+            resp = await rep.link.pool.post(px.endpoint, payload, rank + px.prefix_header())
+        except UpstreamError as e:
+            reason = str(e)
+            failed = UpstreamFailed(f"{rep.id}: {reason}")
+        else:
+            if resp.status < 500:
+                accounting.attempt_answered(st, rep)
+                return resp
+            reason = f"HTTP {resp.status}"
+            failed = UpstreamFailed(f"{rep.id}: {reason}", resp.status, await resp.read())
+        accounting.attempt_failed(st, rep, px.policy_name, reason)
+        px.retry_elsewhere(tried, give_up=len(tried) >= attempts)
+    raise failed

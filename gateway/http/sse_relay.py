@@ -1,0 +1,126 @@
+"""Relaying a worker's answer: SSE passthrough that reads (and may hide) the usage chunk.
+
+Once a stream has started it is passed through chunk by chunk; if it breaks, the client gets an
+SSE error event and `data: [DONE]`, never a hang. Retries before the first byte:
+gateway/http/retry.py.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from cachekey.openai.errors import error_body
+from cachekey.openai.sse import DONE, DONE_EVENT, sse_event
+from gateway.accounting import CLIENT_GONE
+from gateway.http.upstream import UpstreamError, UpstreamResponse
+
+log = logging.getLogger(__name__)
+
+
+class SSERelay:
+    """Relays a worker's SSE stream, reading the usage chunk and hiding it if unasked for."""
+
+    def __init__(self, strip_usage: bool) -> None:
+        self.strip_usage = strip_usage
+        self.usage: dict | None = None
+        self.saw_done = False
+        self._buf = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        self._buf += chunk
+        if b"\n\n" not in self._buf:
+            return b""
+        head, _, self._buf = self._buf.rpartition(b"\n\n")
+        out = []
+        for event in head.split(b"\n\n"):
+            if self._keep(event):
+                out.append(event + b"\n\n")
+        return b"".join(out)
+
+    def flush(self) -> bytes:
+        rest, self._buf = self._buf, b""
+        return rest
+
+    def _keep(self, event: bytes) -> bool:
+        if event.startswith(DONE_EVENT):
+            self.saw_done = True
+            return True
+        if b'"usage"' not in event or b'"usage":null' in event or b'"usage": null' in event:
+            return True
+        try:
+            data = json.loads(event[event.index(b"{") :])
+        except ValueError:
+            return True
+        usage = data.get("usage") if isinstance(data, dict) else None
+        if usage:
+            self.usage = usage
+            if self.strip_usage and not data.get("choices"):
+                return False
+        return True
+
+
+class RelayResponse(StreamingResponse):
+    """A relayed stream whose end runs even when the client left before the first byte.
+
+    If the client is gone by the time the response starts, Starlette fails on the first send and
+    never iterates the generator, so the generator's own `finally` never runs: the replica slot,
+    the in-flight accounting and the upstream connection would leak. `on_close` must be
+    idempotent; it also runs after a normal end, where it is a no-op.
+    """
+
+    def __init__(
+        self, content: AsyncIterator[bytes], on_close: Callable[[], object], **kwargs: object
+    ) -> None:
+        super().__init__(content, **kwargs)
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            result = self._on_close()
+            if hasattr(result, "__await__"):
+                await result
+
+
+async def relay_stream(
+    resp: UpstreamResponse,
+    relay: SSERelay,
+    on_end: Callable[[str], None],
+    on_first: Callable[[], None] = lambda: None,
+) -> AsyncIterator[bytes]:
+    """Yield the worker's stream; on a break after the first byte, end with an error + DONE.
+
+    `on_first` runs at the stream's first bytes: a worker sends them with the first token.
+    `on_end` gets "200" for a stream relayed to its end, `client_gone` for one closed or
+    cancelled before that (the client left; the worker's connection is dropped, which stops
+    it), `stream_error` for one the worker broke."""
+    status = CLIENT_GONE
+    first = True
+    try:
+        async for chunk in resp.iter_raw():
+            if first:
+                first = False
+                on_first()
+            out = relay.feed(chunk)
+            if out:
+                yield out
+        rest = relay.flush()
+        if rest:
+            yield rest
+        status = "200"
+    except UpstreamError as e:
+        status = "stream_error"
+        log.warning("stream from %s broke: %s", resp.origin, e)
+        err = error_body(502, f"upstream stream broke: {e}", code="upstream_stream_broke")
+        yield sse_event(json.dumps(err).encode())
+        if not relay.saw_done:
+            yield DONE
+    finally:
+        resp.close()
+        on_end(status)

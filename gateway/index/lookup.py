@@ -1,0 +1,157 @@
+"""IndexLookup: the BlockIndex's reads, on the request path (`match`, `hits`) and for operators
+(`stats`, per-replica counts and digests). BlockIndex (block_index.py) holds the state and every
+change to it; the reads run on the event loop without its lock (see its docstring).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from cachekey.types import BlockKey, MMItem
+from gateway.fleet.names import ReplicaId
+from gateway.index.replica_blocks import ReplicaBlocks
+from gateway.index.speculative import SpeculativeEntries
+
+# CPython bytes per indexed block, measured with tracemalloc by bench/index_ingest.py on 64-bit
+# CPython 3.11 (int engine hashes, one replica): the key dict entry with its 16-byte key, and
+# the engine-hash map entry with its int. Good to about +-15%.
+_BYTES_PER_KEY = 110
+_BYTES_PER_ENGINE_ENTRY = 95
+
+
+@dataclass(slots=True)
+class IndexStats:
+    blocks: int
+    copies: int
+    bytes: int
+    skipped_unknown_parent: int
+    skipped_bad_event: int
+
+
+class IndexLookup:
+    # The state BlockIndex keeps (block_index.py).
+    _held: dict[BlockKey, int]
+    _replicas: dict[ReplicaId, ReplicaBlocks]
+    _by_bit: dict[int, ReplicaBlocks]
+    _lookahead: tuple[ReplicaBlocks, ...]
+    _lock: threading.Lock
+    _copies: int
+    spec: SpeculativeEntries
+    skipped_unknown_parent: int
+    errors: Counter[str]
+
+    @property
+    def skipped_bad_event(self) -> int:
+        return sum(self.errors.values())
+
+    # ---- lookup ----------------------------------------------------------------------------
+
+    def match(
+        self,
+        keys: Sequence[BlockKey],
+        replicas: Iterable[ReplicaId],
+        *,
+        speculative: bool = True,
+        now: float | None = None,
+        tokens: Sequence[int] | None = None,
+        mm_items: Sequence[MMItem] = (),
+    ) -> dict[ReplicaId, int]:
+        """Blocks of the longest prefix of `keys` (from block 0) each of `replicas` would hit,
+        0 for none (`hits` has the arguments)."""
+        found = self.hits(keys, speculative=speculative, now=now, tokens=tokens, mm_items=mm_items)
+        return {r: found.get(r, 0) for r in replicas}
+
+    def hits(
+        self,
+        keys: Sequence[BlockKey],
+        *,
+        speculative: bool = True,
+        now: float | None = None,
+        tokens: Sequence[int] | None = None,
+        mm_items: Sequence[MMItem] = (),
+    ) -> dict[ReplicaId, int]:
+        """The replicas that would hit at least block 0 of `keys`, and how many blocks.
+
+        Only the replicas holding block 0 (or guessed to, `speculative`) can, and those with
+        lookahead keys (EAGLE/MTP, whose hit needs the request's `tokens`): a replica that
+        holds nothing of the request costs nothing. One pass over the keys for all of their
+        full-attention slots at once: a slot drops out at its first miss. Then per replica,
+        where it applies, the sliding-window rule of a hybrid model.
+        """
+        now = time.monotonic() if now is None else now
+        if speculative and self.spec.due(now):
+            with self._lock:
+                self.spec.expire(now)
+        spec = self.spec.mask if speculative else None
+        held = self._held
+        reps: dict[ReplicaId, ReplicaBlocks] = {r.id: r for r in self._lookahead}
+        first = (held.get(keys[0], 0) | (spec.get(keys[0], 0) if spec else 0)) if keys else 0
+        alive = 0
+        while first:
+            bit = first & -first
+            first ^= bit
+            rep = self._by_bit.get(bit)
+            if rep is not None and rep.id not in reps:
+                reps[rep.id] = rep
+                alive |= rep.full_bits
+        stops: dict[int, int] = {}
+        for i, key in enumerate(keys):
+            if not alive:
+                break
+            mask = held.get(key, 0)
+            if spec:
+                mask |= spec.get(key, 0)
+            kept = alive & mask
+            if kept != alive:
+                gone, alive = alive ^ kept, kept
+                while gone:
+                    bit = gone & -gone
+                    gone ^= bit
+                    stops[bit] = i
+        found = {}
+        for rid, rep in reps.items():
+            n = rep.hit(held, keys, stops, tokens, mm_items)
+            if n:
+                found[rid] = n
+        return found
+
+    def holds(self, replica: ReplicaId, key: BlockKey) -> bool:
+        rep = self._replicas.get(replica)
+        return rep is not None and bool(self._held.get(key, 0) & rep.all_bits)
+
+    # ---- introspection ---------------------------------------------------------------------
+
+    def replica_blocks(self, replica: ReplicaId) -> int:
+        rep = self._replicas.get(replica)
+        return max((g.blocks for g in rep.groups.values()), default=0) if rep else 0
+
+    def replica_digest(self, replica: ReplicaId) -> str:
+        """Order-independent digest of the gateway keys a replica holds (for comparing indexes)."""
+        rep = self._replicas.get(replica)
+        h = hashlib.sha256()
+        if rep is not None:
+            held = self._held
+            values = list(rep.engine.values())
+            keys = {v if type(v) is bytes else v[1] for v in values}
+            for key in sorted(k for k in keys if held.get(k, 0) & rep.all_bits):
+                h.update(key)
+        return h.hexdigest()
+
+    def stats(self) -> IndexStats:
+        engine_entries = sum(len(r.engine) for r in list(self._replicas.values()))
+        n = len(self._held)
+        return IndexStats(
+            blocks=n,
+            copies=self._copies,
+            bytes=n * _BYTES_PER_KEY + engine_entries * _BYTES_PER_ENGINE_ENTRY,
+            skipped_unknown_parent=self.skipped_unknown_parent,
+            skipped_bad_event=self.skipped_bad_event,
+        )
+
+    def __len__(self) -> int:
+        return len(self._held)

@@ -1,0 +1,2 @@
+"""A request's routing decision: admission, rendering and keys, candidates, tenants, adapters,
+policies."""

@@ -1,0 +1,177 @@
+"""cache_aware: the replica with the lowest estimated cost of serving the request now wins.
+
+The cost is a sum of named terms, in seconds at the candidates' median measured prefill rate
+(`Replica.prefill_rate`, from the workers' own metrics; `fleet_rate` says why not each one's):
+
+  queue        prefill tokens ahead of it there: this gateway's requests routed there that have
+               no first token yet
+  prefill      its own uncached prompt tokens there (the index match)
+  interference its uncached tokens again for each request on the replica and for the next
+               one to arrive there: its prefill steps are their steps too (decode load)
+  spread       recent uncached prefill routed there (decayed), times a small weight: spreads
+               new prefixes over the caches even when nothing is in flight
+  adapter      LoRA requests only: what `--lora-weight` more uncached prompt blocks would cost
+               (prefill and interference), times 0 when the adapter is resident, 0.5 when a slot
+               is free, 1 when loading it evicts another (gateway/routing/adapters.py): keeps an
+               adapter's requests on the replicas that hold it
+
+queue + prefill is its time to first token; interference is what it costs the others. A longer
+prefix wins until the queue behind it costs more than recomputing it elsewhere: that is a spill
+(`kvgate_route_spills_total`, counted by the request path). docs/gateway.md has the model.
+
+Candidates that cannot win cost nothing: an idle replica holding no prefix of the request (no
+request in flight, none queued or running there) costs every such request the same 2 x its
+prompt plus its recent prefill, so of those only the `TOP` with the least recent prefill are
+costed. With hundreds of replicas the first `TOP` places are exact and the rest follow in no
+particular order (retries and the EPP's fallbacks take the first few).
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import math
+import random
+import statistics
+import time
+from dataclasses import dataclass
+
+from gateway.config import GatewayConfig
+from gateway.fleet.replica import Replica
+from gateway.routing.adapters import adapter_miss
+from gateway.routing.policies.base import RouteContext, tie_order
+
+log = logging.getLogger(__name__)
+
+TOP = 8  # places ranked exactly when most candidates are idle and hold nothing of the request
+
+
+@dataclass(slots=True)
+class Cost:
+    """Estimated seconds; the total is the sum of the terms (a new term joins as a field)."""
+
+    queue: float
+    prefill: float
+    interference: float
+    spread: float
+    adapter: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.queue + self.prefill + self.interference + self.spread + self.adapter
+
+
+class CacheAwarePolicy:
+    name = "cache_aware"
+
+    def __init__(self, config: GatewayConfig) -> None:
+        self.w = config.weights
+        self.temperature = config.softmax_temperature
+        self.half_life = config.recent_half_life
+        self.lora_ttl = config.speculative_ttl
+        self._rng = random.Random()
+
+    def cost(self, ctx: RouteContext, r: Replica, now: float, rate: float) -> Cost:
+        bs = ctx.block_size
+        uncached = max(ctx.num_prompt_tokens - ctx.matched.get(r.id, 0) * bs, 0)
+        # The worker's own counts see other gateways' requests too.
+        on_replica = max(r.in_flight, r.running + r.waiting)
+        adapter = 0.0
+        if ctx.lora_name is not None:
+            # Priced as that many uncached prompt blocks: its prefill plus its interference.
+            miss = adapter_miss(r, ctx.lora_name, now, self.lora_ttl)
+            adapter = rate * self.w.lora * bs * miss * (on_replica + 2)
+        return Cost(
+            queue=rate * r.in_flight_prefill_tokens,
+            prefill=rate * uncached,
+            interference=rate * uncached * (on_replica + 1),
+            spread=rate * self.w.recent * r.recent_prefill_at(now, self.half_life),
+            adapter=adapter,
+        )
+
+    def rank(self, ctx: RouteContext) -> list[Replica]:
+        now = time.monotonic()
+        rate = fleet_rate(ctx.candidates)
+        exact = self.temperature > 0 or ctx.lora_name is not None or len(ctx.candidates) <= 2 * TOP
+        contenders = ctx.candidates if exact else self._contenders(ctx)
+        scored = sorted(
+            (
+                (self.cost(ctx, r, now, rate).total, tie_order(ctx.tie_seed, r), r)
+                for r in contenders
+            ),
+            key=lambda t: (t[0], t[1]),
+        )
+        ranked = [r for _, _, r in scored]
+        if not exact:
+            first = {id(r) for r in ranked[:TOP]}
+            ranked = ranked[:TOP] + [r for r in ctx.candidates if id(r) not in first]
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("cache_aware %d prompt tokens: %s", ctx.num_prompt_tokens, explain(self, ctx))
+        if self.temperature > 0 and len(ranked) > 1:
+            best = scored[0][0]
+            weights = [math.exp(-(c - best) / self.temperature) for c, _, _ in scored]
+            first = self._rng.choices(range(len(ranked)), weights=weights)[0]
+            ranked.insert(0, ranked.pop(first))
+        return ranked
+
+    def _contenders(self, ctx: RouteContext) -> list[Replica]:
+        """The candidates that may be among the `TOP` cheapest: those holding a prefix of the
+        request or with work there, and the `TOP` idle ones with the least recent prefill."""
+        matched, busy, idle = ctx.matched, [], []
+        for r in ctx.candidates:
+            if (
+                r.in_flight
+                or r.in_flight_prefill_tokens
+                or r.running
+                or r.waiting
+                or r.id in matched
+            ):
+                busy.append(r)
+            else:
+                idle.append(r)
+        return busy + quietest(idle, TOP, ctx.tie_seed)
+
+
+def quietest(idle: list[Replica], k: int, seed: bytes) -> list[Replica]:
+    """The `k` replicas with the least recent prefill now (`Replica.recent_key` orders them
+    at any time), ties in rendezvous order; only a tie at the k-th place is hashed."""
+    if len(idle) <= k:
+        return idle
+    kth = heapq.nsmallest(k, (r.recent_key for r in idle))[-1]
+    below = [r for r in idle if r.recent_key < kth]
+    tied = sorted((r for r in idle if r.recent_key == kth), key=lambda r: tie_order(seed, r))
+    return below + tied[: k - len(below)]
+
+
+def explain(policy: CacheAwarePolicy, ctx: RouteContext) -> str:
+    """Each candidate's cost terms, cheapest first (for `--log-level debug`): in milliseconds,
+    or in tokens while no replica's prefill rate is measured yet."""
+    now, rate = time.monotonic(), fleet_rate(ctx.candidates)
+    measured = any(r.prefill_rate.seconds_per_token for r in ctx.candidates)
+    unit, scale = ("ms", 1e3) if measured else ("tokens", 1.0)
+    costs = sorted(
+        ((policy.cost(ctx, r, now, rate), r) for r in ctx.candidates), key=lambda t: t[0].total
+    )
+    return f"({unit}) " + "; ".join(
+        f"{r.id} total={c.total * scale:.0f} queue={c.queue * scale:.0f}"
+        f" prefill={c.prefill * scale:.0f} interference={c.interference * scale:.0f}"
+        f" spread={c.spread * scale:.0f} adapter={c.adapter * scale:.0f}"
+        f" in_flight={r.in_flight} running={r.running} waiting={r.waiting}"
+        for c, r in costs
+    )
+
+
+def fleet_rate(replicas: list[Replica]) -> float:
+    """Seconds per prompt token for every candidate: the median of their measured rates; with
+    none measured, 1 (costs are then in tokens).
+
+    One rate for all, not each replica's own: a replica's measured rate is its prefills' time
+    over the tokens they computed, and each prefill also pays a floor (at least one engine step)
+    whatever it computes. A replica serving cache hits computes few tokens per request, so its
+    rate reads several times higher than an equal replica's that takes new prefixes; at its own
+    rate every new prefix would then go to the replica that took the last ones, until its cache
+    overflows. The median keeps the costs in seconds without that feedback."""
+    measured = [
+        r.prefill_rate.seconds_per_token for r in replicas if r.prefill_rate.seconds_per_token
+    ]
+    return statistics.median(measured) if measured else 1.0

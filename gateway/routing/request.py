@@ -1,0 +1,316 @@
+"""ProxyRequest: one request from admission to release, and everything the gateway knows about it.
+
+It owns the parsed request (the one source of truth: the forwarded body is derived from it once,
+in `payload`), its rendering and block keys, the ranked replicas, and the replica holding its
+slot with the load charged there (its `Lease`, lease.py). `release` is the one place the slot is
+given back.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+
+import xxhash
+
+from cachekey.headers import PREFIX_HEADER
+from cachekey.keys import HashNamespace, usable_match
+from cachekey.openai.errors import APIError
+from cachekey.types import BlockKey, Prompt
+from gateway import accounting
+from gateway.fleet.names import ReplicaId
+from gateway.fleet.replica import Replica
+from gateway.http.limits import default_max_tokens
+from gateway.images.fetch import image_options
+from gateway.images.parts import pin_images
+from gateway.protocol import ChatCompletionRequest
+from gateway.routing.candidates import routable
+from gateway.routing.lease import Lease
+from gateway.routing.policies import Policy, RouteContext
+from gateway.routing.policy_choice import choose_policy
+from gateway.routing.render import OpenAIRequest, is_small_text, render_request
+from gateway.state import GatewayState
+
+
+@dataclass(slots=True, eq=False)
+class ProxyRequest:
+    state: GatewayState
+    endpoint: str
+    body: OpenAIRequest
+    headers: Mapping[str, str]
+    policy_name: str
+    policy: Policy
+    candidates: list[Replica]
+    ns: HashNamespace
+    tenant: str | None = None  # None: the gateway has no API keys
+    wants_usage: bool = False  # the client asked for the usage chunk of a stream
+    lora_name: str | None = None  # the LoRA adapter `model` names (None: a base model)
+    admitted: bool = False
+    prompt: Prompt = field(default_factory=lambda: Prompt([]))
+    keys: list[BlockKey] = field(default_factory=list)
+    matched: dict[ReplicaId, int] = field(default_factory=dict)
+    ranked: list[Replica] = field(default_factory=list)
+    lease: Lease = field(init=False)  # its load on the replica holding its slot
+    released: bool = False
+
+    def __post_init__(self) -> None:
+        self.lease = Lease(self.state)
+
+    @property
+    def replica(self) -> Replica | None:
+        """The replica holding its slot (None: none yet, or given back)."""
+        return self.lease.replica
+
+    @property
+    def predicted(self) -> int:
+        """Cached tokens expected on `replica`."""
+        return self.lease.predicted
+
+    @classmethod
+    def route(
+        cls,
+        state: GatewayState,
+        endpoint: str,
+        body: OpenAIRequest,
+        headers: Mapping[str, str],
+        tenant: str | None = None,
+        subset: Collection[ReplicaId] | None = None,
+    ) -> ProxyRequest:
+        """The policy and the candidate replicas of a parsed request (404/503 when none).
+
+        `subset`, when given, is the only replicas the request may go to (an EPP's proxy can
+        name them); none of them available is a 503.
+        """
+        name, policy = choose_policy(state, headers)
+        candidates, lora_name, ns = routable(state, body.model, subset)
+        wants_usage = bool((body.stream_options or {}).get("include_usage"))
+        return cls(
+            state,
+            endpoint,
+            body,
+            headers,
+            name,
+            policy,
+            candidates,
+            ns,
+            tenant,
+            wants_usage,
+            lora_name,
+        )
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        """Prompt tokens the replica will prefill or find cached (every input's, for embeddings)."""
+        return len(self.prompt)
+
+    # -- the stages, in order ----------------------------------------------------------------
+
+    async def decide(self) -> Replica:
+        """admit -> render + keys -> rank: the routing decision, shared by the HTTP proxy and
+        the EPP. The chosen replica holds the slot; `ranked` and `predicted` are set."""
+        await self.admit()
+        await self.render()
+        await self.rank()
+        assert self.replica is not None
+        return self.replica
+
+    async def admit(self) -> None:
+        await self.state.admission.admit(self.candidates)
+        self.admitted = True
+
+    async def render(self) -> None:
+        st = self.state
+        t0 = time.perf_counter()
+        try:
+            renderer = await st.get_renderer()
+        except RuntimeError as e:  # the render assets could not be loaded
+            raise APIError(503, str(e), code="assets_unavailable") from e
+        # One time and byte budget for all the request's remote images (docs/security.md).
+        images = image_options(st.fetcher, st.config.allow_image_uuids, self.tenant)
+        if is_small_text(self.body):
+            self.prompt, self.keys = render_request(
+                renderer, self.body, self.ns, images, self.lora_name
+            )
+        else:
+            self.prompt, self.keys = await st.render_queue.run(
+                render_request, renderer, self.body, self.ns, images, self.lora_name
+            )
+        st.metrics.render_seconds.observe(time.perf_counter() - t0)
+        self._default_max_tokens(renderer.assets.max_model_len)
+
+    def _default_max_tokens(self, model_len: int) -> None:
+        """A chat request that names no output length gets --max-output-tokens (bounded by the
+        smallest context of its candidates); a completion keeps OpenAI's default of 16."""
+        b = self.body
+        if not isinstance(b, ChatCompletionRequest):
+            return
+        lens = [r.info.max_model_len if r.info else None for r in self.candidates]
+        context_len = min(n or model_len for n in lens)
+        limits = self.state.config.limits
+        n = default_max_tokens(b.requested_max_tokens(), len(self.prompt), context_len, limits)
+        if n is not None:
+            b.max_tokens = n
+
+    async def rank(self) -> None:
+        """Rank the candidates and take a slot on the best one with room."""
+        st = self.state
+        t0 = time.perf_counter()
+        bs = self.ns.block_size
+        keys = self.keys
+        prompt = self.prompt  # its tokens: lookahead (EAGLE/MTP) and sliding-window replicas
+        # Only replicas holding a prefix: those holding none cost nothing
+        # (gateway/index/lookup.py, `hits`).
+        hits = st.index.hits(keys, tokens=prompt.token_ids, mm_items=prompt.mm_items)
+        if hits:
+            allowed = {r.id for r in self.candidates if r.parity_ok}
+            hits = {rid: n for rid, n in hits.items() if rid in allowed}
+        self.matched = hits
+        seed = (
+            keys[0] if keys else xxhash.xxh3_128_digest(repr(self.prompt.token_ids[:bs]).encode())
+        )
+        ctx = RouteContext(
+            self.candidates,
+            keys,
+            self.num_prompt_tokens,
+            bs,
+            self.matched,
+            self.headers,
+            seed,
+            self.lora_name,
+        )
+        ranked = self.policy.rank(ctx)
+        st.metrics.routing_seconds.observe(time.perf_counter() - t0)
+        self.admitted = False  # place() turns the claim into a slot, or gives it up
+        rep = await st.admission.place(ranked)
+        self.ranked = [rep, *(r for r in ranked if r is not rep)]
+        self._charge(rep)
+        self._count_spill(rep)
+
+    def _count_spill(self, rep: Replica) -> None:
+        """A spill: a longer prefix was held elsewhere, and the request recomputes it here."""
+        longest = max(self.matched, key=self.matched.__getitem__, default=None)
+        if longest is None or self.matched[longest] <= self.matched.get(rep.id, 0):
+            return
+        held = next((r for r in self.candidates if r.id == longest), None)
+        lost = self._predicted_for(held) - self.predicted if held is not None else 0
+        if lost > 0:
+            m = self.state.metrics
+            m.child(m.spills, self.policy_name).inc()
+            m.child(m.spill_tokens, self.policy_name).inc(lost)
+
+    def payload(self, *, usage_chunk: bool = True) -> bytes:
+        """The body to forward, derived once from the parsed request.
+
+        `usage_chunk` asks a stream for its usage chunk, which the HTTP relay hides again
+        unless the client asked for it; the EPP, which does not relay, forwards the client's
+        own stream options.
+        """
+        b = self.body
+        if isinstance(b, ChatCompletionRequest):
+            pin_images(b.messages, self.prompt)
+        if b.stream and usage_chunk:
+            b.stream_options = {**(b.stream_options or {}), "include_usage": True}
+        return b.model_dump_json(exclude_unset=True).encode()
+
+    def retry_elsewhere(self, tried: set[ReplicaId], give_up: bool) -> Replica | None:
+        """After a failed attempt the slot moves to the next-ranked replica with room (or,
+        when no attempt is left, is given back)."""
+        rep = self.replica
+        assert rep is not None
+        self.lease.forget()
+        rest = [] if give_up else [r for r in self.ranked if r.id not in tried]
+        nxt = self.state.admission.move(rep, rest)
+        if nxt is not None:
+            self._charge(nxt)
+        else:
+            self.lease = Lease(self.state)  # the slot is given back: no replica holds it
+        return nxt
+
+    def served_by(self, target: Replica, reason: str) -> None:
+        """EPP mode: the proxy sent the request to `target`, not to the replica holding the slot
+        (it fell back after the pick failed, or applied another pick). The request is counted
+        where it went: the slot, the prefill charge, the speculative entry and the prediction
+        move there, even over its cap (it is running there), and the pick's failure counts for
+        the circuit breaker as a retry does."""
+        rep = self.replica
+        if rep is None or rep is target:
+            return
+        accounting.attempt_failed(self.state, rep, self.policy_name, reason)
+        self.lease.forget()
+        self.state.admission.transfer(rep, target)
+        self._charge(target)
+
+    def not_delivered(self, reason: str) -> None:
+        """EPP mode: the proxy answered the client itself (it could not reach or pick the
+        replica): nothing reached a worker, so nothing is charged, predicted or counted there;
+        the failure counts for the circuit breaker. The request ends as answered here."""
+        rep = self.replica
+        if rep is None:
+            return
+        accounting.attempt_failed(self.state, rep, self.policy_name, reason)
+        self.lease.forget()
+        self.state.admission.release(rep)
+        self.lease = Lease(self.state)
+
+    def release(self, status: str, usage: dict | None = None) -> None:
+        """The one place the slot is given back and the request's outcome recorded."""
+        if self.released:
+            return
+        self.released = True
+        st, rep = self.state, self.replica
+        if rep is None:
+            if self.admitted:
+                st.admission.withdraw()
+            accounting.answered_here(st, self.policy_name, status)
+            return
+        self.lease.end(refused=status.startswith("4"))
+        st.admission.release(rep)
+        accounting.finished(
+            st, rep, self.policy_name, status, self.num_prompt_tokens, self.predicted, usage
+        )
+
+    # -- load charged to the replica holding the slot ---------------------------------------
+
+    def _predicted_for(self, rep: Replica) -> int:
+        """The worker's cache hit we expect: the match, less what the worker's rule for a match
+        that ends inside an image leaves out."""
+        if not rep.parity_ok:
+            return 0
+        bs = self.ns.block_size
+        n = self.matched.get(rep.id, 0) * bs
+        return usable_match(n, len(self.prompt), bs, self.prompt.mm_items, rep.mm_match_rule)
+
+    def _charge(self, rep: Replica) -> None:
+        # The lease is fresh or forgotten here (no charge, no guess): `take` sets all of it.
+        self.lease.take(
+            rep,
+            self._predicted_for(rep),
+            self.num_prompt_tokens,
+            self.speculative_keys(),
+            self.lora_name,
+        )
+
+    def speculative_keys(self) -> list[BlockKey]:
+        """The keys the replica will hold once it has prefilled the request."""
+        return self.keys
+
+    def prefix_hint(self) -> str | None:
+        """The `x-kvgate-prefix` value for the replica holding the slot: the hex key of the last
+        block of the hit predicted there, which a kvgate worker keeps cached while it renders
+        the request (docs/gateway.md); None when no hit is predicted, and for plain vLLM."""
+        n = self.predicted // self.ns.block_size
+        info = self.replica.info if self.replica is not None else None
+        if n == 0 or n > len(self.keys) or info is None or info.engine == "vllm":
+            return None
+        return self.keys[n - 1].hex()
+
+    def prefix_header(self) -> bytes:
+        """`prefix_hint` as a raw header line for the HTTP proxy; empty when there is none."""
+        hint = self.prefix_hint()
+        return b"" if hint is None else b"%s: %s\r\n" % (PREFIX_HEADER.encode(), hint.encode())
+
+    def first_token(self) -> None:
+        """Its prefill finished (the first bytes of its stream arrived): it queues no prefill
+        there any more, and its keys are a hit on any worker (gateway/index/speculative.py)."""
+        self.lease.first_token()
