@@ -16,7 +16,7 @@ import pytest
 
 from cachekey.assets import ModelAssets
 from cachekey.render import Renderer
-from harness.cluster import free_port, metric_total, wait_until
+from harness.cluster import free_port, metric_by_labels, metric_total, wait_until
 from harness.vllm_server import replica_ids, reset_prefix_cache
 from harness.workload import Workload, WorkloadSpec, data_url, make_image
 from tests.support.vllm_fleet import (
@@ -199,15 +199,35 @@ def test_a_sibling_of_a_request_still_in_flight_is_predicted_its_hit(vllm_fleet)
     """vLLM caches a prompt's blocks when it schedules it, before computing them: a sibling sent
     while the first request runs hits its whole prefix. The gateway predicts that hit from its
     guess for the first request, before any event of it arrives: this gateway gets none while
-    the two run (its live port is one nothing publishes on, and its replay tail check waits a
-    minute), so the prediction is the guess's alone."""
-    fleet = vllm_fleet
+    the two run (its live port is one nothing publishes on, and its first replay tail check
+    comes at a random point of an hour), so the prediction is the guess's alone.
+
+    The case needs the first request still running when the sibling is answered. Nothing
+    observable says so in advance on a busy machine (vLLM's /metrics took 4 s to answer while it
+    decoded, its publisher sent the first's BlockStored as late as the request's end, and once
+    the gateway's own in-flight gauge was not seen for the whole request), so an attempt where
+    the first ended before its sibling's answer is inconclusive and runs again with a new
+    prompt, up to 3 times. Every attempt's predictions must be exact."""
+    conclusive = []
+    for attempt in range(3):
+        first, second, first_running = run_siblings(vllm_fleet, f"attempt {attempt}")
+        assert_exact([first, second])
+        assert first.reported == 0 and second.reported > 0
+        if first_running:
+            conclusive.append((first, second))
+            break
+    assert conclusive, "the first request ended before its sibling was answered, 3 times"
+
+
+def run_siblings(fleet, tag: str) -> tuple[Answer, Answer, bool]:
+    """The long first request, then its sibling as soon as the gateway has routed the first:
+    both answers, and whether the first was still running when the sibling was answered."""
     a = fleet.a
     reset_prefix_cache(a.url)
     deaf = f"{a.url};kv-events={free_port()};kv-replay={a.replay_port};kv-topic={a.topic}"
-    tail = ("--event-tail-check-interval", "60")
+    tail = ("--event-tail-check-interval", "3600")
     gw = start_gateway(fleet, [a], fleet.demo_dir, "gw-siblings", *tail, workers=deaf)
-    prefix = " ".join(["siblings share this long system prompt"] * 40)  # one prefill chunk
+    prefix = " ".join([f"siblings share this long system prompt, {tag}"] * 40)
     try:
         first: dict = {}
         # Not streamed, and a long answer (3,500 tokens: about 5 s on an idle machine, the
@@ -223,22 +243,19 @@ def test_a_sibling_of_a_request_still_in_flight_is_predicted_its_hit(vllm_fleet)
 
         sender = threading.Thread(target=send_first)
         sender.start()
-        # Scheduled (its blocks cached), by vLLM's own count. Not its BlockStored: vLLM's
-        # publisher thread sent that as late as the request's end on a busy machine.
-        wait_until(lambda: running(a) >= 1 or not sender.is_alive(), 30, "the first scheduled")
+        # Routed: the gateway counts it in flight on `a` before it writes it upstream, so it
+        # reaches vLLM before the sibling (whose reported hit shows vLLM scheduled the first).
+        wait_until(lambda: in_flight(gw, a) >= 1 or not sender.is_alive(), 30, "the first routed")
         body = {**body, "prompt": f"{prefix} second", "max_tokens": 1}
         second = ask(gw, body, path="completions")
-        in_flight = sender.is_alive()
+        first_running = sender.is_alive()
         sender.join(60)
     finally:
         gw.kill()
     assert "error" not in first, first
-    # Else the second was routed after the first ended, when any guess counts: not this case.
-    assert in_flight, "the first request ended before its sibling was answered"
-    assert_exact([first["a"], second])
-    assert first["a"].reported == 0 and second.reported > 0
+    return first["a"], second, first_running
 
 
-def running(server) -> float:
-    """vLLM's own count of requests it has scheduled and not finished."""
-    return metric_total(server.url, "vllm:num_requests_running")
+def in_flight(gw, server) -> float:
+    """The gateway's count of its requests in flight on `server`."""
+    return metric_by_labels(gw.url, "kvgate_in_flight_requests", "replica").get((server.url,), 0.0)
