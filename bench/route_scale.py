@@ -61,7 +61,8 @@ async def measure(n: int, requests: int, model_dir: str) -> dict:
     reps = []
     for i in range(n):
         rid = ReplicaId(f"http://10.{i // 65536}.{i // 256 % 256}.{i % 256}:8000")
-        rep = Replica(id=rid, url=rid, healthy=True, down_reason=None, instance_id="i")
+        rep = Replica(id=rid, url=rid, healthy=True, instance_id="i")
+        rep.health.down_reason = None
         rep.model, rep.namespace, rep.info = "demo", ns, info
         state.replicas.replicas[rid] = rep
         state.index.set_traits(rid, True, 4096)
