@@ -61,7 +61,7 @@ async def measure(n: int, requests: int, model_dir: str) -> dict:
     reps = []
     for i in range(n):
         rid = ReplicaId(f"http://10.{i // 65536}.{i // 256 % 256}.{i % 256}:8000")
-        rep = Replica(id=rid, url=rid, healthy=True, down_reason=None, instance_id="i")
+        rep = Replica(id=rid, url=rid, healthy=True, instance_id="i")
         rep.model, rep.namespace, rep.info = "demo", ns, info
         state.replicas.replicas[rid] = rep
         state.index.set_traits(rid, True, 4096)
@@ -88,7 +88,9 @@ async def measure(n: int, requests: int, model_dir: str) -> dict:
         c1 = time.process_time()
         await px.rank()
         c2 = time.process_time()
-        px.release("200", {"prompt_tokens_details": {"cached_tokens": px.predicted}})
+        px.release(
+            "200", {"prompt_tokens_details": {"cached_tokens": getattr(px, "lease", px).predicted}}
+        )
         c3 = time.process_time()
         if i >= 10:  # the first ones warm the render caches
             total.append(c3 - c0)

@@ -96,8 +96,8 @@ class EmbeddingProxyRequest(ProxyRequest):
             pin_images(b.messages, self.prompt)
         return b.model_dump_json(exclude_unset=True).encode()
 
-    def _predicted_for(self, rep: Replica) -> int:
-        first = ProxyRequest._predicted_for(self, rep)
+    def predicted_for(self, rep: Replica) -> int:
+        first = ProxyRequest.predicted_for(self, rep)
         if not self.rest or not rep.parity_ok:
             return first
         bs, rule = self.ns.block_size, rep.mm_match_rule

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 
+from gateway import accounting
 from gateway.fleet.replica import Replica
 from gateway.routing.request import ProxyRequest
 from gateway.state import GatewayState
@@ -24,20 +25,34 @@ _warned: set[str] = set()  # endpoints outside the pool already logged (a miscon
 
 
 def settle(state: GatewayState, px: ProxyRequest, msg, rank: int | None) -> None:
-    """Move `px` to the replica that served it, or count it as not delivered."""
+    """Move `px`'s lease to the replica that served it, or drop it when nothing was delivered.
+
+    Either way the pick's failure counts for the circuit breaker, as a retry's does. A request
+    the proxy answered itself reached no worker, so nothing stays charged, predicted or counted
+    there (it ends as answered here); one sent elsewhere is counted where it went: the slot, the
+    prefill charge, the speculative entry and the prediction move there, even over its cap."""
+    lease = px.lease
+    rep = lease.replica
+    if rep is None:
+        return
     details = wire.attribute(msg, "response.code_details")
     if details is not None and details != wire.VIA_UPSTREAM:
         status = wire.header_dict(msg.response_headers.headers).get(":status", "?")
-        px.not_delivered(f"the proxy answered {status} itself ({details})")
+        reason = f"the proxy answered {status} itself ({details})"
+        accounting.attempt_failed(state, rep, px.policy_name, reason)
+        lease.drop()
         return
     served = wire.served_endpoint(msg.metadata_context) or wire.attribute(msg, "upstream.address")
-    if served is None or px.replica is None or wire.endpoint_of(px.replica.url) == served:
+    if served is None or wire.endpoint_of(rep.url) == served:
         return
     target = replica_at(state, served, rank)
     if target is None:
         _warn_once(served)
         return
-    px.served_by(target, f"the proxy sent it to {target.name}")
+    if target is not rep:
+        reason = f"the proxy sent it to {target.name}"
+        accounting.attempt_failed(state, rep, px.policy_name, reason)
+        lease.transfer(target, px.predicted_for(target))
 
 
 def replica_at(state: GatewayState, endpoint: str, rank: int | None) -> Replica | None:

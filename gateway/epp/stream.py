@@ -272,18 +272,19 @@ class ExtProcStream:
         if px is None:
             return {}
         served.settle(self.state, px, msg, self.rank)
-        if px.replica is None:
+        if px.lease.replica is None:
             return {}
         status = self.status
         return replica_headers(px, int(status) if status.isdigit() else 200)
 
     def _read_usage(self, chunk: bytes, end: bool) -> None:
-        if self.px is None or self.px.replica is None:
+        if self.px is None or self.px.lease.replica is None:
             return
         if self._relay is not None:
             if chunk and not self._streaming:
                 self._streaming = True
-                self.px.first_token()  # a worker sends a stream's first bytes with its first token
+                # A worker sends a stream's first bytes with its first token.
+                self.px.lease.first_token()
             self._relay.feed(chunk)  # only its usage is wanted; the chunk passes back as it is
             if end:
                 self.usage = self._relay.usage

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gateway.config import GatewayConfig
+from gateway.fleet.health_state import HealthState
 from gateway.metrics import GatewayMetrics
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,7 @@ class Breakable(Protocol):
     id: str
     circuit: Circuit
     healthy: bool
-    down_reason: str | None
+    health: HealthState
 
 
 class CircuitBreaker:
@@ -75,6 +76,6 @@ class CircuitBreaker:
             "ejecting %s for %.1fs after %d failures in a row (last: %s)",
             rep.id, self.eject_seconds, streak, reason,
         )  # fmt: skip
-        rep.down_reason = f"ejected after {streak} failures in a row (last: {reason})"
+        rep.health.down_reason = f"ejected after {streak} failures in a row (last: {reason})"
         rep.healthy = False  # back only after a good /health probe
         self.metrics.replica_healthy.labels(rep.id).set(0)

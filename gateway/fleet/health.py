@@ -58,15 +58,18 @@ class ReplicaHealth:
         ejected = rep.circuit.is_open(time.monotonic())
         healthy = health_r.status == 200 and not ejected
         if not healthy and not ejected:
-            rep.down_reason = f"/health {health_r.status}: {_reason(health_r)}"
+            rep.health.down_reason = f"/health {health_r.status}: {_reason(health_r)}"
         if healthy != rep.healthy:
             if healthy:
                 log.info("replica %s healthy", rep.id)
             else:
-                log.warning("replica %s unhealthy: %s", rep.id, rep.down_reason)
+                log.warning("replica %s unhealthy: %s", rep.id, rep.health.down_reason)
             rep.healthy = healthy
-            rep.down_reason = None if healthy else rep.down_reason
-            rep.warned_at, rep.warned_reason = time.monotonic(), rep.down_reason
+            rep.health.down_reason = None if healthy else rep.health.down_reason
+            rep.health.warned_at, rep.health.warned_reason = (
+                time.monotonic(),
+                rep.health.down_reason,
+            )
             self.changed.set()
         elif not healthy:
             self._warn_down(rep)
@@ -77,14 +80,14 @@ class ReplicaHealth:
         only after --down-after-failed-polls in a row: one poll too slow on an overloaded host
         would otherwise drop the index of every worker it fronts, and rebuilding them all at
         once deepens the overload (seen at 512 workers behind 4 gateways, docs/benchmarks.md)."""
-        head.failed_polls += 1
+        head.health.failed_polls += 1
         limit = self.config.down_after_failed_polls
-        if head.healthy and head.failed_polls < limit:
+        if head.healthy and head.health.failed_polls < limit:
             log.warning(
                 "worker %s: poll failed (%s), %d of %d before it is marked down",
                 head.url,
                 why,
-                head.failed_polls,
+                head.health.failed_polls,
                 limit,
             )
             return
@@ -93,10 +96,10 @@ class ReplicaHealth:
     async def _mark_down(self, head: Replica, reason: str) -> None:
         for rep in head.ranks:
             was_up = rep.healthy or rep.instance_id is not None
-            rep.down_reason = reason
+            rep.health.down_reason = reason
             if was_up:
                 log.warning("replica %s %s; dropping its index entries", rep.id, reason)
-                rep.warned_at, rep.warned_reason = time.monotonic(), reason
+                rep.health.warned_at, rep.health.warned_reason = time.monotonic(), reason
             else:
                 self._warn_down(rep)
             rep.healthy = False
@@ -110,7 +113,7 @@ class ReplicaHealth:
         that was not up yet now refuses the token: the real cause), and every _REWARN_SECONDS
         while it stays down."""
         now = time.monotonic()
-        new = _cause(rep.down_reason) != _cause(rep.warned_reason)
-        if new or rep.warned_at is None or now - rep.warned_at >= _REWARN_SECONDS:
-            rep.warned_at, rep.warned_reason = now, rep.down_reason
-            log.warning("worker %s takes no traffic: %s", rep.url, rep.down_reason)
+        new = _cause(rep.health.down_reason) != _cause(rep.health.warned_reason)
+        if new or rep.health.warned_at is None or now - rep.health.warned_at >= _REWARN_SECONDS:
+            rep.health.warned_at, rep.health.warned_reason = now, rep.health.down_reason
+            log.warning("worker %s takes no traffic: %s", rep.url, rep.health.down_reason)

@@ -1,23 +1,29 @@
 """Replica: one data-parallel rank of one worker, as routing sees it (gateway/fleet/replica_set.py
-keeps the set of them in step with the workers)."""
+keeps the set of them in step with the workers).
+
+Its parts: its identity (the fields here), its load (`ReplicaLoad`, load.py, a base class so the
+policies read it at no extra cost), why it is down (`HealthState`, health_state.py), its circuit
+breaker's state (`Circuit`, breaker.py) and its link (`ReplicaLink`, link.py: the connection
+pool, event subscriber and tasks).
+"""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
-from cachekey.documents import LoRAAdapters, WorkerInfo
+from cachekey.documents import WorkerInfo
 from cachekey.keys import HashNamespace, MMMatchRule
 from gateway.discovery.endpoints import WorkerEndpoint
 from gateway.fleet.breaker import Circuit
+from gateway.fleet.health_state import HealthState
 from gateway.fleet.link import ReplicaLink
+from gateway.fleet.load import ReplicaLoad
 from gateway.fleet.names import ReplicaId, replica_name
-from gateway.fleet.prefill_rate import PrefillRate
 from gateway.fleet.ranks import RankSlot
 
 
 @dataclass(slots=True)
-class Replica:
+class Replica(ReplicaLoad):
     id: ReplicaId
     url: str
     name: str = ""  # what clients see (x-kvgate-replica): never the URL (names.py)
@@ -29,32 +35,10 @@ class Replica:
     fingerprint: str | None = None
     namespace: HashNamespace | None = None
     info: WorkerInfo | None = None
-    info_error: str | None = None  # why its last /kvgate/info was refused (logged once)
+    # Routing reads these two for every candidate, so they stay flat here.
     healthy: bool = False
     parity_ok: bool = True
-    down_reason: str | None = "not polled yet"  # why it is not healthy (None when it is)
-    warned_at: float | None = None  # last time its being down was logged
-    warned_reason: str | None = None  # the reason logged then
-    # Load view: worker-reported (polled) and the gateway's own accounting.
-    waiting: float = 0.0
-    running: float = 0.0
-    kv_usage: float = 0.0
-    in_flight: int = 0
-    # Uncached prompt tokens of this gateway's requests here that have no first token yet.
-    in_flight_prefill_tokens: int = 0
-    prefill_rate: PrefillRate = field(default_factory=PrefillRate)  # from the worker's metrics
-    # LoRA adapters it serves (polled), and when the gateway last sent it each one (routing/
-    # adapters.py).
-    lora: LoRAAdapters | None = None
-    lora_routed: dict[str, float] = field(default_factory=dict)
-    # Uncached prefill tokens routed here, exponentially decayed: spreads new prefix groups
-    # over replicas even when nothing is in flight (a sequential trace).
-    recent_prefill: float = 0.0
-    recent_at: float = 0.0
-    # log2 of recent_prefill at time 0: orders replicas by their decayed recent prefill at any
-    # time, without decaying each one (cache_aware ranks hundreds of idle replicas by it).
-    recent_key: float = -math.inf
-    failed_polls: int = 0  # in a row, on the head replica (gateway/fleet/replica_set.py)
+    health: HealthState = field(default_factory=HealthState)  # why it is down (when it is)
     circuit: Circuit = field(default_factory=Circuit)  # the circuit breaker's (breaker.py)
     link: ReplicaLink = field(default_factory=ReplicaLink, repr=False)  # pool, subscriber, tasks
     # On the head replica of a URL: its other ranks (polled with it, sharing its pool).
@@ -78,21 +62,12 @@ class Replica:
     def available(self, now: float) -> bool:
         return self.healthy and now >= self.circuit.open_until
 
-    def recent_prefill_at(self, now: float, half_life: float) -> float:
-        return self.recent_prefill * 0.5 ** ((now - self.recent_at) / half_life)
-
-    def add_recent_prefill(self, tokens: int, now: float, half_life: float) -> None:
-        self.recent_prefill = self.recent_prefill_at(now, half_life) + tokens
-        self.recent_at = now
-        if self.recent_prefill > 0:
-            self.recent_key = math.log2(self.recent_prefill) + now / half_life
-
     def describe(self, now: float) -> str:
         """`name (why it takes no traffic)`, or `name (healthy...)`: for clients, so no URL."""
         if self.available(now):
             state = "healthy" if self.parity_ok else "healthy, parity mismatch: routed by load only"
         elif self.circuit.is_open(now):
-            state = self.down_reason or "ejected"
+            state = self.health.down_reason or "ejected"
         else:
-            state = self.down_reason or "unhealthy"
+            state = self.health.down_reason or "unhealthy"
         return f"{self.name} ({state})"

@@ -9,8 +9,8 @@ the info gives the instance id and the ranks (a change means a restarted worker:
 entries are dropped and new event subscribers, one per rank, reload them), /metrics gives each
 rank's queue and KV usage (vLLM's `engine` label). The gateway's own in-flight count
 (`Replica.in_flight`, the one counter admission, policies and metrics read) is kept by admission
-on the request path. A replica that is not available says why (`down_reason`); the gateway logs
-it, and names it in its 503s.
+on the request path. A replica that is not available says why (`health.down_reason`); the
+gateway logs it, and names it in its 503s.
 """
 
 from __future__ import annotations
@@ -179,12 +179,12 @@ class ReplicaSet(ReplicaHealth):
         except UpstreamError as e:  # the cause's type only: clients see it, never the address
             await self._unreachable(rep, type(e.__cause__ or e).__name__)
             return
-        rep.failed_polls = 0
+        rep.health.failed_polls = 0
         info = self._read_info(rep, info_r)
         if info is None and info_r.status == 404 and health_r.status == 200:
             info = await vllm_info(self._http, rep.url, metrics_r.text, self.config, rep.endpoint)
         if info is None:
-            reason = rep.info_error or refusal(info_r)
+            reason = rep.health.info_error or refusal(info_r)
             await self._mark_down(rep, reason)
             return
         if info.instance_id != rep.instance_id or worker_layout(info) != worker_layout(rep.info):
@@ -213,11 +213,11 @@ class ReplicaSet(ReplicaHealth):
         try:
             info = decode_document(resp.body, WorkerInfo)
         except DocumentError as e:
-            if str(e) != rep.info_error:
+            if str(e) != rep.health.info_error:
                 log.error("replica %s is not usable: %s", rep.id, e)
-            rep.info_error = str(e)
+            rep.health.info_error = str(e)
             return None
-        rep.info_error = None
+        rep.health.info_error = None
         return info
 
     async def _new_instance(self, head: Replica, info: WorkerInfo) -> None:
@@ -256,7 +256,7 @@ class ReplicaSet(ReplicaHealth):
         rep = next((r for r in head.siblings if r.id == rid), None)
         if rep is None:
             rep = self._new_replica(rid, head.url, head.endpoint, head.link.pool)
-            rep.healthy, rep.down_reason = head.healthy, head.down_reason
+            rep.healthy, rep.health.down_reason = head.healthy, head.health.down_reason
             self.metrics.replica_healthy.labels(rid).set(1 if rep.healthy else 0)
         self.replicas[rid] = rep
         return rep

@@ -1,7 +1,8 @@
 """Retries: an attempt that fails before the first byte (unreachable, or a 5xx) moves on.
 
 At most `--retries` more replicas are tried, in ranked order, each only if it has a free slot;
-the request's slot moves with the attempt. A worker's answer below 500 is the request's answer.
+the request's lease (its slot and load, gateway/routing/lease.py) moves with the attempt. A
+worker's answer below 500 is the request's answer.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ from gateway.routing.request import ProxyRequest
 
 async def send_with_retries(px: ProxyRequest, payload: bytes) -> UpstreamResponse:
     """POST `payload` to the request's replica, then to the next ones, until one answers."""
-    st = px.state
+    st, lease = px.state, px.lease
     attempts = st.config.retries + 1
     tried: set[ReplicaId] = set()
     failed = UpstreamFailed("no replica available")
-    while (rep := px.replica) is not None:
+    while (rep := lease.replica) is not None:
         tried.add(rep.id)
         assert rep.link.pool is not None
         n = rep.rank_header
@@ -37,5 +38,6 @@ async def send_with_retries(px: ProxyRequest, payload: bytes) -> UpstreamRespons
             reason = f"HTTP {resp.status}"
             failed = UpstreamFailed(f"{rep.id}: {reason}", resp.status, await resp.read())
         accounting.attempt_failed(st, rep, px.policy_name, reason)
-        px.retry_elsewhere(tried, give_up=len(tried) >= attempts)
+        rest = [] if len(tried) >= attempts else [r for r in px.ranked if r.id not in tried]
+        lease.move(rest, px.predicted_for)
     raise failed

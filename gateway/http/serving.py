@@ -168,7 +168,7 @@ def _relay(
             resp.close()
             end(st, headers, px, CLIENT_GONE)
 
-    gen = relay_stream(resp, relay, on_end, px.first_token)
+    gen = relay_stream(resp, relay, on_end, px.lease.first_token)
     headers_out = replica_headers(px, resp.status)
     return RelayResponse(gen, on_close, media_type=SSE_MEDIA_TYPE, headers=headers_out)
 
@@ -176,10 +176,11 @@ def _relay(
 def replica_headers(px: ProxyRequest, status: int) -> dict[str, str]:
     """The response headers naming the replica and, for an answer it served (not a refusal),
     its predicted cached tokens (both modes)."""
-    assert px.replica is not None
+    lease = px.lease
+    assert lease.replica is not None
     if status >= 400:
-        return {REPLICA_HEADER: px.replica.name}
-    return {REPLICA_HEADER: px.replica.name, PREDICTED_HEADER: str(px.predicted)}
+        return {REPLICA_HEADER: lease.replica.name}
+    return {REPLICA_HEADER: lease.replica.name, PREDICTED_HEADER: str(lease.predicted)}
 
 
 class _Answer(msgspec.Struct):

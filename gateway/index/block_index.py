@@ -60,7 +60,7 @@ class BlockIndex(IndexLookup):
         self._free_slots: list[int] = []
         self._next_slot = 0
         self._lock = threading.Lock()
-        self.spec = SpeculativeEntries(speculative_ttl, self._lock)  # gateway/index/speculative.py
+        self._spec = SpeculativeEntries(speculative_ttl, self._lock)  # gateway/index/speculative.py
         self._traits: dict[ReplicaId, tuple[bool, int | None]] = {}  # (defers, num_blocks)
         self._copies = 0
         self.skipped_unknown_parent = 0
@@ -186,7 +186,7 @@ class BlockIndex(IndexLookup):
         self._by_bit[group.bit] = rep
         bit = group.bit
         reannounce = ev.parent_block_hash is None and rep.id in self._reannouncing
-        held, engine, spec, extra = self._held, rep.engine, self.spec.mask, self._extra
+        held, engine, spec, extra = self._held, rep.engine, self._spec.mask, self._extra
         new = dup = 0
         for engine_hash, hkey, value in zip(hashes, hkeys, values, strict=True):
             mask = held.pop(hkey, 0)  # pop + insert: the key becomes the newest
@@ -200,7 +200,7 @@ class BlockIndex(IndexLookup):
                     dup += 1
             engine[engine_hash] = value
             if spec and hkey in spec:
-                self.spec.confirm(hkey, rep.home_bit)  # the real event replaces the guess
+                self._spec.confirm(hkey, rep.home_bit)  # the real event replaces the guess
         group.blocks += new
         self._copies += new + dup
         if len(engine) > 2 * rep.blocks() + 1024:
@@ -265,7 +265,7 @@ class BlockIndex(IndexLookup):
                 else:
                     del held[hkey]
             self._copies -= rep.blocks()
-            self.spec.drop(rep.home_bit)
+            self._spec.drop(rep.home_bit)
             self._free_slots.extend(rep.slots())
             for group in rep.groups.values():
                 self._by_bit.pop(group.bit, None)
@@ -313,4 +313,4 @@ class BlockIndex(IndexLookup):
         rep = self._replicas.get(replica) or self._add_replica(replica)
         defers, capacity = self._traits.get(replica, (True, None))
         with self._lock:
-            return self.spec.add(rep.home_bit, keys, self._held, defers, capacity, now)
+            return self._spec.add(rep.home_bit, keys, self._held, defers, capacity, now)

@@ -41,7 +41,7 @@ class IndexLookup:
     _lookahead: tuple[ReplicaBlocks, ...]
     _lock: threading.Lock
     _copies: int
-    spec: SpeculativeEntries
+    _spec: SpeculativeEntries
     skipped_unknown_parent: int
     errors: Counter[str]
 
@@ -84,10 +84,10 @@ class IndexLookup:
         where it applies, the sliding-window rule of a hybrid model.
         """
         now = time.monotonic() if now is None else now
-        if speculative and self.spec.due(now):
+        if speculative and self._spec.due(now):
             with self._lock:
-                self.spec.expire(now)
-        spec = self.spec.mask if speculative else None
+                self._spec.expire(now)
+        spec = self._spec.mask if speculative else None
         held = self._held
         reps: dict[ReplicaId, ReplicaBlocks] = {r.id: r for r in self._lookahead}
         first = (held.get(keys[0], 0) | (spec.get(keys[0], 0) if spec else 0)) if keys else 0
@@ -152,6 +152,11 @@ class IndexLookup:
             skipped_unknown_parent=self.skipped_unknown_parent,
             skipped_bad_event=self.skipped_bad_event,
         )
+
+    def speculated(self) -> frozenset[BlockKey]:
+        """The keys some replica is guessed to hold (speculative entries not yet expired or
+        confirmed by an event): what a test or an operator may check is left behind."""
+        return frozenset(self._spec.mask)
 
     def __len__(self) -> int:
         return len(self._held)

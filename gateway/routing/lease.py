@@ -1,17 +1,17 @@
-"""Lease: a routed request's load on the replica that holds its slot.
+"""Lease: a routed request's hold on a replica, its slot and the load charged there.
 
-What routing charges to that replica until the request no longer needs it: its uncached prompt
-tokens as queued prefill (until its first token), its decayed recent prefill, its LoRA adapter's
-last use, and its speculative entry in the index (a `Guess`, gateway/index/speculative.py).
-The routing decision (routing/request.py) takes the lease, moves it when an attempt fails or an
-EPP proxy sends the request elsewhere, and ends it once. The admission slot itself is
-admission.py's; the lease is everything else the replica's load view holds for the request.
+What routing charges to that replica until the request no longer needs it: its admission slot,
+its uncached prompt tokens as queued prefill (until its first token), its decayed recent
+prefill, its LoRA adapter's last use, and its speculative entry in the index (a `Guess`,
+gateway/index/speculative.py). The routing decision (routing/request.py) picks the replica and
+takes the lease there; the retry path (http/retry.py) and the EPP (epp/served.py) move it to
+another replica or drop it; the request's release ends it, once.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from cachekey.types import BlockKey
@@ -24,33 +24,49 @@ from gateway.state import GatewayState
 @dataclass(slots=True, eq=False)
 class Lease:
     state: GatewayState
-    replica: Replica | None = None  # holds the request's slot
+    replica: Replica | None = None  # holds the request's slot (None: none yet, or given back)
     predicted: int = 0  # cached tokens expected on `replica`
     uncached: int = 0  # prompt tokens it computes there: charged as queued prefill
     prefilling: bool = False  # `uncached` is still charged to `replica`
     guess: Guess | None = None  # its speculative entry on `replica`
+    # What the request is, wherever the lease moves (set by `take`):
+    prompt_tokens: int = 0
+    keys: Sequence[BlockKey] = ()  # the keys the replica holds once it has prefilled it
+    lora_name: str | None = None
 
     def take(
         self,
         rep: Replica,
         predicted: int,
-        num_prompt_tokens: int,
+        prompt_tokens: int,
         keys: Sequence[BlockKey],
         lora_name: str | None,
     ) -> None:
-        """Charge `rep` with the request: it holds the request's slot from now on."""
-        st = self.state
-        self.replica = rep
-        self.predicted = predicted
-        self.uncached = uncached = num_prompt_tokens - predicted
-        rep.in_flight_prefill_tokens += uncached
-        self.prefilling = True
-        now = time.monotonic()
-        rep.add_recent_prefill(uncached, now, st.config.recent_half_life)
-        if rep.parity_ok:
-            self.guess = st.index.speculate(rep.id, keys)
-        if lora_name is not None:
-            note_routed(rep, lora_name, now, st.config.speculative_ttl)
+        """`rep` holds the request's slot (admission placed it there): charge it the request."""
+        self.prompt_tokens, self.keys, self.lora_name = prompt_tokens, keys, lora_name
+        self._charge(rep, predicted)
+
+    def move(self, ranked: list[Replica], predict: Callable[[Replica], int]) -> Replica | None:
+        """After a failed attempt: the slot and the load move to the first of `ranked` with
+        room, which `predict` tells the expected hit of (None: no room, or `ranked` empty,
+        and the slot is given back)."""
+        rep = self._leave()
+        nxt = self.state.admission.move(rep, ranked)
+        if nxt is not None:
+            self._charge(nxt, predict(nxt))
+        return nxt
+
+    def transfer(self, target: Replica, predicted: int) -> None:
+        """EPP mode: the proxy sent the request to `target`, not to the replica holding the
+        slot. The slot and the load move there even over its cap: it is running there."""
+        rep = self._leave()
+        self.state.admission.transfer(rep, target)
+        self._charge(target, predicted)
+
+    def drop(self) -> None:
+        """Nothing reached a worker (EPP mode: the proxy answered the client itself): the slot
+        is given back and nothing stays charged or predicted anywhere."""
+        self.state.admission.release(self._leave())
 
     def first_token(self) -> None:
         """Its prefill finished: no queued prefill any more, and its keys are a hit anywhere."""
@@ -58,21 +74,44 @@ class Lease:
         if self.guess is not None:
             self.guess.show()
 
-    def forget(self) -> None:
-        """Undo the charge: the request never reached the replica (it moves on, or stops)."""
-        self._uncharge()
-        if self.guess is not None:
-            self.guess.discard()
-            self.guess = None
-
     def end(self, refused: bool) -> None:
-        """The request ended there; `refused`: the worker refused it, so nothing was cached."""
+        """The request ended on `replica`; `refused`: the worker refused it, so nothing was
+        cached. The slot is given back."""
+        rep = self.replica
+        assert rep is not None
         self._uncharge()
         if self.guess is not None:
             if refused:
                 self.guess.discard()
             else:
                 self.guess.release()
+        self.state.admission.release(rep)
+
+    def _charge(self, rep: Replica, predicted: int) -> None:
+        st = self.state
+        self.replica = rep
+        self.predicted = predicted
+        self.uncached = uncached = self.prompt_tokens - predicted
+        rep.in_flight_prefill_tokens += uncached
+        self.prefilling = True
+        now = time.monotonic()
+        rep.add_recent_prefill(uncached, now, st.config.recent_half_life)
+        if rep.parity_ok:
+            self.guess = st.index.speculate(rep.id, self.keys)
+        if self.lora_name is not None:
+            note_routed(rep, self.lora_name, now, st.config.speculative_ttl)
+
+    def _leave(self) -> Replica:
+        """Undo the charge on the replica holding the slot (the request never reached it) and
+        return that replica, whose slot the caller moves or gives back."""
+        rep = self.replica
+        assert rep is not None
+        self._uncharge()
+        if self.guess is not None:
+            self.guess.discard()
+            self.guess = None
+        self.replica, self.predicted = None, 0
+        return rep
 
     def _uncharge(self) -> None:
         if self.prefilling and self.replica is not None:

@@ -1,9 +1,10 @@
-"""ProxyRequest: one request from admission to release, and everything the gateway knows about it.
+"""ProxyRequest: one request's routing decision, from admission to release.
 
 It owns the parsed request (the one source of truth: the forwarded body is derived from it once,
-in `payload`), its rendering and block keys, the ranked replicas, and the replica holding its
-slot with the load charged there (its `Lease`, lease.py). `release` is the one place the slot is
-given back.
+in `payload`), its rendering and block keys, and the ranked replicas: `decide` picks one and
+takes the request's `Lease` there (lease.py: the slot and the load charged to that replica),
+which the retry path and the EPP then move or drop themselves. `release` records the outcome
+and ends the lease, once.
 """
 
 from __future__ import annotations
@@ -51,21 +52,11 @@ class ProxyRequest:
     keys: list[BlockKey] = field(default_factory=list)
     matched: dict[ReplicaId, int] = field(default_factory=dict)
     ranked: list[Replica] = field(default_factory=list)
-    lease: Lease = field(init=False)  # its load on the replica holding its slot
+    lease: Lease = field(init=False)  # its slot and load on the replica it was sent to
     released: bool = False
 
     def __post_init__(self) -> None:
         self.lease = Lease(self.state)
-
-    @property
-    def replica(self) -> Replica | None:
-        """The replica holding its slot (None: none yet, or given back)."""
-        return self.lease.replica
-
-    @property
-    def predicted(self) -> int:
-        """Cached tokens expected on `replica`."""
-        return self.lease.predicted
 
     @classmethod
     def route(
@@ -108,12 +99,12 @@ class ProxyRequest:
 
     async def decide(self) -> Replica:
         """admit -> render + keys -> rank: the routing decision, shared by the HTTP proxy and
-        the EPP. The chosen replica holds the slot; `ranked` and `predicted` are set."""
+        the EPP. The chosen replica holds the lease; `ranked` is set."""
         await self.admit()
         await self.render()
         await self.rank()
-        assert self.replica is not None
-        return self.replica
+        assert self.lease.replica is not None
+        return self.lease.replica
 
     async def admit(self) -> None:
         await self.state.admission.admit(self.candidates)
@@ -184,16 +175,23 @@ class ProxyRequest:
         self.admitted = False  # place() turns the claim into a slot, or gives it up
         rep = await st.admission.place(ranked)
         self.ranked = [rep, *(r for r in ranked if r is not rep)]
-        self._charge(rep)
-        self._count_spill(rep)
+        lease = self.lease
+        lease.take(
+            rep,
+            self.predicted_for(rep),
+            self.num_prompt_tokens,
+            self.speculative_keys(),
+            self.lora_name,
+        )
+        self._count_spill(rep, lease.predicted)
 
-    def _count_spill(self, rep: Replica) -> None:
+    def _count_spill(self, rep: Replica, predicted: int) -> None:
         """A spill: a longer prefix was held elsewhere, and the request recomputes it here."""
         longest = max(self.matched, key=self.matched.__getitem__, default=None)
         if longest is None or self.matched[longest] <= self.matched.get(rep.id, 0):
             return
         held = next((r for r in self.candidates if r.id == longest), None)
-        lost = self._predicted_for(held) - self.predicted if held is not None else 0
+        lost = self.predicted_for(held) - predicted if held is not None else 0
         if lost > 0:
             m = self.state.metrics
             m.child(m.spills, self.policy_name).inc()
@@ -213,66 +211,27 @@ class ProxyRequest:
             b.stream_options = {**(b.stream_options or {}), "include_usage": True}
         return b.model_dump_json(exclude_unset=True).encode()
 
-    def retry_elsewhere(self, tried: set[ReplicaId], give_up: bool) -> Replica | None:
-        """After a failed attempt the slot moves to the next-ranked replica with room (or,
-        when no attempt is left, is given back)."""
-        rep = self.replica
-        assert rep is not None
-        self.lease.forget()
-        rest = [] if give_up else [r for r in self.ranked if r.id not in tried]
-        nxt = self.state.admission.move(rep, rest)
-        if nxt is not None:
-            self._charge(nxt)
-        else:
-            self.lease = Lease(self.state)  # the slot is given back: no replica holds it
-        return nxt
-
-    def served_by(self, target: Replica, reason: str) -> None:
-        """EPP mode: the proxy sent the request to `target`, not to the replica holding the slot
-        (it fell back after the pick failed, or applied another pick). The request is counted
-        where it went: the slot, the prefill charge, the speculative entry and the prediction
-        move there, even over its cap (it is running there), and the pick's failure counts for
-        the circuit breaker as a retry does."""
-        rep = self.replica
-        if rep is None or rep is target:
-            return
-        accounting.attempt_failed(self.state, rep, self.policy_name, reason)
-        self.lease.forget()
-        self.state.admission.transfer(rep, target)
-        self._charge(target)
-
-    def not_delivered(self, reason: str) -> None:
-        """EPP mode: the proxy answered the client itself (it could not reach or pick the
-        replica): nothing reached a worker, so nothing is charged, predicted or counted there;
-        the failure counts for the circuit breaker. The request ends as answered here."""
-        rep = self.replica
-        if rep is None:
-            return
-        accounting.attempt_failed(self.state, rep, self.policy_name, reason)
-        self.lease.forget()
-        self.state.admission.release(rep)
-        self.lease = Lease(self.state)
-
     def release(self, status: str, usage: dict | None = None) -> None:
-        """The one place the slot is given back and the request's outcome recorded."""
+        """The one place the request's outcome is recorded and its lease ended (or, before it
+        was placed, its admission claim withdrawn)."""
         if self.released:
             return
         self.released = True
-        st, rep = self.state, self.replica
+        st, lease = self.state, self.lease
+        rep = lease.replica
         if rep is None:
             if self.admitted:
                 st.admission.withdraw()
             accounting.answered_here(st, self.policy_name, status)
             return
-        self.lease.end(refused=status.startswith("4"))
-        st.admission.release(rep)
+        lease.end(refused=status.startswith("4"))
         accounting.finished(
-            st, rep, self.policy_name, status, self.num_prompt_tokens, self.predicted, usage
+            st, rep, self.policy_name, status, self.num_prompt_tokens, lease.predicted, usage
         )
 
-    # -- load charged to the replica holding the slot ---------------------------------------
+    # -- what the lease charges ----------------------------------------------------------------
 
-    def _predicted_for(self, rep: Replica) -> int:
+    def predicted_for(self, rep: Replica) -> int:
         """The worker's cache hit we expect: the match, less what the worker's rule for a match
         that ends inside an image leaves out."""
         if not rep.parity_ok:
@@ -280,16 +239,6 @@ class ProxyRequest:
         bs = self.ns.block_size
         n = self.matched.get(rep.id, 0) * bs
         return usable_match(n, len(self.prompt), bs, self.prompt.mm_items, rep.mm_match_rule)
-
-    def _charge(self, rep: Replica) -> None:
-        # The lease is fresh or forgotten here (no charge, no guess): `take` sets all of it.
-        self.lease.take(
-            rep,
-            self._predicted_for(rep),
-            self.num_prompt_tokens,
-            self.speculative_keys(),
-            self.lora_name,
-        )
 
     def speculative_keys(self) -> list[BlockKey]:
         """The keys the replica will hold once it has prefilled the request."""
@@ -299,8 +248,9 @@ class ProxyRequest:
         """The `x-kvgate-prefix` value for the replica holding the slot: the hex key of the last
         block of the hit predicted there, which a kvgate worker keeps cached while it renders
         the request (docs/gateway.md); None when no hit is predicted, and for plain vLLM."""
-        n = self.predicted // self.ns.block_size
-        info = self.replica.info if self.replica is not None else None
+        lease = self.lease
+        n = lease.predicted // self.ns.block_size
+        info = lease.replica.info if lease.replica is not None else None
         if n == 0 or n > len(self.keys) or info is None or info.engine == "vllm":
             return None
         return self.keys[n - 1].hex()
@@ -309,8 +259,3 @@ class ProxyRequest:
         """`prefix_hint` as a raw header line for the HTTP proxy; empty when there is none."""
         hint = self.prefix_hint()
         return b"" if hint is None else b"%s: %s\r\n" % (PREFIX_HEADER.encode(), hint.encode())
-
-    def first_token(self) -> None:
-        """Its prefill finished (the first bytes of its stream arrived): it queues no prefill
-        there any more, and its keys are a hit on any worker (gateway/index/speculative.py)."""
-        self.lease.first_token()

@@ -150,7 +150,7 @@ def test_gateway_refuses_malformed_info_with_one_clear_log_line(caplog) -> None:
                 assert "at `$.block_size`" in record.getMessage()
                 worker.bodies["/kvgate/info"] = json.dumps(INFO).encode()
                 await replicas.poll_once(rep)
-                assert rep.healthy and rep.instance_id == "inst1" and rep.info_error is None
+                assert rep.healthy and rep.instance_id == "inst1" and rep.health.info_error is None
                 assert rep.namespace == HashNamespace("demo", 4, DEFAULT_HASH_SEED)
             finally:
                 await replicas.close()

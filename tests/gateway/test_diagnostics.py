@@ -92,9 +92,9 @@ def test_down_worker_is_logged_again_only_after_the_rate_limit(caplog) -> None:
         try:
             for _ in range(3):
                 await replicas.poll_once(rep)
-            assert rep.down_reason == "unreachable: ConnectionRefusedError"
+            assert rep.health.down_reason == "unreachable: ConnectionRefusedError"
             assert caplog.text.count(f"worker {url} takes no traffic") == 1
-            rep.warned_at -= 31.0  # as if the rate limit's 30 s had passed
+            rep.health.warned_at -= 31.0  # as if the rate limit's 30 s had passed
             await replicas.poll_once(rep)
             assert caplog.text.count(f"worker {url} takes no traffic") == 2
         finally:
@@ -115,12 +115,13 @@ def test_no_workers_at_all_is_a_warning(caplog) -> None:
 
 @pytest.mark.parametrize("ejected", [False, True])
 def test_describe_names_health_reasons(ejected: bool) -> None:
-    rep = Replica("http://w0", "http://w0", healthy=False, down_reason="/health 503: engine dead")
+    rep = Replica("http://w0", "http://w0", healthy=False)
+    rep.health.down_reason = "/health 503: engine dead"
     if ejected:
         rep.circuit.open_until = time.monotonic() + 60
-        rep.down_reason = "ejected after 3 failures in a row (last: HTTP 500)"
+        rep.health.down_reason = "ejected after 3 failures in a row (last: HTTP 500)"
     text = rep.describe(time.monotonic())
-    assert text == f"{replica_name('http://w0', None)} ({rep.down_reason})"
+    assert text == f"{replica_name('http://w0', None)} ({rep.health.down_reason})"
     rep.healthy, rep.parity_ok = True, False
     rep.circuit.close()
     assert "parity mismatch" in rep.describe(time.monotonic())

@@ -35,7 +35,7 @@ def test_confirmed_speculative_entries_are_freed() -> None:
         index.apply(A, NS, [_stored(tokens, keys)])
         assert index.match(keys, [A], speculative=False) == {A: 2}
     # The real events replaced every guess: no speculative state is left behind.
-    assert len(index.spec) == 0
+    assert index.speculated() == frozenset()
     assert len(index) == 400
 
 
@@ -48,4 +48,4 @@ def test_drop_replica_frees_its_speculative_entries() -> None:
     index.drop_replica(A)
     assert index.match(only_a, [A, B], now=0.0) == {A: 0, B: 0}
     assert index.match(shared, [A, B], now=0.0) == {A: 0, B: 1}
-    assert set(index.spec.mask) == set(shared)
+    assert index.speculated() == set(shared)

@@ -164,14 +164,16 @@ def test_a_healthy_worker_is_marked_down_only_after_three_unanswered_polls():
                 sim._routes[("GET", "/kvgate/info")] = lambda ex: None  # never answered
                 for failed in (1, 2):
                     await replicas.poll_once(rep)  # no answer in 0.4 s
-                    assert rep.healthy and rep.failed_polls == failed
+                    assert rep.healthy and rep.health.failed_polls == failed
                     assert index.replica_blocks(rep.id) == 1  # its index entries kept
                 await replicas.poll_once(rep)
-                assert not rep.healthy and rep.down_reason == "unreachable: no answer in 0.4s"
+                assert (
+                    not rep.healthy and rep.health.down_reason == "unreachable: no answer in 0.4s"
+                )
                 assert index.replica_blocks(rep.id) == 0
                 sim._routes[("GET", "/kvgate/info")] = answer
                 await replicas.poll_once(rep)
-                assert rep.healthy and rep.failed_polls == 0
+                assert rep.healthy and rep.health.failed_polls == 0
             finally:
                 await replicas.close()
 

@@ -31,7 +31,7 @@ def test_a_deferring_worker_counts_a_guess_at_once_another_after_its_prefill():
     on_b.release(now=0.2)
     assert idx.match(keys, [A, B], now=2.1) == {A: 3, B: 3}
     assert idx.match(keys, [A, B], now=2.3) == {A: 0, B: 0}  # ttl after the end
-    assert len(idx.spec) == 0
+    assert idx.speculated() == frozenset()
 
 
 def test_a_request_still_prefilling_is_not_shown_until_it_ends():
@@ -65,7 +65,7 @@ def test_a_request_that_moved_on_takes_its_guess_with_it():
     assert idx.match(keys, [A], now=0.0) == {A: 1}
     other.discard()
     assert idx.match(keys, [A], now=0.0) == {A: 0}
-    assert len(idx.spec) == 0
+    assert idx.speculated() == frozenset()
 
 
 def test_guesses_are_capped_at_the_cache_size_oldest_idle_first():
@@ -90,7 +90,7 @@ def test_real_events_replace_guesses_and_a_dropped_replica_forgets_them():
     guess = idx.speculate(A, keys, now=0.0)
     stored = BlockStored(block_hashes=keys, parent_block_hash=None, token_ids=tokens, block_size=4)
     idx.apply(A, NS, [stored])
-    assert len(idx.spec) == 0 and idx.match(keys, [A], speculative=False) == {A: 2}
+    assert idx.speculated() == frozenset() and idx.match(keys, [A], speculative=False) == {A: 2}
     guess.release(now=1.0)  # nothing left to release: a no-op
     stale = idx.speculate(B, _keys(8, 2), now=0.0)
     idx.drop_replica(B)

@@ -1,0 +1,48 @@
+"""ReplicaLoad: a replica's load as routing reads it, the worker's polled gauges and the
+gateway's own accounting.
+
+A base class of `Replica` (replica.py) rather than a field of it: the policies read these
+fields for every candidate of every request, and an inherited slot costs nothing more to read,
+where `rep.load.in_flight` would add a lookup per candidate.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from cachekey.documents import LoRAAdapters
+from gateway.fleet.prefill_rate import PrefillRate
+
+
+@dataclass(slots=True, kw_only=True)
+class ReplicaLoad:
+    # Worker-reported (polled, replica_set.py `_set_load`).
+    waiting: float = 0.0
+    running: float = 0.0
+    kv_usage: float = 0.0
+    # The gateway's own: its requests holding a slot here (admission.py moves it).
+    in_flight: int = 0
+    # Uncached prompt tokens of this gateway's requests here that have no first token yet.
+    in_flight_prefill_tokens: int = 0
+    prefill_rate: PrefillRate = field(default_factory=PrefillRate)  # from the worker's metrics
+    # LoRA adapters it serves (polled), and when the gateway last sent it each one (routing/
+    # adapters.py).
+    lora: LoRAAdapters | None = None
+    lora_routed: dict[str, float] = field(default_factory=dict)
+    # Uncached prefill tokens routed here, exponentially decayed: spreads new prefix groups
+    # over replicas even when nothing is in flight (a sequential trace).
+    recent_prefill: float = 0.0
+    recent_at: float = 0.0
+    # log2 of recent_prefill at time 0: orders replicas by their decayed recent prefill at any
+    # time, without decaying each one (cache_aware ranks hundreds of idle replicas by it).
+    recent_key: float = -math.inf
+
+    def recent_prefill_at(self, now: float, half_life: float) -> float:
+        return self.recent_prefill * 0.5 ** ((now - self.recent_at) / half_life)
+
+    def add_recent_prefill(self, tokens: int, now: float, half_life: float) -> None:
+        self.recent_prefill = self.recent_prefill_at(now, half_life) + tokens
+        self.recent_at = now
+        if self.recent_prefill > 0:
+            self.recent_key = math.log2(self.recent_prefill) + now / half_life
