@@ -179,8 +179,9 @@ def replica_ids(proc: VllmProc) -> list[str]:
     return [proc.url if r == 0 else f"{proc.url}#dp{r}" for r in range(proc.ranks)]
 
 
-def published_after(proc: VllmProc, rank: int, seq: int | None, timeout: float = 5.0) -> int:
-    """How many batches the rank's replay buffer holds after `seq` (None: all of them)."""
+def published_after(proc: VllmProc, rank: int, seq: int | None, timeout: float = 30.0) -> int:
+    """How many batches the rank's replay buffer holds after `seq` (None: all of them). vLLM's
+    publisher thread has taken more than 5 s to answer on a busy machine."""
     ctx = zmq.Context.instance()
     dealer = ctx.socket(zmq.DEALER)
     dealer.setsockopt(zmq.LINGER, 0)
