@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save_file
 
-from worker.demo.model import _configs, dump_json, write_atomically
+from worker.demo.model import _configs, cache_root, dump_json, write_atomically
 from worker.demo.tokenizer import BOS_ID, EOS_ID, IM_END_ID, UNK_ID, build_tokenizer
 
 HYBRID_VERSION = "demo-hybrid-v1"
@@ -118,9 +118,7 @@ def write_hybrid_model(path: str | os.PathLike[str]) -> Path:
 
 
 def default_hybrid_dir() -> Path:
-    root = os.environ.get("KVGATE_CACHE_DIR")
-    base = Path(root) if root else Path.home() / ".cache" / "kvgate"
-    return base / HYBRID_VERSION
+    return cache_root() / HYBRID_VERSION
 
 
 def ensure_hybrid_model(cache_dir: Path | None = None) -> Path:

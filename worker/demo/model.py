@@ -221,10 +221,14 @@ def write_demo_model(path: str | os.PathLike[str]) -> Path:
     return out
 
 
-def default_cache_dir() -> Path:
+def cache_root() -> Path:
+    """Where generated models live: $KVGATE_CACHE_DIR, else ~/.cache/kvgate."""
     root = os.environ.get("KVGATE_CACHE_DIR")
-    base = Path(root) if root else Path.home() / ".cache" / "kvgate"
-    return base / DEMO_VERSION
+    return Path(root) if root else Path.home() / ".cache" / "kvgate"
+
+
+def default_cache_dir() -> Path:
+    return cache_root() / DEMO_VERSION
 
 
 def ensure_demo_model(cache_dir: Path | None = None) -> Path:
