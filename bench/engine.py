@@ -110,7 +110,22 @@ def long_prompt(args: argparse.Namespace, model: str, report: Callable) -> None:
     del engine
 
 
-def main() -> None:
+def _result(args: argparse.Namespace, device: torch.device) -> dict:
+    """The run's description; its figures are added as they are measured."""
+    return {
+        "model": args.model,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "dtype": args.dtype,
+        "torch": torch.__version__,
+        "clock": args.clock,
+        "torch_threads": torch.get_num_threads(),
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "figures": {},
+    }
+
+
+def _arguments() -> tuple[argparse.ArgumentParser, argparse.Namespace]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="demo", help="directory, 'demo', or a shape name")
     parser.add_argument("--models-dir", type=Path, default=Path("/tmp/kvgate-bench-models"))
@@ -134,7 +149,11 @@ def main() -> None:
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args()
+    return parser, parser.parse_args()
+
+
+def main() -> None:
+    parser, args = _arguments()
     if args.new_tokens < 2:
         parser.error("--new-tokens must be at least 2: decode is timed from the first new token")
     if args.threads:
@@ -147,17 +166,7 @@ def main() -> None:
         longest = max(suite["prompt_lens"])
         args.num_blocks = (2 * longest + 8 * (128 + args.new_tokens)) // 16 + 64
     dtype = getattr(torch, args.dtype)
-    result: dict = {
-        "model": args.model,
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "dtype": args.dtype,
-        "torch": torch.__version__,
-        "clock": args.clock,
-        "torch_threads": torch.get_num_threads(),
-        "cpu": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "figures": {},
-    }
+    result = _result(args, device)
 
     def report(name: str, value: float) -> None:
         result["figures"][name] = value

@@ -20,7 +20,8 @@ from pathlib import Path
 from bench.lib.closed_loop import ZERO_COMPUTE, measure
 from bench.lib.proc_stats import cpu_seconds
 from bench.lib.report import write_json
-from harness.cluster import Cluster, ClusterSpec, Proc
+from harness.cluster import Cluster, ClusterSpec
+from harness.proc import Proc
 
 
 def start_baseline(c: Cluster, src: Path) -> Proc:

@@ -17,6 +17,12 @@ class GatewayMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
         self._children: dict[tuple[str, tuple[str, ...]], Counter] = {}
+        self._add_request_metrics(r)
+        self._add_event_metrics(r)
+        self._add_replica_metrics(r)
+
+    def _add_request_metrics(self, r: CollectorRegistry) -> None:
+        """What the request path records: outcomes, predictions, spills, stage times."""
         self.requests = Counter(
             "kvgate_requests",
             "Requests, each counted once with its outcome (replica none: answered by the gateway)",
@@ -69,6 +75,10 @@ class GatewayMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.retries = Counter("kvgate_retries", "Attempts retried on another replica", registry=r)
+
+    def _add_event_metrics(self, r: CollectorRegistry) -> None:
+        """The index and the KV events that feed it."""
         self.index_blocks = Gauge("kvgate_index_blocks", "Gateway keys in the index", registry=r)
         self.index_bytes = Gauge("kvgate_index_bytes", "Estimated index memory", registry=r)
         self.events_applied = Counter(
@@ -108,6 +118,9 @@ class GatewayMetrics:
             ["reason"],
             registry=r,
         )
+
+    def _add_replica_metrics(self, r: CollectorRegistry) -> None:
+        """The replicas: health, parity, in-flight requests and prefill rate."""
         self.replica_healthy = Gauge(
             "kvgate_replica_healthy", "1 when the replica takes traffic", ["replica"], registry=r
         )
@@ -119,7 +132,6 @@ class GatewayMetrics:
         )
         self.in_flight = _InFlight()
         r.register(self.in_flight)
-        self.retries = Counter("kvgate_retries", "Attempts retried on another replica", registry=r)
 
     def child(self, metric: Counter, *labels: str) -> Counter:
         """`metric.labels(*labels)`, looked up once per label set (it takes a lock and a

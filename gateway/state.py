@@ -8,13 +8,11 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from cachekey.keys import HashNamespace
 from cachekey.render import Renderer
 from cachekey.worker_auth import bearer
 from gateway.assets import load_assets
 from gateway.config import GatewayConfig
 from gateway.fleet.breaker import CircuitBreaker
-from gateway.fleet.replica import Replica
 from gateway.fleet.replica_set import ReplicaSet
 from gateway.images.fetch import ImageFetcher, RemoteImagesDisabled
 from gateway.images.guard import AllowList, FetchPolicy
@@ -107,13 +105,6 @@ class GatewayState:
                 fingerprint,
                 sorted(theirs),
             )
-
-    def namespace_for(self, candidates: list[Replica]) -> HashNamespace | None:
-        """The hash namespace of the parity-consistent replicas (they all agree on it)."""
-        for r in candidates:
-            if r.parity_ok and r.namespace is not None:
-                return r.namespace
-        return None
 
     async def close(self) -> None:
         await self.replicas.close()

@@ -39,13 +39,13 @@ from cachekey.openai.errors import APIError
 from cachekey.openai.sse import SSE_MEDIA_TYPE
 from cachekey.worker_auth import bearer
 from gateway.errors import as_gateway_error
-from gateway.fleet.names import ReplicaId
 from gateway.fleet.replica import Replica
-from gateway.http.serving import end, read_request, read_usage, replica_headers
-from gateway.http.sse_relay import SSERelay
+from gateway.names import ReplicaId
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.routing.policies import RouteContext
 from gateway.routing.request import ProxyRequest
+from gateway.serving.stages import end, read_request, replica_headers
+from gateway.serving.usage import SSERelay, read_usage
 from gateway.state import GatewayState
 
 from . import served, wire

@@ -11,8 +11,8 @@ from pydantic import ValidationError
 
 from cachekey.openai.errors import APIError
 from cachekey.openai.validation import invalid_request, validation_error
-from gateway.embeddings import EmbeddingRequest as GatewayEmbedding
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
+from gateway.serving.embeddings import EmbeddingRequest as GatewayEmbedding
 from worker.server.embedding_protocol import EmbeddingRequest as WorkerEmbedding
 from worker.server.protocol import ChatCompletionRequest as WorkerChat
 from worker.server.protocol import CompletionRequest as WorkerCompletion

@@ -10,9 +10,9 @@ from __future__ import annotations
 from cachekey.headers import RANK_HEADER
 from gateway import accounting
 from gateway.errors import UpstreamFailed
-from gateway.fleet.names import ReplicaId
-from gateway.http.upstream import UpstreamError, UpstreamResponse
+from gateway.names import ReplicaId
 from gateway.routing.request import ProxyRequest
+from gateway.upstream.pool import UpstreamError, UpstreamResponse
 
 
 async def send_with_retries(px: ProxyRequest, payload: bytes) -> UpstreamResponse:
