@@ -3,7 +3,7 @@
 Every error a client sees is an `APIError` (cachekey.openai.errors) carrying its own status,
 message, param and code: each stage raises its own subclass (a limit, an unknown API key, an
 overload, every replica failed), or converts what a library raised where it was raised (the
-body's JSON and its validation in gateway/serving/stages.py `parse`, a render refusal in
+body's JSON and its validation in gateway/serving/read.py `parse`, a render refusal in
 `ProxyRequest.decide`). Anything else is a bug, answered 500 and logged. Nothing else on the
 request path builds an error body.
 """

@@ -16,8 +16,8 @@ from starlette.exceptions import HTTPException
 
 from cachekey.openai.errors import APIError
 from gateway.errors import error_response, http_error_response
-from gateway.http.serving import OpenAIServing
-from gateway.serving.stages import authenticate
+from gateway.http.serving import ProxyServing
+from gateway.serving.read import authenticate
 from gateway.state import GatewayState
 
 
@@ -31,17 +31,17 @@ def _no_worker(st: GatewayState) -> Response:
     return error_response(APIError(503, msg, code="no_healthy_worker"))
 
 
-# The routes proxied to a worker, and the OpenAIServing method that serves each.
-PROXIED: dict[str, Callable[[OpenAIServing, Request], Awaitable[Response]]] = {
-    "/v1/chat/completions": OpenAIServing.chat_completions,
-    "/v1/completions": OpenAIServing.completions,
-    "/v1/embeddings": OpenAIServing.embeddings,
+# The routes proxied to a worker, and the ProxyServing method that serves each.
+PROXIED: dict[str, Callable[[ProxyServing, Request], Awaitable[Response]]] = {
+    "/v1/chat/completions": ProxyServing.chat_completions,
+    "/v1/completions": ProxyServing.completions,
+    "/v1/embeddings": ProxyServing.embeddings,
 }
 
 
 async def serve_proxied(state: GatewayState, request: Request) -> Response:
     """A proxied route's answer (its path is in PROXIED), whichever way the request came in."""
-    return await PROXIED[request.scope["path"]](OpenAIServing(state), request)
+    return await PROXIED[request.scope["path"]](ProxyServing(state), request)
 
 
 async def _proxied_route(request: Request) -> Response:

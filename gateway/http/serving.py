@@ -1,5 +1,5 @@
-"""The HTTP entry point's handler: `OpenAIServing.handle` runs one request down the shared
-stages (gateway/serving/stages.py) and answers it: a whole answer, a relayed stream
+"""The HTTP entry point's handler: `ProxyServing.handle` runs one request down the shared
+path (gateway/serving/exchange.py) and answers it: a whole answer, a relayed stream
 (gateway/http/sse_relay.py), or the error body of whatever stage failed
 (`gateway.errors.error_response`). A client that leaves while its request is queued, routed or
 answered is `client_gone`, and the worker's request is cancelled.
@@ -7,7 +7,7 @@ answered is `client_gone`, and the worker's request is cancelled.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from functools import partial
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
@@ -20,7 +20,7 @@ from gateway.http.sse_relay import RelayResponse, relay_stream
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.routing.request import ProxyRequest
 from gateway.serving.embeddings import EmbeddingProxyRequest, EmbeddingRequest
-from gateway.serving.stages import end, forward, read_request, replica_headers
+from gateway.serving.exchange import Exchange
 from gateway.serving.usage import SSERelay, read_usage
 from gateway.state import GatewayState
 from gateway.upstream.pool import UpstreamResponse
@@ -28,7 +28,7 @@ from gateway.upstream.pool import UpstreamResponse
 _GONE = Response(status_code=499)  # the answer to a client that left: nobody reads it
 
 
-class OpenAIServing:
+class ProxyServing:
     def __init__(self, state: GatewayState) -> None:
         self.state = state
 
@@ -48,22 +48,20 @@ class OpenAIServing:
         model_cls: type,
         proxy_cls: type[ProxyRequest] = ProxyRequest,
     ) -> Response:
-        st = self.state
-        px: ProxyRequest | None = None
+        ex = Exchange(self.state, request.headers)
         streaming = False
         status, usage = CLIENT_GONE, None
         try:
-            body, tenant = await read_request(st, request, model_cls)
-            px = proxy_cls.route(st, endpoint, body, request.headers, tenant=tenant)
-            answer = await unless_gone(request.receive, forward(px, bool(body.stream)))
+            guard = partial(unless_gone, request.receive)
+            answer = await ex.answer(request, endpoint, model_cls, proxy_cls, guard)
             if answer is None:  # nobody reads this answer; the worker was told to stop
                 return _GONE
             resp, content = answer
             if content is None:
                 streaming = True
-                return _relay(st, request.headers, px, resp)
+                return _relay(ex, resp)
             status, usage = str(resp.status), read_usage(resp.status, content)
-            headers = replica_headers(px, resp.status)
+            headers = ex.replica_headers(resp.status)
             return Response(content, resp.status, headers, resp.content_type)
         except ClientDisconnect:  # left while sending its body: status stays client_gone
             return _GONE
@@ -73,24 +71,24 @@ class OpenAIServing:
             return out
         finally:
             if not streaming:
-                end(st, request.headers, px, status, usage)
+                ex.end(status, usage)
 
 
-def _relay(
-    st: GatewayState, headers: Mapping[str, str], px: ProxyRequest, resp: UpstreamResponse
-) -> Response:
+def _relay(ex: Exchange, resp: UpstreamResponse) -> Response:
     """Pass a stream through; the request ends when the stream does, however it ends."""
+    px = ex.px
+    assert px is not None
     relay = SSERelay(strip_usage=not px.wants_usage)
 
     def on_end(status: str) -> None:
-        end(st, headers, px, status, relay.usage)
+        ex.end(status, relay.usage)
 
     async def on_close() -> None:
         # A no-op after a normal end; otherwise the client left before the first byte.
-        if not px.released:
+        if not ex.ended:
             resp.close()
-            end(st, headers, px, CLIENT_GONE)
+            ex.end(CLIENT_GONE)
 
     gen = relay_stream(resp, relay, on_end, px.lease.first_token)
-    headers_out = replica_headers(px, resp.status)
+    headers_out = ex.replica_headers(resp.status)
     return RelayResponse(gen, on_close, media_type=SSE_MEDIA_TYPE, headers=headers_out)

@@ -19,6 +19,7 @@ from cachekey.errors import RenderError
 from cachekey.headers import PREFIX_HEADER
 from cachekey.keys import HashNamespace, usable_match
 from cachekey.openai.errors import APIError
+from cachekey.openai.protocol import OpenAIRequest
 from cachekey.types import BlockKey, Prompt
 from gateway import accounting
 from gateway.fleet.replica import Replica
@@ -31,7 +32,7 @@ from gateway.routing.candidates import routable
 from gateway.routing.lease import Lease
 from gateway.routing.policies import Policy, RouteContext
 from gateway.routing.policy_choice import choose_policy
-from gateway.routing.render import OpenAIRequest, is_small_text, render_request
+from gateway.routing.render import is_small_text, render_request
 from gateway.routing.services import RouteServices
 
 

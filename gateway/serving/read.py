@@ -1,10 +1,6 @@
-"""The stages of the request path both entry points run, in order: `read_request`
-(authenticate -> parse), `ProxyRequest.route` and `forward` (decide -> send with retries ->
-the answer), then `end`, the one place a request ends, whatever stage it reached.
-
-gateway/http/serving.py (`OpenAIServing.handle`) and gateway/epp/stream.py call them; any
-failure, whichever stage raised it, is an `APIError` the caller answers with.
-"""
+"""Reading a request, the first stage of the shared path (gateway/serving/exchange.py): its API
+key (the tenant), then its body: size, JSON, shape limits, the request model. What the JSON
+decoder or the model refuses becomes its `APIError` here, where it is raised."""
 
 from __future__ import annotations
 
@@ -14,18 +10,12 @@ from typing import Protocol
 
 from pydantic import ValidationError
 
-from cachekey.headers import PREDICTED_HEADER, REPLICA_HEADER
 from cachekey.json_shape import INVALID_JSON
 from cachekey.openai.errors import APIError
+from cachekey.openai.protocol import OpenAIRequest
 from cachekey.openai.validation import validation_error
-from gateway import accounting
 from gateway.limits import check_body, read_json
-from gateway.routing.policy_choice import policy_label
-from gateway.routing.render import OpenAIRequest
-from gateway.routing.request import ProxyRequest
-from gateway.serving.retry import send_with_retries
 from gateway.state import GatewayState
-from gateway.upstream.pool import UpstreamResponse
 
 
 class RequestSource(Protocol):
@@ -73,42 +63,3 @@ async def read_request(
         # and the worker's cache both use it.
         body.cache_salt = state.tenants.salt_for(tenant, body.cache_salt)
     return body, tenant
-
-
-def end(
-    state: GatewayState,
-    headers: Mapping[str, str],
-    px: ProxyRequest | None,
-    status: str,
-    usage: dict | None = None,
-) -> None:
-    """The one place a request ends, in both modes, whatever stage it reached: a routed request
-    gives its slot back and records its outcome (`ProxyRequest.release`); one refused before it
-    was routed (auth, parse, limits, unknown model or policy, no replica) is counted as the
-    gateway's own answer. `status` is the HTTP status the client got, or `client_gone`."""
-    if px is not None:
-        px.release(status, usage)
-    else:
-        accounting.answered_here(state, policy_label(state, headers), status)
-
-
-async def forward(px: ProxyRequest, stream: bool) -> tuple[UpstreamResponse, bytes | None]:
-    """decide -> send (with retries) -> the answer: read whole, or (content None) a stream."""
-    await px.decide()
-    resp = await send_with_retries(px, px.payload())
-    if stream and resp.status == 200:
-        return resp, None
-    try:
-        return resp, await resp.read()
-    finally:
-        resp.close()  # a no-op once read; if cancelled, drops the connection: the worker stops
-
-
-def replica_headers(px: ProxyRequest, status: int) -> dict[str, str]:
-    """The response headers naming the replica and, for an answer it served (not a refusal),
-    its predicted cached tokens (both modes)."""
-    lease = px.lease
-    assert lease.replica is not None
-    if status >= 400:
-        return {REPLICA_HEADER: lease.replica.name}
-    return {REPLICA_HEADER: lease.replica.name, PREDICTED_HEADER: str(lease.predicted)}
