@@ -54,8 +54,7 @@ class GatewayState:
         )
         replicas = ReplicaSet(config, index, metrics, http)
         metrics.in_flight.source = lambda: (
-            (r.id, r.in_flight, r.prefill_rate.seconds_per_token)
-            for r in replicas.replicas.values()
+            (r.id, r.in_flight, r.prefill_rate.seconds_per_token) for r in replicas
         )
         return cls(
             config=config,
@@ -81,7 +80,7 @@ class GatewayState:
             return self.renderer
         async with self._assets_lock:
             if self.renderer is None:
-                urls = [r.url for r in self.replicas.replicas.values() if r.instance_id]
+                urls = [r.url for r in self.replicas if r.instance_id]
                 assets = await load_assets(self.config.model_dir, urls, self.http)
                 limits = self.config.limits.render_limits()
                 self.renderer = Renderer(assets, fetcher=self.fetcher, limits=limits)
@@ -92,7 +91,7 @@ class GatewayState:
         """Local --model-dir assets must be the workers' assets, or no key would ever match."""
         theirs = {
             r.info.fingerprint_parts.assets
-            for r in self.replicas.replicas.values()
+            for r in self.replicas
             if r.info is not None and r.info.fingerprint_parts is not None
         }
         ok = not theirs or fingerprint in theirs

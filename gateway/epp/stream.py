@@ -205,7 +205,7 @@ class ExtProcStream:
         if hint is None:
             return None
         allowed = set(hint)
-        reps = self.state.replicas.replicas.values()
+        reps = self.state.replicas
         return {r.id for r in reps if wire.endpoint_of(r.url) in allowed}
 
     async def _by_load(self, headers: Mapping[str, str], subset: set[ReplicaId] | None) -> Replica:

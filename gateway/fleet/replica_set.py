@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Iterator
 
 import httpx
 
@@ -127,6 +128,10 @@ class ReplicaSet:
         )
 
     # ---- views -----------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Replica]:
+        """Every replica, available or not."""
+        return iter(self.replicas.values())
 
     def available(self) -> list[Replica]:
         now = time.monotonic()

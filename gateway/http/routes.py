@@ -102,7 +102,7 @@ async def index_debug(request: Request) -> Response:
     st = _state(request)
     s = st.index.stats()
     replicas = {}
-    for r in st.replicas.replicas.values():
+    for r in st.replicas:
         sub = r.link.subscriber
         replicas[r.id] = {
             "name": r.name,  # the x-kvgate-replica clients see

@@ -25,7 +25,7 @@ def candidates_for(state: RouteServices, model: str | None) -> tuple[list[Replic
         adapter = [r for r in candidates if serves_adapter(r, model)]
         if adapter:
             return adapter, model
-        everyone = state.replicas.replicas.values()
+        everyone = state.replicas
         known = sorted({r.model for r in everyone if r.model})
         adapters = sorted({a for r in everyone if r.lora is not None for a in r.lora.adapters})
         if model not in known and model not in adapters:

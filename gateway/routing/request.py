@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 import xxhash
 
 from cachekey.errors import RenderError
-from cachekey.headers import PREFIX_HEADER
 from cachekey.keys import HashNamespace, usable_match
 from cachekey.openai.errors import APIError
 from cachekey.openai.protocol import OpenAIRequest
@@ -260,8 +259,3 @@ class ProxyRequest:
         if n == 0 or n > len(self.keys) or info is None or info.engine == "vllm":
             return None
         return self.keys[n - 1].hex()
-
-    def prefix_header(self) -> bytes:
-        """`prefix_hint` as a raw header line for the HTTP proxy; empty when there is none."""
-        hint = self.prefix_hint()
-        return b"" if hint is None else b"%s: %s\r\n" % (PREFIX_HEADER.encode(), hint.encode())
