@@ -36,16 +36,16 @@ def _fused_modules(engine) -> int:
     return sum(isinstance(m, fusable) and m.kernels is not None for m in modules)
 
 
-def greedy_runs(model_dir: str) -> dict:
-    """Per elementwise backend: what the model runs, its fused modules, each request's greedy
-    tokens and logits rows; and the largest logit difference between the two."""
+def greedy_runs(model_dir: str, device: str = "cpu") -> dict:
+    """Per elementwise backend: what the model runs, its fused modules and each request's
+    greedy tokens; and the largest difference between the two's logits, row by row."""
     rng = random.Random(5)
     prompts = [[rng.randrange(100, 1000) for _ in range(n)] for n in PROMPT_LENS]
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
     runs, logits = {}, {}
     for backend in ("reference", "triton"):
         engine = make_engine(
-            Path(model_dir), elementwise_kernels=backend, max_num_batched_tokens=16
+            Path(model_dir), device=device, elementwise_kernels=backend, max_num_batched_tokens=16
         )
         for i, prompt in enumerate(prompts):
             engine.add_request(f"r{i}", Prompt(tuple(prompt)), params)
@@ -68,7 +68,7 @@ def greedy_runs(model_dir: str) -> dict:
 
 def test_fused_kernels_give_the_reference_greedy_tokens(demo_model_dir: Path) -> None:
     if torch.cuda.is_available():
-        result = greedy_runs(str(demo_model_dir))
+        result = greedy_runs(str(demo_model_dir), "cuda")
     else:
         # TRITON_INTERPRET must be set before triton is first imported: a fresh process.
         code = (
