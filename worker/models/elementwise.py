@@ -9,6 +9,7 @@ a loaded model's modules at the kernels, or leaves them on the reference.
 
 from __future__ import annotations
 
+import os
 from types import ModuleType
 
 import torch
@@ -32,6 +33,8 @@ def select_kernels(backend: str, device: torch.device) -> ModuleType | None:
         raise ValueError(f"elementwise kernels must be one of {ELEMENTWISE_BACKENDS}: {backend!r}")
     if backend == "reference" or (backend == "auto" and device.type != "cuda"):
         return None
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("elementwise kernels 'triton' need CUDA (or TRITON_INTERPRET=1, tests)")
     try:
         from worker.models import triton_ops
     except ImportError as exc:

@@ -18,6 +18,7 @@ pytest.importorskip("triton", reason="triton wheels exist for Linux x86_64 only"
 from cachekey import Prompt
 from tests.support.engine import make_engine, run_all, sampled_logits, tokens
 from tests.support.paths import REPO
+from worker.engine.config import EngineConfig
 from worker.engine.sampling_params import SamplingParams
 from worker.models.layers import GatedActivation, RMSNorm
 from worker.models.rotary import RotaryEmbedding
@@ -92,3 +93,8 @@ def test_fused_kernels_give_the_reference_greedy_tokens(demo_model_dir: Path) ->
     assert all(len(t) == NEW_TOKENS for t in reference["tokens"].values())
     assert fused["tokens"] == reference["tokens"]
     assert result["max_logit_diff"] <= 1e-4 * max(1.0, result["logit_scale"]), result
+
+
+def test_config_rejects_an_unknown_elementwise_backend() -> None:
+    with pytest.raises(ValueError, match="elementwise_kernels must be one of"):
+        EngineConfig(model="demo", elementwise_kernels="fused")

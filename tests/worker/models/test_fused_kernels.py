@@ -172,13 +172,17 @@ def test_rotary_matches_reference_for_every_scaling_rule(scores: dict[str, float
     _within(scores, "rotary.k/", len(ROTARY_CASES))
 
 
-def test_auto_picks_the_kernels_on_cuda_only() -> None:
+def test_auto_picks_the_kernels_on_cuda_only(monkeypatch: pytest.MonkeyPatch) -> None:
     from worker.models import triton_ops
 
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     assert select_kernels("auto", torch.device("cpu")) is None
     assert select_kernels("auto", torch.device("cuda")) is triton_ops
     assert select_kernels("reference", torch.device("cuda")) is None
-    assert select_kernels("triton", torch.device("cpu")) is triton_ops  # the interpreter's case
+    with pytest.raises(ValueError, match="need CUDA"):
+        select_kernels("triton", torch.device("cpu"))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the tests' case: kernels run interpreted
+    assert select_kernels("triton", torch.device("cpu")) is triton_ops
     with pytest.raises(ValueError, match="elementwise kernels must be one of"):
         select_kernels("fused", torch.device("cuda"))
 
