@@ -119,7 +119,8 @@ def _rotary_kernel(
     dims = tl.arange(0, HALF_PAD)
     position = tl.load(positions_ptr + token).to(tl.float32)
     # The angle in float32, as the reference computes it, then reduced to [-pi, pi] in float64:
-    # positions reach 1e5 radians, where a GPU's fast sin/cos (no range reduction) are far off.
+    # positions reach 1e5 radians, where sin/cos take libdevice's slow range reduction, and a
+    # fast approximation (no reduction at all) would be far off.
     freqs = (position * tl.load(inv_freq_ptr + dims, mask=dims < HALF, other=0.0)).to(tl.float64)
     two_pi = tl.full([HALF_PAD], _TWO_PI, tl.float64)  # a float64 constant, not float32's 2 pi
     angles = (freqs - tl.floor(freqs / two_pi + 0.5) * two_pi).to(tl.float32)

@@ -207,3 +207,51 @@ def test_use_kernels_points_every_fusable_module_and_back() -> None:
     ]
     assert use_kernels(model, None) == "reference"
     assert all(getattr(m, "kernels", None) is None for m in model)
+
+
+# The launch signatures of a Llama-3.2-1B-shaped model in bfloat16 (hidden 2048, 32 heads of 64
+# with 8 KV heads, intermediate 8192); ints are strides, the floats eps and the rotary scaling.
+_HOPPER_BUILDS = {
+    "_rms_norm_kernel": (
+        ["*bf16"] * 5 + ["i32"] * 4 + ["fp32"],
+        {"N": 2048, "BLOCK": 2048, "ADD": True},
+    ),
+    "_rotary_kernel": (
+        ["*i64", "*fp32"] + ["*bf16"] * 4 + ["i32"] * 4 + ["fp32"],
+        {
+            "Q_HEADS": 32,
+            "Q_HEADS_PAD": 32,
+            "K_HEADS": 8,
+            "K_HEADS_PAD": 8,
+            "HEAD_DIM": 64,
+            "HALF": 32,
+            "HALF_PAD": 32,
+            "TAIL_PAD": 0,
+        },
+    ),
+    "_silu_and_mul_kernel": (["*bf16"] * 2 + ["i32"] * 2, {"N": 8192, "BLOCK": 1024}),
+}
+
+
+def test_kernels_compile_for_a_hopper_gpu() -> None:
+    """The interpreter runs the kernels' Python, not Triton's compiler: compile each one for
+    sm_90 (H100/H200) here too. It needs no GPU, only the ptxas that triton's wheel carries."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from worker.models import triton_ops
+
+    for name, (types, constexprs) in _HOPPER_BUILDS.items():
+        kernel = getattr(triton_ops, name)
+        args = [a for a in kernel.arg_names if a not in constexprs]
+        assert len(args) == len(types), name
+        signature = {
+            **dict(zip(args, types, strict=True)),
+            **dict.fromkeys(constexprs, "constexpr"),
+        }
+        compiled = triton.compile(
+            ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32)
+        )
+        assert ".entry " + name in compiled.asm["ptx"], name
+        assert compiled.asm["cubin"], name
