@@ -191,6 +191,7 @@ def rotary(
     k_heads = k.shape[1]
     q = q if q.stride(-1) == 1 else q.contiguous()
     k = k if k.stride(-1) == 1 else k.contiguous()
+    positions = positions.contiguous()  # a no-op for the engine's, which are
     q_out = torch.empty((tokens, q_heads, head_dim), dtype=q.dtype, device=q.device)
     k_out = torch.empty((tokens, k_heads, head_dim), dtype=k.dtype, device=k.device)
     if not tokens:
