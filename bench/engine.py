@@ -59,7 +59,9 @@ def engine_figures(args: argparse.Namespace, model: str, suite: dict, report: Ca
     device = torch.device(args.device)
     longest = max(suite["prompt_lens"])
     # Only fields every engine version has, unless asked: the CPU A/B runs this file on old code.
-    extra = {"enforce_eager": True} if args.enforce_eager else {}
+    extra: dict = {"enforce_eager": True} if args.enforce_eager else {}
+    if args.elementwise_kernels:
+        extra["elementwise_kernels"] = args.elementwise_kernels
     engine = LLMEngine(
         EngineConfig(
             model=model,
@@ -74,7 +76,9 @@ def engine_figures(args: argparse.Namespace, model: str, suite: dict, report: Ca
     runner = engine.runner
     report("engine_num_blocks", runner.num_blocks)
     attention = getattr(runner, "decode_attention", "-")
-    print(f"decode attention: {attention}; cuda graphs: {getattr(runner, 'use_cuda_graphs', '-')}")
+    elementwise = getattr(runner.model, "elementwise", "-")
+    graphs = getattr(runner, "use_cuda_graphs", "-")
+    print(f"decode attention: {attention}; elementwise: {elementwise}; cuda graphs: {graphs}")
     clock = Clock(args.clock, device)
     vocab = runner.vocab_size
     rng = random.Random(42)
@@ -118,7 +122,7 @@ def long_prompt(args: argparse.Namespace, model: str, report: Callable) -> None:
     del engine
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="demo", help="directory, 'demo', or a shape name")
     parser.add_argument("--models-dir", type=Path, default=Path("/tmp/kvgate-bench-models"))
@@ -132,6 +136,12 @@ def main() -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
     parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     parser.add_argument(
+        "--elementwise-kernels",
+        choices=("auto", "reference", "triton"),
+        default=None,
+        help="fused norm/rotary/SwiGLU kernels or the torch reference (default: the engine's)",
+    )
+    parser.add_argument(
         "--compare",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -142,6 +152,25 @@ def main() -> None:
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    return parser
+
+
+def _result_head(args: argparse.Namespace, device: torch.device) -> dict:
+    return {
+        "model": args.model,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "dtype": args.dtype,
+        "torch": torch.__version__,
+        "clock": args.clock,
+        "torch_threads": torch.get_num_threads(),
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "figures": {},
+    }
+
+
+def main() -> None:
+    parser = _parser()
     args = parser.parse_args()
     if args.new_tokens < 2:
         parser.error("--new-tokens must be at least 2: decode is timed from the first new token")
@@ -155,17 +184,7 @@ def main() -> None:
         longest = max(suite["prompt_lens"])
         args.num_blocks = (2 * longest + 8 * (128 + args.new_tokens)) // 16 + 64
     dtype = getattr(torch, args.dtype)
-    result: dict = {
-        "model": args.model,
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "dtype": args.dtype,
-        "torch": torch.__version__,
-        "clock": args.clock,
-        "torch_threads": torch.get_num_threads(),
-        "cpu": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "figures": {},
-    }
+    result = _result_head(args, device)
 
     def report(name: str, value: float) -> None:
         result["figures"][name] = value

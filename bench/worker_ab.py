@@ -4,8 +4,9 @@ Two clusters of `--workers` torch workers (demo model, CPU) and a gateway each, 
 this tree and one from `--baseline DIR` (`python -m` imports from the working directory), serve
 bench.ttft's streamed chat workload (round_robin) at each `--concurrency`, in rounds that rotate
 which tree goes first. Each run reports requests/s, output tokens/s and TTFT, and the CPU time
-(utime + stime from /proc) its worker and gateway processes spent per request: on a shared
-machine the CPU time is the steadier figure, wall-clock rates also measure everyone else's load.
+(utime + stime from /proc) its worker and gateway processes and the client (this process) spent
+per request: on a shared machine the CPU time is the steadier figure, wall-clock rates also
+measure everyone else's load.
 
     git archive main | tar -x -C /tmp/kvgate-base            # the baseline: any older commit
     python -m bench.worker_ab --baseline /tmp/kvgate-base     # -> bench/results/worker_ab.json
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
+import time
 from pathlib import Path
 
 from bench.lib.proc_stats import cpu_seconds
@@ -37,11 +39,14 @@ def cpu_of(cluster: Cluster) -> tuple[float, float]:
 
 def run_once(cluster: Cluster, workload: Workload, concurrency: int) -> dict:
     w0, g0 = cpu_of(cluster)
+    c0 = time.process_time()  # the client: this process drives the workload
     m = drive_policy(cluster, workload, "round_robin", concurrency=concurrency, stream=True)
+    c1 = time.process_time()
     w1, g1 = cpu_of(cluster)
     row = make_row("round_robin", m)
     n = row.requests
     return {
+        "requests": n,
         "req_s": row.requests_per_s,
         "out_tok_s": row.output_tokens_per_s,
         "ttft_p50_ms": row.ttft_p50_ms,
@@ -49,6 +54,7 @@ def run_once(cluster: Cluster, workload: Workload, concurrency: int) -> dict:
         "failed": row.failed,
         "worker_cpu_ms_per_req": round(1000 * (w1 - w0) / n, 2),
         "gateway_cpu_ms_per_req": round(1000 * (g1 - g0) / n, 2),
+        "client_cpu_ms_per_req": round(1000 * (c1 - c0) / n, 2),
     }
 
 
@@ -72,7 +78,8 @@ def print_row(r: dict) -> None:
     print(
         f"{r['tree']:<10} {r['concurrency']:>4} {r['round']:>5} {r['req_s']:>7.2f} "
         f"{r['out_tok_s']:>9.1f} {r['ttft_p50_ms']:>9.0f} {r['ttft_p90_ms']:>9.0f} "
-        f"{r['worker_cpu_ms_per_req']:>10.1f} {r['gateway_cpu_ms_per_req']:>8.1f}",
+        f"{r['worker_cpu_ms_per_req']:>11.1f} {r['gateway_cpu_ms_per_req']:>10.1f} "
+        f"{r['client_cpu_ms_per_req']:>10.1f}",
         flush=True,
     )
 
@@ -87,6 +94,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     ap.add_argument("--tenants", type=int, default=2)
     add_workload_args(ap)
+    ap.set_defaults(users_per_tenant=16, seed=5)  # issue 35's workload: 96 requests
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--out", type=Path, default=Path("bench/results/worker_ab.json"))
     args = ap.parse_args()
@@ -104,7 +112,10 @@ def main() -> None:
             clusters[TREES[1]] = stack.enter_context(make_cluster(args, "demo"))
         for c in clusters.values():
             warm_up(c.worker_urls)
-        print("tree       conc round   req/s out tok/s  TTFT p50  TTFT p90 wkr cpu/req gw cpu/req")
+        print(
+            "tree       conc round   req/s out tok/s  TTFT p50  TTFT p90 wkr cpu/req "
+            "gw cpu/req cli cpu/req"
+        )
         for k in range(args.rounds):
             for i, conc in enumerate(concurrencies):
                 order = TREES if (k + i) % 2 == 0 else TREES[::-1]
@@ -120,9 +131,11 @@ def main() -> None:
                 f"median {tree:<10} conc {conc:>3}: {m['req_s']:.2f} req/s "
                 f"({m['req_s_vs_first']:.2f}x conc {concurrencies[0]}), "
                 f"{m['out_tok_s']:.0f} out tok/s, worker {m['worker_cpu_ms_per_req']:.1f} "
-                f"CPU ms/req, gateway {m['gateway_cpu_ms_per_req']:.1f}"
+                f"CPU ms/req, gateway {m['gateway_cpu_ms_per_req']:.1f}, "
+                f"client {m['client_cpu_ms_per_req']:.1f}"
             )
-    write_json(args.out, {"args": {k: str(v) for k, v in vars(args).items()}, "runs": runs})
+    args_out = {k: str(v) for k, v in vars(args).items()}
+    write_json(args.out, {"args": args_out, "runs": runs, "medians": summary})
 
 
 if __name__ == "__main__":

@@ -67,8 +67,9 @@ def test_rows_sharing_nothing_keep_the_plain_gather() -> None:
 
 
 def test_batched_decode_over_a_shared_prompt_matches_each_alone(demo_model_dir: Path) -> None:
-    """Eight requests of two 'tenants' decode in one batch through the cascade and give the
-    tokens and logits each gives alone on an engine without prefix caching."""
+    """Eight requests of two 'tenants' decode in one batch through the cascade (and beside a
+    ninth one's prefill) and give the tokens and logits each gives alone on an engine without
+    prefix caching."""
     engine = make_engine(demo_model_dir, block_size=16)
     reference = make_engine(demo_model_dir, block_size=16, enable_prefix_caching=False)
     systems = [
@@ -90,10 +91,13 @@ def test_batched_decode_over_a_shared_prompt_matches_each_alone(demo_model_dir: 
     tables = np.array([s.block_table + [0] * (width - len(s.block_table)) for s in seqs])
     lens = np.array([s.num_tokens for s in seqs])
     assert len(shared_prefixes(tables, lens, 16)) == 2  # the decode steps run the cascade
+    # A late request's prefill shares the next step with the eight decode rows (the mixed path).
+    prompts.append(engine.renderer.render_completion(systems[0] + "A late user asks."))
+    engine.add_request("r8", prompts[8], greedy)
     batched = run_all(engine)
     for i, p in enumerate(prompts):
         alone = generate(reference, f"alone-{i}", p, greedy)
-        assert tokens([first[f"r{i}"], *batched[f"r{i}"]]) == tokens(alone)
+        assert tokens([*([first[f"r{i}"]] if i < 8 else []), *batched[f"r{i}"]]) == tokens(alone)
         got = torch.stack(sampled_logits(engine, f"r{i}"))
         want = torch.stack(sampled_logits(reference, f"alone-{i}"))
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
