@@ -19,7 +19,7 @@ uncached prompt tokens. The last term is the one the engine's own figures do not
 GPU a request whose prompt misses the cache costs the worker's host far more than its prefill
 costs the GPU (the docs' workload: about 150 ms a request at a 16-21% hit, against 75-85 ms at
 87-94%). `residuals` says how far each fit is from its own figures
-(tests/worker/test_sim_presets.py holds them to it; docs/benchmarks.md prints them).
+(tests/worker/engine/test_sim_presets.py holds them to it; docs/benchmarks.md prints them).
 """
 
 from __future__ import annotations
