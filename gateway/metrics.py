@@ -10,6 +10,7 @@ from prometheus_client.registry import Collector
 
 _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
 _TOKEN_BUCKETS = (0, 1, 16, 64, 256, 1024, 4096, 16384)
+_RATIO_BUCKETS = (0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1, 2, 5)
 _LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
@@ -42,6 +43,14 @@ class GatewayMetrics:
             "kvgate_prediction_error_tokens",
             "|predicted - reported| cached tokens per request",
             buckets=_TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.ttft_prediction_error = Histogram(
+            "kvgate_route_ttft_prediction_error_ratio",
+            "|observed - predicted| / observed time to first token per request, as the gateway "
+            "timed it, against what the replica's fitted latency model predicted when routing "
+            "(cache_aware; gateway/fleet/latency.py)",
+            buckets=_RATIO_BUCKETS,
             registry=r,
         )
         self.spills = Counter(

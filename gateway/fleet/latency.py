@@ -19,6 +19,7 @@ cache_aware policy prices that slowdown with it (docs/gateway.md, "The cost mode
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 FORGET = 0.995  # weight of the past per sample
@@ -53,6 +54,15 @@ class Coefficients:
 
 
 @dataclass(slots=True)
+class Sample:
+    """A request on its way: the load it was sent into, when, and what was expected of it."""
+
+    x: tuple[float, ...]
+    sent_at: float
+    expected: float | None
+
+
+@dataclass(slots=True)
 class LatencyModel:
     theta: list[float] = field(default_factory=lambda: [0.0] * N)
     p: list[list[float]] = field(
@@ -72,6 +82,21 @@ class LatencyModel:
             b, t, q, r = (max(v, 0.0) for v in self.theta)
             self._fitted = Coefficients(b, t / TOKEN_UNIT, q / TOKEN_UNIT, r)
         return self._fitted
+
+    def start(self, uncached: int, queued: int, requests: float) -> Sample:
+        """A request placed here now, into that load (its own tokens not yet counted)."""
+        expected = self.coefficients().ttft(uncached, queued, requests) if self.fitted else None
+        return Sample(features(uncached, queued, requests), time.monotonic(), expected)
+
+    def finish(self, sample: Sample) -> float | None:
+        """Its first token came back now: learn from it. Returns |observed - expected| /
+        observed (None: nothing was expected, the model was not fitted yet)."""
+        seconds = time.monotonic() - sample.sent_at
+        expected = sample.expected
+        self.observe(sample.x, seconds, expected)
+        if expected is None or seconds <= 0:
+            return None
+        return abs(seconds - expected) / seconds
 
     def observe(self, x: tuple[float, ...], seconds: float, predicted: float | None) -> None:
         """One request's TTFT, sent into load `x`; `predicted`: what was expected of it then."""

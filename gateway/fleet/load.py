@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 
 from cachekey.documents import LoRAAdapters
+from gateway.fleet.latency import LatencyModel
 from gateway.fleet.prefill_rate import PrefillRate
 
 
@@ -26,6 +27,8 @@ class ReplicaLoad:
     # Uncached prompt tokens of this gateway's requests here that have no first token yet.
     in_flight_prefill_tokens: int = 0
     prefill_rate: PrefillRate = field(default_factory=PrefillRate)  # from the worker's metrics
+    # Its TTFT against the load it was sent into, fitted from the gateway's own timings.
+    latency: LatencyModel = field(default_factory=LatencyModel)
     # LoRA adapters it serves (polled), and when the gateway last sent it each one (routing/
     # adapters.py).
     lora: LoRAAdapters | None = None

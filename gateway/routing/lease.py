@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from cachekey.types import BlockKey
+from gateway.fleet.latency import Sample
 from gateway.fleet.replica import Replica
 from gateway.index.speculative import Guess
 from gateway.routing.adapters import note_routed
@@ -29,6 +30,7 @@ class Lease:
     uncached: int = 0  # prompt tokens it computes there: charged as queued prefill
     prefilling: bool = False  # `uncached` is still charged to `replica`
     guess: Guess | None = None  # its speculative entry on `replica`
+    sample: Sample | None = None  # the load `replica` had when it was sent there (latency.py)
     # What the request is, wherever the lease moves (set by `take`):
     prompt_tokens: int = 0
     keys: Sequence[BlockKey] = ()  # the keys the replica holds once it has prefilled it
@@ -69,7 +71,12 @@ class Lease:
         self.state.admission.release(self._leave())
 
     def first_token(self) -> None:
-        """Its prefill finished: no queued prefill any more, and its keys are a hit anywhere."""
+        """Its prefill finished: no queued prefill any more, and its keys are a hit anywhere;
+        its replica's latency model learns its time to first token."""
+        if self.prefilling and self.sample is not None and self.replica is not None:
+            error = self.replica.latency.finish(self.sample)
+            if error is not None:
+                self.state.metrics.ttft_prediction_error.observe(error)
         self._uncharge()
         if self.guess is not None:
             self.guess.show()
@@ -92,6 +99,9 @@ class Lease:
         self.replica = rep
         self.predicted = predicted
         self.uncached = uncached = self.prompt_tokens - predicted
+        # `admission` counted it in `in_flight` already: the load it meets is the others'.
+        there = max(rep.in_flight - 1, rep.running + rep.waiting)
+        self.sample = rep.latency.start(uncached, rep.in_flight_prefill_tokens, there)
         rep.in_flight_prefill_tokens += uncached
         self.prefilling = True
         now = time.monotonic()

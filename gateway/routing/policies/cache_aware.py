@@ -1,7 +1,20 @@
 """cache_aware: the replica with the lowest estimated cost of serving the request now wins.
 
-The cost is a sum of named terms, in seconds at the candidates' median measured prefill rate
-(`Replica.prefill_rate`, from the workers' own metrics; `fleet_rate` says why not each one's):
+The cost is a sum of named terms in seconds. Once the gateway has timed enough of a replica's
+requests, they are its learned latency model's predictions (`Replica.latency`,
+gateway/fleet/latency.py: its time to first token against the load it was sent into; a replica
+with too few samples borrows the fleet's median coefficients):
+
+  queue        what the requests there add: per request there (the gateway's in flight or
+               the worker's running + waiting) and per prefill token queued there
+  prefill      the model's base plus its own uncached prompt tokens there (the index match)
+  interference the slowdown it causes the requests already there: each is delayed by what one
+               more request adds (per request) and by its uncached tokens' prefill
+  spread, adapter as below, at the model's seconds per uncached token
+
+Until then (no replica fitted), the terms are priced in prompt tokens at the candidates' median
+measured prefill rate (`Replica.prefill_rate`, from the workers' own metrics; `fleet_rate` says
+why not each one's):
 
   queue        prefill tokens ahead of it there: this gateway's requests routed there that have
                no first token yet
@@ -37,6 +50,7 @@ import time
 from dataclasses import dataclass
 
 from gateway.config import GatewayConfig
+from gateway.fleet.latency import Coefficients, fleet_coefficients
 from gateway.fleet.replica import Replica
 from gateway.routing.adapters import adapter_miss
 from gateway.routing.policies.base import RouteContext, tie_order
@@ -44,6 +58,7 @@ from gateway.routing.policies.base import RouteContext, tie_order
 log = logging.getLogger(__name__)
 
 TOP = 8  # places ranked exactly when most candidates are idle and hold nothing of the request
+FLEET_SAMPLE = 32  # fitted candidates whose median prices the unfitted ones (bounded per request)
 
 
 @dataclass(slots=True)
@@ -71,32 +86,53 @@ class CacheAwarePolicy:
         self.lora_ttl = config.speculative_ttl
         self._rng = random.Random()
 
-    def cost(self, ctx: RouteContext, r: Replica, now: float, rate: float) -> Cost:
+    def cost(
+        self,
+        ctx: RouteContext,
+        r: Replica,
+        now: float,
+        rate: float,
+        fleet: Coefficients | None = None,
+    ) -> Cost:
+        """Its cost on `r`: predicted by `r`'s latency model when fitted, else by `fleet` (the
+        fitted candidates' median), else in prompt tokens at `rate`."""
         bs = ctx.block_size
         uncached = max(ctx.num_prompt_tokens - ctx.matched.get(r.id, 0) * bs, 0)
         # The worker's own counts see other gateways' requests too.
         on_replica = max(r.in_flight, r.running + r.waiting)
+        c = r.latency.coefficients() if r.latency.fitted else fleet
+        if c is not None:
+            rate = c.per_token
         adapter = 0.0
         if ctx.lora_name is not None:
             # Priced as that many uncached prompt blocks: its prefill plus its interference.
             miss = adapter_miss(r, ctx.lora_name, now, self.lora_ttl)
             adapter = rate * self.w.lora * bs * miss * (on_replica + 2)
+        spread = rate * self.w.recent * r.recent_prefill_at(now, self.half_life)
+        if c is not None:
+            return Cost(
+                queue=c.per_queued * r.in_flight_prefill_tokens + c.per_request * on_replica,
+                prefill=c.base + c.per_token * uncached,
+                interference=on_replica * (c.per_request + c.per_token * uncached),
+                spread=spread,
+                adapter=adapter,
+            )
         return Cost(
             queue=rate * r.in_flight_prefill_tokens,
             prefill=rate * uncached,
             interference=rate * uncached * (on_replica + 1),
-            spread=rate * self.w.recent * r.recent_prefill_at(now, self.half_life),
+            spread=spread,
             adapter=adapter,
         )
 
     def rank(self, ctx: RouteContext) -> list[Replica]:
         now = time.monotonic()
-        rate = fleet_rate(ctx.candidates)
+        rate, fleet = fleet_rate(ctx.candidates), fleet_model(ctx.candidates)
         exact = self.temperature > 0 or ctx.lora_name is not None or len(ctx.candidates) <= 2 * TOP
         contenders = ctx.candidates if exact else self._contenders(ctx)
         scored = sorted(
             (
-                (self.cost(ctx, r, now, rate).total, tie_order(ctx.tie_seed, r), r)
+                (self.cost(ctx, r, now, rate, fleet).total, tie_order(ctx.tie_seed, r), r)
                 for r in contenders
             ),
             key=lambda t: (t[0], t[1]),
@@ -145,20 +181,43 @@ def quietest(idle: list[Replica], k: int, seed: bytes) -> list[Replica]:
 
 def explain(policy: CacheAwarePolicy, ctx: RouteContext) -> str:
     """Each candidate's cost terms, cheapest first (for `--log-level debug`): in milliseconds,
-    or in tokens while no replica's prefill rate is measured yet."""
-    now, rate = time.monotonic(), fleet_rate(ctx.candidates)
-    measured = any(r.prefill_rate.seconds_per_token for r in ctx.candidates)
+    or in tokens while no replica's prefill rate is measured and no latency model is fitted;
+    with a model, whose it is (own or fleet) and its mean relative error so far."""
+    now, rate, fleet = time.monotonic(), fleet_rate(ctx.candidates), fleet_model(ctx.candidates)
+    measured = fleet is not None or any(r.prefill_rate.seconds_per_token for r in ctx.candidates)
     unit, scale = ("ms", 1e3) if measured else ("tokens", 1.0)
     costs = sorted(
-        ((policy.cost(ctx, r, now, rate), r) for r in ctx.candidates), key=lambda t: t[0].total
+        ((policy.cost(ctx, r, now, rate, fleet), r) for r in ctx.candidates),
+        key=lambda t: t[0].total,
     )
     return f"({unit}) " + "; ".join(
         f"{r.id} total={c.total * scale:.0f} queue={c.queue * scale:.0f}"
         f" prefill={c.prefill * scale:.0f} interference={c.interference * scale:.0f}"
         f" spread={c.spread * scale:.0f} adapter={c.adapter * scale:.0f}"
         f" in_flight={r.in_flight} running={r.running} waiting={r.waiting}"
+        f"{model_note(r, fleet)}"
         for c, r in costs
     )
+
+
+def model_note(r: Replica, fleet: Coefficients | None) -> str:
+    if r.latency.fitted:
+        return f" model=own error={r.latency.mean_error:.0%} samples={r.latency.samples}"
+    return " model=fleet" if fleet is not None else ""
+
+
+def fleet_model(replicas: list[Replica]) -> Coefficients | None:
+    """The median coefficients of (up to `FLEET_SAMPLE` of) the fitted candidates, for those
+    not fitted yet; None when none is, or when all are (nobody needs it)."""
+    fitted = []
+    for r in replicas:
+        if r.latency.fitted:
+            fitted.append(r.latency)
+            if len(fitted) == FLEET_SAMPLE:
+                break
+    if not fitted or (len(fitted) < FLEET_SAMPLE and len(fitted) == len(replicas)):
+        return None
+    return fleet_coefficients(fitted)
 
 
 def fleet_rate(replicas: list[Replica]) -> float:
