@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 FORGET = 0.995  # weight of the past per sample
 PRIOR_VARIANCE = 1.0  # of each coefficient in its scaled unit (weak: the data decides)
-MIN_SAMPLES = 16  # before this many, a replica borrows the fleet's fitted coefficients
+MIN_SAMPLES = 8  # before this many, a replica borrows the fleet's fitted coefficients
 TOKEN_UNIT = 1000.0  # tokens per feature unit (keeps the fit well conditioned)
 ERROR_SMOOTHING = 0.05  # weight of the newest sample in the mean relative error
 
