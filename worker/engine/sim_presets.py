@@ -163,3 +163,17 @@ def preset(name: str, server_scale: float = 1.0) -> StepCost:
     if name not in table:
         raise ValueError(f"unknown sim preset {name!r}; known: {', '.join(sorted(table))}")
     return table[name].scaled(server_scale)
+
+
+def main() -> None:
+    """`python -m worker.engine.sim_presets`: each preset's coefficients and residuals."""
+    for name, c in presets().items():
+        print(f"{name}: {c}")
+        print(f"{'figure':40} {'measured':>10} {'model':>10} {'error':>7}")
+        for figure, measured, model in residuals(c):
+            error = (model - measured) / measured
+            print(f"{figure:40} {measured * 1e3:8.2f}ms {model * 1e3:8.2f}ms {error:+7.1%}")
+
+
+if __name__ == "__main__":
+    main()
