@@ -121,3 +121,20 @@ def test_unfitted_replicas_borrow_the_fleets_model_and_explain_says_whose():
     text = explain(policy, ctx)
     assert text.startswith("(ms) http://w9 ") and "model=fleet" in text.split("; ")[0]
     assert "model=own error=" in text.split("; ")[1]
+
+
+def test_a_hit_still_wins_where_the_learned_recompute_costs_nothing():
+    """A worker whose TTFT does not grow with uncached tokens (a sim worker without timings):
+    the measured prefill rate floors the learned per-token price, so the holder wins."""
+    reps = [Replica(ReplicaId(f"http://w{i}"), f"http://w{i}", healthy=True) for i in range(4)]
+    rng = random.Random(5)
+    for r in reps:
+        for _ in range(100):
+            k = rng.randrange(0, 4)
+            r.latency.observe(features(rng.randrange(0, 2600), 0, k), 0.004 + 0.001 * k, None)
+        r.prefill_rate.seconds_per_token = 1e-6
+    assert reps[0].latency.coefficients().per_token < 1e-7
+    policy = POLICIES["cache_aware"](GatewayConfig())
+    for holder in reps:
+        ctx = _ctx(reps, list(range(320)), {holder.id: 18})
+        assert policy.rank(ctx)[0] is holder

@@ -93,16 +93,18 @@ class CacheAwarePolicy:
         now: float,
         rate: float,
         fleet: Coefficients | None = None,
+        floor: float = 0.0,
     ) -> Cost:
         """Its cost on `r`: predicted by `r`'s latency model when fitted, else by `fleet` (the
-        fitted candidates' median), else in prompt tokens at `rate`."""
+        fitted candidates' median), else in prompt tokens at `rate`. `floor`: the least a
+        learned model may price an uncached token at (the workers' measured prefill rate)."""
         bs = ctx.block_size
         uncached = max(ctx.num_prompt_tokens - ctx.matched.get(r.id, 0) * bs, 0)
         # The worker's own counts see other gateways' requests too.
         on_replica = max(r.in_flight, r.running + r.waiting)
         c = r.latency.coefficients() if r.latency.fitted else fleet
         if c is not None:
-            rate = c.per_token
+            rate = max(c.per_token, floor)
         adapter = 0.0
         if ctx.lora_name is not None:
             # Priced as that many uncached prompt blocks: its prefill plus its interference.
@@ -112,8 +114,8 @@ class CacheAwarePolicy:
         if c is not None:
             return Cost(
                 queue=c.per_queued * r.in_flight_prefill_tokens + c.per_request * on_replica,
-                prefill=c.base + c.per_token * uncached,
-                interference=on_replica * (c.per_request + c.per_token * uncached),
+                prefill=c.base + rate * uncached,
+                interference=on_replica * (c.per_request + rate * uncached),
                 spread=spread,
                 adapter=adapter,
             )
@@ -127,12 +129,13 @@ class CacheAwarePolicy:
 
     def rank(self, ctx: RouteContext) -> list[Replica]:
         now = time.monotonic()
-        rate, fleet = fleet_rate(ctx.candidates), fleet_model(ctx.candidates)
+        floor, fleet = measured_rate(ctx.candidates), fleet_model(ctx.candidates)
+        rate = floor or 1.0
         exact = self.temperature > 0 or ctx.lora_name is not None or len(ctx.candidates) <= 2 * TOP
         contenders = ctx.candidates if exact else self._contenders(ctx)
         scored = sorted(
             (
-                (self.cost(ctx, r, now, rate, fleet).total, tie_order(ctx.tie_seed, r), r)
+                (self.cost(ctx, r, now, rate, fleet, floor).total, tie_order(ctx.tie_seed, r), r)
                 for r in contenders
             ),
             key=lambda t: (t[0], t[1]),
@@ -183,11 +186,11 @@ def explain(policy: CacheAwarePolicy, ctx: RouteContext) -> str:
     """Each candidate's cost terms, cheapest first (for `--log-level debug`): in milliseconds,
     or in tokens while no replica's prefill rate is measured and no latency model is fitted;
     with a model, whose it is (own or fleet) and its mean relative error so far."""
-    now, rate, fleet = time.monotonic(), fleet_rate(ctx.candidates), fleet_model(ctx.candidates)
-    measured = fleet is not None or any(r.prefill_rate.seconds_per_token for r in ctx.candidates)
-    unit, scale = ("ms", 1e3) if measured else ("tokens", 1.0)
+    now, floor, fleet = time.monotonic(), measured_rate(ctx.candidates), fleet_model(ctx.candidates)
+    learned = fleet is not None or any(r.latency.fitted for r in ctx.candidates)
+    unit, scale = ("ms", 1e3) if floor or learned else ("tokens", 1.0)
     costs = sorted(
-        ((policy.cost(ctx, r, now, rate, fleet), r) for r in ctx.candidates),
+        ((policy.cost(ctx, r, now, floor or 1.0, fleet, floor), r) for r in ctx.candidates),
         key=lambda t: t[0].total,
     )
     return f"({unit}) " + "; ".join(
@@ -220,6 +223,14 @@ def fleet_model(replicas: list[Replica]) -> Coefficients | None:
     return fleet_coefficients(fitted)
 
 
+def measured_rate(replicas: list[Replica]) -> float:
+    """`fleet_rate` when some candidate's rate is measured, else 0."""
+    measured = [
+        r.prefill_rate.seconds_per_token for r in replicas if r.prefill_rate.seconds_per_token
+    ]
+    return statistics.median(measured) if measured else 0.0
+
+
 def fleet_rate(replicas: list[Replica]) -> float:
     """Seconds per prompt token for every candidate: the median of their measured rates; with
     none measured, 1 (costs are then in tokens).
@@ -230,7 +241,4 @@ def fleet_rate(replicas: list[Replica]) -> float:
     rate reads several times higher than an equal replica's that takes new prefixes; at its own
     rate every new prefix would then go to the replica that took the last ones, until its cache
     overflows. The median keeps the costs in seconds without that feedback."""
-    measured = [
-        r.prefill_rate.seconds_per_token for r in replicas if r.prefill_rate.seconds_per_token
-    ]
-    return statistics.median(measured) if measured else 1.0
+    return measured_rate(replicas) or 1.0
