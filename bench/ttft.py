@@ -141,6 +141,7 @@ def make_cluster(args: argparse.Namespace, model: str) -> Cluster:
     if args.engine == "sim":
         spec.worker_args = ["--sim-preset", args.sim_preset]
         spec.worker_args += ["--sim-server-scale", str(args.sim_server_scale)]
+        spec.worker_args += ["--sim-time-scale", str(args.sim_time_scale)]
         return Cluster(spec)
     spec.worker_args = ["--device", args.device, "--dtype", args.dtype]
     if args.gpu_memory_utilization is not None:
@@ -222,6 +223,12 @@ def main() -> None:
         type=float,
         default=1.0,
         help="--engine sim: share of the measured worker server's own cost (0: none)",
+    )
+    ap.add_argument(
+        "--sim-time-scale",
+        type=float,
+        default=1.0,
+        help="--engine sim: every step's time times this (a busy host: 2 or more)",
     )
     ap.add_argument("--model", default="demo", help="directory, 'demo', or a shape name")
     ap.add_argument(

@@ -93,7 +93,8 @@ def sim_args(args: argparse.Namespace) -> tuple[str, ...]:
     """The sim workers' timing: the flat default (SIM_COST), or a device's preset."""
     if not args.sim_preset:
         return SIM_COST
-    return ("--sim-preset", args.sim_preset, "--sim-server-scale", str(args.sim_server_scale))
+    scales = ("--sim-server-scale", str(args.sim_server_scale))
+    return ("--sim-preset", args.sim_preset, *scales, "--sim-time-scale", str(args.sim_time_scale))
 
 
 def ratios(rows: list[LoadRow]) -> dict[str, dict[str, float]]:
@@ -171,6 +172,10 @@ def main() -> None:
     ap.add_argument(
         "--sim-server-scale", type=float, default=1.0,
         help="with --sim-preset: share of the worker server's own measured cost (0: none)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--sim-time-scale", type=float, default=1.0,
+        help="with --sim-preset: every step's time times this (a busy host: 2 or more)",
     )  # fmt: skip
     ap.add_argument("--log-dir", type=Path, default=Path("bench/results/logs/under_load"))
     ap.add_argument("--out", type=Path, default=Path("bench/results/under_load.json"))

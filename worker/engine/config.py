@@ -133,6 +133,11 @@ class EngineConfig:
         "with --sim-preset: the share of the measured worker server's own cost per request "
         "it charges (0: a worker with none)",
     )
+    sim_time_scale: float = option(
+        1.0,
+        "multiply every sim step's time by this (2: the fleet runs at half speed): on a busy "
+        "host the sleeps then outweigh the processes' own CPU time, which the model leaves out",
+    )
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -163,6 +168,8 @@ class EngineConfig:
             raise ValueError("sim timings must be >= 0")
         if self.sim_server_scale < 0:
             raise ValueError(f"sim_server_scale must be >= 0, got {self.sim_server_scale}")
+        if self.sim_time_scale <= 0:
+            raise ValueError(f"sim_time_scale must be > 0, got {self.sim_time_scale}")
         if self.sim_preset is not None:
             preset(self.sim_preset)  # an unknown name fails here, with the known ones
         self.hidden_state_layers = _layers(self.hidden_state_layers)

@@ -59,6 +59,7 @@ class SimRunner:
         self.vocab_size = assets.tokenizer.get_vocab_size(with_added_tokens=True)
         self.prefill_s_per_token = config.sim_prefill_s_per_token
         self.decode_s_per_step = config.sim_decode_s_per_step
+        self.time_scale = config.sim_time_scale
         self.step_cost: StepCost | None = None
         if config.sim_preset:
             self.step_cost = preset(config.sim_preset, config.sim_server_scale)
@@ -103,6 +104,7 @@ class SimRunner:
             delay = self.step_seconds(batch)
         else:
             delay = self.prefill_s_per_token * prefill_tokens + self.decode_s_per_step
+        delay *= self.time_scale
         if delay > 0:
             time.sleep(delay)
         return tokens

@@ -51,11 +51,17 @@ def test_unknown_preset_is_refused(demo_model_dir: Path) -> None:
         EngineConfig(model=str(demo_model_dir), engine="sim", sim_server_scale=-1.0)
 
 
-def timed_burst(model_dir: Path, scale: float, n: int) -> tuple[float, float]:
+def timed_burst(
+    model_dir: Path, scale: float, n: int, time_scale: float = 1.0
+) -> tuple[float, float]:
     """`n` requests added at once to a preset sim engine: (seconds of the first step, seconds of
     a later pure-decode step)."""
     config = EngineConfig(
-        model=str(model_dir), engine="sim", sim_preset="h200-llama-1b", sim_server_scale=scale
+        model=str(model_dir),
+        engine="sim",
+        sim_preset="h200-llama-1b",
+        sim_server_scale=scale,
+        sim_time_scale=time_scale,
     )
     engine = LLMEngine(config)
     for i in range(n):  # distinct prompts: all admitted in the first step
@@ -79,3 +85,9 @@ def test_sim_engine_charges_the_preset(demo_model_dir: Path) -> None:
     assert decode >= c.decode(4, 0) and decode < first / 10
     bare_first, _ = timed_burst(demo_model_dir, 0.0, 4)
     assert c.eager_base <= bare_first < c.eager_base + c.server(4, 0)
+
+
+def test_sim_time_scale_slows_every_step_alike(demo_model_dir: Path) -> None:
+    c = preset("h200-llama-1b", server_scale=0.0)
+    first, decode = timed_burst(demo_model_dir, 0.0, 2, time_scale=4.0)
+    assert first >= 4 * c.eager_base and decode >= 4 * c.decode(2, 0)
