@@ -1,31 +1,37 @@
-"""LatencyModel: one replica's time to first token as a function of the load it was sent into,
+"""LatencyModel: a replica's time to first token as a function of the load it was sent into,
 learned online from what the gateway sees.
 
-Every request the gateway proxies is a sample: when it is placed (`Lease.take`) the features of
-the replica then, and at its first byte back the seconds it took. The model is linear,
+Every request the gateway proxies is a sample: when it is placed (`Lease.take`) the load of the
+replica then, and at its first byte back the seconds it took. The model is linear,
 
   TTFT = base + per_token * its uncached prompt tokens + per_queued * prefill tokens queued there
        + per_request * requests there (the gateway's in flight or the worker's running + waiting)
 
-fitted by recursive least squares with forgetting (`FORGET`: a few hundred samples' memory, so
-it follows a worker that slows down), from a weak prior, so the first samples do not swing it.
-Prediction clamps each coefficient at 0 (a fit on collinear load features can go negative for
-one of them; the time a request adds is never negative).
+fitted by exponentially weighted least squares (`FORGET` per sample: a few hundred samples'
+memory, so it follows a worker that slows down) from a weak prior, so the first samples do not
+swing it. Each replica keeps its weighted sums (X'X, X'y), so the fit of several replicas
+pooled is the solve of their sums (`pooled`): cache_aware prices every candidate with the pooled
+fit of the fleet, where the load features vary widely (idle and busy replicas alike), and each
+replica's own fit (`coefficients`) is exported and explained. Ranking by each replica's own fit
+let equal replicas drift apart: a replica that is always busy cannot tell its base from its
+per-request time (its load barely varies), and its price followed that split, not its speed.
 
-`per_request` is also what one more request adds to the requests already there: on a GPU worker
-a request's host work and its prefill step stall every stream it shares the engine with. The
-cache_aware policy prices that slowdown with it (docs/gateway.md, "The cost model").
+Prediction clamps each coefficient at 0 (collinear load features can push one below 0; the time
+a request adds is never negative). `per_request` is also what one more request adds to those
+already there: on a GPU worker a request's host work and its prefill step stall every stream it
+shares the engine with (cache_aware's interference term, docs/gateway.md).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 FORGET = 0.995  # weight of the past per sample
-PRIOR_VARIANCE = 1.0  # of each coefficient in its scaled unit (weak: the data decides)
-MIN_SAMPLES = 8  # before this many, a replica borrows the fleet's fitted coefficients
-TOKEN_UNIT = 1000.0  # tokens per feature unit (keeps the fit well conditioned)
+PRIOR = 1e-2  # ridge weight toward 0, in samples' worth of each scaled feature
+MIN_SAMPLES = 8  # samples before a replica's own fit counts
+TOKEN_UNIT = 1000.0  # tokens per feature unit (keeps the sums well conditioned)
 ERROR_SMOOTHING = 0.05  # weight of the newest sample in the mean relative error
 
 N = 4  # features: 1, uncached / TOKEN_UNIT, queued / TOKEN_UNIT, requests there
@@ -64,12 +70,13 @@ class Sample:
 
 @dataclass(slots=True)
 class LatencyModel:
-    theta: list[float] = field(default_factory=lambda: [0.0] * N)
-    p: list[list[float]] = field(
-        default_factory=lambda: [[PRIOR_VARIANCE * (i == j) for j in range(N)] for i in range(N)]
-    )
+    xtx: list[list[float]] = field(default_factory=lambda: [[0.0] * N for _ in range(N)])
+    xty: list[float] = field(default_factory=lambda: [0.0] * N)
     samples: int = 0
-    mean_error: float = 0.0  # smoothed |observed - predicted| / observed, of its samples
+    mean_error: float = 0.0  # smoothed |observed - expected| / observed, of its requests
+    # The fit the router prices it with (cache_aware sets the pooled fit here): what its
+    # requests are predicted by, and their error measured against.
+    pool: Coefficients | None = None
     _fitted: Coefficients | None = None
 
     @property
@@ -77,20 +84,20 @@ class LatencyModel:
         return self.samples >= MIN_SAMPLES
 
     def coefficients(self) -> Coefficients:
-        """The clamped coefficients in seconds (cached until the next sample)."""
+        """Its own fit, clamped, in seconds (cached until the next sample)."""
         if self._fitted is None:
-            b, t, q, r = (max(v, 0.0) for v in self.theta)
-            self._fitted = Coefficients(b, t / TOKEN_UNIT, q / TOKEN_UNIT, r)
+            self._fitted = solve(self.xtx, self.xty)
         return self._fitted
 
     def start(self, uncached: int, queued: int, requests: float) -> Sample:
-        """A request placed here now, into that load (its own tokens not yet counted)."""
-        expected = self.coefficients().ttft(uncached, queued, requests) if self.fitted else None
+        """A request placed here now, into that load (its own tokens not yet counted); expected
+        by the router's fit (`pool`)."""
+        expected = self.pool.ttft(uncached, queued, requests) if self.pool is not None else None
         return Sample(features(uncached, queued, requests), time.monotonic(), expected)
 
     def finish(self, sample: Sample) -> float | None:
         """Its first token came back now: learn from it. Returns |observed - expected| /
-        observed (None: nothing was expected, the model was not fitted yet)."""
+        observed (None: nothing was expected, no fit priced it yet)."""
         seconds = time.monotonic() - sample.sent_at
         expected = sample.expected
         self.observe(sample.x, seconds, expected)
@@ -103,35 +110,43 @@ class LatencyModel:
         if predicted is not None and seconds > 0:
             err = abs(seconds - predicted) / seconds
             self.mean_error += ERROR_SMOOTHING * (err - self.mean_error)
-        p, theta = self.p, self.theta
-        px = [sum(p[i][j] * x[j] for j in range(N)) for i in range(N)]
-        denom = FORGET + sum(x[i] * px[i] for i in range(N))
-        gain = [v / denom for v in px]
-        residual = seconds - sum(theta[i] * x[i] for i in range(N))
         for i in range(N):
-            theta[i] += gain[i] * residual
-        for i in range(N):
+            row = self.xtx[i]
             for j in range(N):
-                p[i][j] = (p[i][j] - gain[i] * px[j]) / FORGET
+                row[j] = FORGET * row[j] + x[i] * x[j]
+            self.xty[i] = FORGET * self.xty[i] + x[i] * seconds
         self.samples += 1
         self._fitted = None
 
 
-def fleet_coefficients(models: list[LatencyModel]) -> Coefficients | None:
-    """The coefficient-wise median of the fitted models (None: none fitted yet): what a replica
-    with too few samples of its own is priced by."""
-    fitted = [m.coefficients() for m in models if m.fitted]
-    if not fitted:
-        return None
+def pooled(models: Iterable[LatencyModel]) -> Coefficients | None:
+    """One fit over the fitted models' samples together (None: none fitted yet)."""
+    xtx = [[0.0] * N for _ in range(N)]
+    xty = [0.0] * N
+    any_fitted = False
+    for m in models:
+        if not m.fitted:
+            continue
+        any_fitted = True
+        for i in range(N):
+            for j in range(N):
+                xtx[i][j] += m.xtx[i][j]
+            xty[i] += m.xty[i]
+    return solve(xtx, xty) if any_fitted else None
 
-    def median(values: list[float]) -> float:
-        values = sorted(values)
-        mid = len(values) // 2
-        return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
-    return Coefficients(
-        median([c.base for c in fitted]),
-        median([c.per_token for c in fitted]),
-        median([c.per_queued for c in fitted]),
-        median([c.per_request for c in fitted]),
-    )
+def solve(xtx: list[list[float]], xty: list[float]) -> Coefficients:
+    """Ridge least squares: (X'X + PRIOR I) theta = X'y, by Gaussian elimination; clamped."""
+    a = [[xtx[i][j] + (PRIOR if i == j else 0.0) for j in range(N)] + [xty[i]] for i in range(N)]
+    for col in range(N):
+        pivot = max(range(col, N), key=lambda r: abs(a[r][col]))
+        a[col], a[pivot] = a[pivot], a[col]
+        for r in range(col + 1, N):
+            f = a[r][col] / a[col][col]
+            for k in range(col, N + 1):
+                a[r][k] -= f * a[col][k]
+    theta = [0.0] * N
+    for i in reversed(range(N)):
+        theta[i] = (a[i][N] - sum(a[i][k] * theta[k] for k in range(i + 1, N))) / a[i][i]
+    b, t, q, r = (max(v, 0.0) for v in theta)
+    return Coefficients(b, t / TOKEN_UNIT, q / TOKEN_UNIT, r)

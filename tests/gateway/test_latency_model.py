@@ -10,7 +10,7 @@ import pytest
 
 from cachekey.keys import HashNamespace, block_keys
 from gateway.config import GatewayConfig
-from gateway.fleet.latency import MIN_SAMPLES, LatencyModel, features, fleet_coefficients
+from gateway.fleet.latency import MIN_SAMPLES, LatencyModel, features, pooled
 from gateway.fleet.names import ReplicaId
 from gateway.fleet.replica import Replica
 from gateway.routing.policies import POLICIES, RouteContext
@@ -48,6 +48,7 @@ def test_model_follows_a_replica_that_slows_down_and_reports_its_error():
     model, rng = LatencyModel(), random.Random(2)
     train(model, 300, rng)
     before = model.coefficients().ttft(2000, 0, 4)
+    model.pool = model.coefficients()  # what the router prices it with
     sample = model.start(2000, 0, 4)  # expected now: the old law
     assert sample.expected == pytest.approx(before)
     train(model, 600, rng, slow=2.0)
@@ -57,15 +58,21 @@ def test_model_follows_a_replica_that_slows_down_and_reports_its_error():
     assert 0 < model.mean_error < 0.5
 
 
-def test_fleet_coefficients_are_the_fitted_models_median():
+def test_pooled_fit_separates_what_each_replica_alone_cannot():
+    """A replica always busy (8 requests there) cannot tell its base from its per-request time,
+    nor one always idle its per-request time; their samples pooled can."""
     rng = random.Random(3)
-    models = [LatencyModel() for _ in range(4)]
-    for m, slow in zip(models[:3], (1.0, 2.0, 4.0), strict=True):
-        train(m, 300, rng, slow)
-    fleet = fleet_coefficients(models)
-    assert fleet is not None
-    assert fleet.per_request == pytest.approx(models[1].coefficients().per_request)
-    assert fleet_coefficients([LatencyModel()]) is None
+    busy, idle = LatencyModel(), LatencyModel()
+    for model, there in ((busy, 8), (idle, 0)):
+        for _ in range(300):
+            u, q = rng.randrange(0, 2600), rng.randrange(0, 6000)
+            model.observe(features(u, q, there), law(u, q, there), None)
+    assert idle.coefficients().per_request < 0.001  # never saw a request there
+    assert busy.coefficients().base < 0.7 * 0.012  # the ridge split its base with the requests
+    both = pooled([busy, idle, LatencyModel()])
+    assert both is not None and both.per_request == pytest.approx(0.05, rel=0.05)
+    assert both.base == pytest.approx(0.012, rel=0.1)
+    assert pooled([LatencyModel()]) is None
 
 
 def _fleet(n: int = 4) -> list[Replica]:
@@ -109,7 +116,7 @@ def test_a_hot_prefix_gets_another_holder_when_its_holder_is_busier_than_a_recom
     assert policy.rank(ctx)[0] is reps[0]
 
 
-def test_unfitted_replicas_borrow_the_fleets_model_and_explain_says_whose():
+def test_replicas_without_samples_are_priced_by_the_pooled_fit_and_explained():
     reps = _fleet(3)
     newcomer = Replica(ReplicaId("http://w9"), "http://w9", healthy=True)
     reps.append(newcomer)
@@ -117,10 +124,11 @@ def test_unfitted_replicas_borrow_the_fleets_model_and_explain_says_whose():
         r.in_flight = 4
     policy = POLICIES["cache_aware"](GatewayConfig())
     ctx = _ctx(reps, list(range(320)), {})
-    assert policy.rank(ctx)[0] is newcomer  # priced by the fleet's model: idle, so cheapest
+    assert policy.rank(ctx)[0] is newcomer  # priced by the fleet's fit: idle, so cheapest
+    assert newcomer.latency.pool is not None  # its requests are expected by that fit
     text = explain(policy, ctx)
-    assert text.startswith("(ms) http://w9 ") and "model=fleet" in text.split("; ")[0]
-    assert "model=own error=" in text.split("; ")[1]
+    assert text.startswith("(ms) http://w9 ") and "model=fleet samples=0" in text.split("; ")[0]
+    assert "model=fleet samples=300 error=" in text.split("; ")[1]
 
 
 def test_a_hit_still_wins_where_the_learned_recompute_costs_nothing():

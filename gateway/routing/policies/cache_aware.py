@@ -1,9 +1,9 @@
 """cache_aware: the replica with the lowest estimated cost of serving the request now wins.
 
-The cost is a sum of named terms in seconds. Once the gateway has timed enough of a replica's
-requests, they are its learned latency model's predictions (`Replica.latency`,
-gateway/fleet/latency.py: its time to first token against the load it was sent into; a replica
-with too few samples borrows the fleet's median coefficients):
+The cost is a sum of named terms in seconds. Once the gateway has timed enough requests, they
+are a learned latency model's predictions (gateway/fleet/latency.py: time to first token against
+the load a request was sent into, fitted from every candidate's samples pooled, `fleet_model`,
+and applied to each candidate's own load):
 
   queue        what the requests there add: per request there (the gateway's in flight or
                the worker's running + waiting) and per prefill token queued there
@@ -50,7 +50,7 @@ import time
 from dataclasses import dataclass
 
 from gateway.config import GatewayConfig
-from gateway.fleet.latency import Coefficients, fleet_coefficients
+from gateway.fleet.latency import Coefficients, pooled
 from gateway.fleet.replica import Replica
 from gateway.routing.adapters import adapter_miss
 from gateway.routing.policies.base import RouteContext, tie_order
@@ -58,7 +58,8 @@ from gateway.routing.policies.base import RouteContext, tie_order
 log = logging.getLogger(__name__)
 
 TOP = 8  # places ranked exactly when most candidates are idle and hold nothing of the request
-FLEET_SAMPLE = 32  # fitted candidates whose median prices the unfitted ones (bounded per request)
+FLEET_SAMPLE = 32  # fitted candidates whose samples are pooled (bounded per request)
+POOL_TTL = 0.25  # seconds a pooled fit is reused for the same candidates
 
 
 @dataclass(slots=True)
@@ -85,6 +86,7 @@ class CacheAwarePolicy:
         self.half_life = config.recent_half_life
         self.lora_ttl = config.speculative_ttl
         self._rng = random.Random()
+        self._pool: tuple[tuple[int, int], float, Coefficients | None] = ((0, 0), -1.0, None)
 
     def cost(
         self,
@@ -95,14 +97,14 @@ class CacheAwarePolicy:
         fleet: Coefficients | None = None,
         floor: float = 0.0,
     ) -> Cost:
-        """Its cost on `r`: predicted by `r`'s latency model when fitted, else by `fleet` (the
-        fitted candidates' median), else in prompt tokens at `rate`. `floor`: the least a
-        learned model may price an uncached token at (the workers' measured prefill rate)."""
+        """Its cost on `r`: predicted by `fleet` (the candidates' pooled latency fit) at `r`'s
+        load, or without one in prompt tokens at `rate`. `floor`: the least the learned model
+        may price an uncached token at (the workers' measured prefill rate)."""
         bs = ctx.block_size
         uncached = max(ctx.num_prompt_tokens - ctx.matched.get(r.id, 0) * bs, 0)
         # The worker's own counts see other gateways' requests too.
         on_replica = max(r.in_flight, r.running + r.waiting)
-        c = r.latency.coefficients() if r.latency.fitted else fleet
+        c = fleet
         if c is not None:
             rate = max(c.per_token, floor)
         adapter = 0.0
@@ -129,7 +131,7 @@ class CacheAwarePolicy:
 
     def rank(self, ctx: RouteContext) -> list[Replica]:
         now = time.monotonic()
-        floor, fleet = measured_rate(ctx.candidates), fleet_model(ctx.candidates)
+        floor, fleet = measured_rate(ctx.candidates), self.fleet_model(ctx.candidates, now)
         rate = floor or 1.0
         exact = self.temperature > 0 or ctx.lora_name is not None or len(ctx.candidates) <= 2 * TOP
         contenders = ctx.candidates if exact else self._contenders(ctx)
@@ -152,6 +154,19 @@ class CacheAwarePolicy:
             first = self._rng.choices(range(len(ranked)), weights=weights)[0]
             ranked.insert(0, ranked.pop(first))
         return ranked
+
+    def fleet_model(self, candidates: list[Replica], now: float) -> Coefficients | None:
+        """The pooled fit of (up to `FLEET_SAMPLE` of) the fitted candidates, reused for
+        `POOL_TTL` while the candidates look the same (it changes only with new samples)."""
+        key = (len(candidates), id(candidates[0]))
+        cached_key, at, coefs = self._pool
+        if cached_key == key and now - at < POOL_TTL:
+            return coefs
+        coefs = fleet_model(candidates)
+        self._pool = (key, now, coefs)
+        for r in candidates:  # what their requests are expected to take (latency.py)
+            r.latency.pool = coefs
+        return coefs
 
     def _contenders(self, ctx: RouteContext) -> list[Replica]:
         """The candidates that may be among the `TOP` cheapest: those holding a prefix of the
@@ -187,8 +202,7 @@ def explain(policy: CacheAwarePolicy, ctx: RouteContext) -> str:
     or in tokens while no replica's prefill rate is measured and no latency model is fitted;
     with a model, whose it is (own or fleet) and its mean relative error so far."""
     now, floor, fleet = time.monotonic(), measured_rate(ctx.candidates), fleet_model(ctx.candidates)
-    learned = fleet is not None or any(r.latency.fitted for r in ctx.candidates)
-    unit, scale = ("ms", 1e3) if floor or learned else ("tokens", 1.0)
+    unit, scale = ("ms", 1e3) if floor or fleet is not None else ("tokens", 1.0)
     costs = sorted(
         ((policy.cost(ctx, r, now, floor or 1.0, fleet, floor), r) for r in ctx.candidates),
         key=lambda t: t[0].total,
@@ -204,23 +218,28 @@ def explain(policy: CacheAwarePolicy, ctx: RouteContext) -> str:
 
 
 def model_note(r: Replica, fleet: Coefficients | None) -> str:
-    if r.latency.fitted:
-        return f" model=own error={r.latency.mean_error:.0%} samples={r.latency.samples}"
-    return " model=fleet" if fleet is not None else ""
+    """The learned model's word on `r`: the pooled fit's prediction of its TTFT, and its own
+    fit's error so far (and samples)."""
+    if fleet is None:
+        return ""
+    m = r.latency
+    return (
+        f" model=fleet samples={m.samples} error={m.mean_error:.0%}"
+        if m.fitted
+        else (f" model=fleet samples={m.samples}")
+    )
 
 
 def fleet_model(replicas: list[Replica]) -> Coefficients | None:
-    """The median coefficients of (up to `FLEET_SAMPLE` of) the fitted candidates, for those
-    not fitted yet; None when none is, or when all are (nobody needs it)."""
+    """The fit of (up to `FLEET_SAMPLE` of) the fitted candidates' samples pooled; None while
+    none is fitted."""
     fitted = []
     for r in replicas:
         if r.latency.fitted:
             fitted.append(r.latency)
             if len(fitted) == FLEET_SAMPLE:
                 break
-    if not fitted or (len(fitted) < FLEET_SAMPLE and len(fitted) == len(replicas)):
-        return None
-    return fleet_coefficients(fitted)
+    return pooled(fitted)
 
 
 def measured_rate(replicas: list[Replica]) -> float:
