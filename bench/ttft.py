@@ -7,7 +7,9 @@ stream; TTFT is the time to the first chunk with content, as the client sees it.
 requests and tokens per second of wall time for the whole trace.
 
 Before the first measured policy every worker serves the workload's first turns directly at the
-run's concurrency (bench/lib/rounds.py: the real shapes, so no policy pays the warm-up); then
+run's concurrency, and the gateway serves more of them round robin (bench/lib/rounds.py: the real
+shapes, so no policy pays the workers' warm-up, and the gateway's latency models have timed
+every worker, as a gateway that has been serving has); then
 `--rounds` rounds (2 by default), each with the policy order turned by one place, every round
 printed and, at the end, each policy's medians over the rounds.
 
@@ -161,8 +163,11 @@ def run(args: argparse.Namespace) -> tuple[list[Row], list[dict]]:
     rows: list[Row] = []
     missed: list[dict] = []
     with make_cluster(args, model) as c:
-        failed = warm_up(c.worker_urls, workload, args.concurrency)
-        print(f"warm-up: the workload's first turns on each worker ({failed} failed)")
+        failed = warm_up(c.gateway_url, c.worker_urls, workload, args.concurrency)
+        print(
+            f"warm-up: the workload's first turns on each worker and through the gateway "
+            f"({failed} failed)"
+        )
         for round_ in range(args.rounds):
             for policy in rotated(args.policies.split(","), round_):
                 m = drive_policy(

@@ -1,6 +1,7 @@
-"""Honest policy rounds: every worker warmed with the workload's own shapes before anything is
-measured, the policy order rotated each round (the first side of a round pays whatever the host
-does then, each policy in its turn), and every round reported with the medians over rounds."""
+"""Honest policy rounds: every worker (and the gateway) warmed with the workload's own shapes
+before anything is measured, the policy order rotated each round (the first side of a round
+pays whatever the host does then, each policy in its turn), and every round reported with the
+medians over rounds."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, fields
 
+from cachekey.headers import POLICY_HEADER
 from harness.driver import run_workload
 from harness.workload import Workload
 
@@ -20,22 +22,31 @@ def rotated(policies: Sequence[str], round_: int) -> list[str]:
     return list(policies[k:]) + list(policies[:k])
 
 
-def warm_up(urls: list[str], workload: Workload, concurrency: int, timeout: float = 600.0) -> int:
+def warm_up(
+    gateway: str, urls: list[str], workload: Workload, concurrency: int, timeout: float = 600.0
+) -> int:
     """Send each worker, directly and all at once, the workload's first `2 x concurrency`
     turns at its concurrency: every shape the measured runs take (long prompts, chunked prefill,
     decode batches at that size) has run on every worker before the first measured policy (on a
-    GPU: the allocator's pools, autotuned kernels, CUDA graphs). Returns the requests that
-    failed (the caller resets the caches afterwards)."""
+    GPU: the allocator's pools, autotuned kernels, CUDA graphs). Then the first
+    `2 x workers x concurrency` turns through the gateway, round robin, so its latency models
+    have timed every worker too, as a gateway that has been serving has. Returns the requests
+    that failed (the caller resets the caches afterwards)."""
     head = copy.copy(workload)
     head.turns = workload.turns[: 2 * concurrency]
+    through = copy.copy(workload)
+    through.turns = workload.turns[: 2 * len(urls) * concurrency]
+    robin = {POLICY_HEADER: "round_robin"}
 
     async def all_workers() -> list[list]:
-        return await asyncio.gather(
+        direct = await asyncio.gather(
             *(
                 run_workload(u, head, concurrency=concurrency, stream=True, timeout=timeout)
                 for u in urls
             )
         )
+        kw = {"concurrency": concurrency, "stream": True, "timeout": timeout, "headers": robin}
+        return [*direct, await run_workload(gateway, through, **kw)]
 
     return sum(not r.ok for results in asyncio.run(all_workers()) for r in results)
 

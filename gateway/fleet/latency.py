@@ -2,7 +2,7 @@
 learned online from what the gateway sees.
 
 Every request the gateway proxies is a sample: when it is placed (`Lease.take`) the load of the
-replica then, and at its first byte back the seconds it took. The model is linear,
+replica then, and at its first byte back the seconds it took. The TTFT model is linear,
 
   TTFT = base + per_token * its uncached prompt tokens + per_queued * prefill tokens queued there
        + per_request * requests there (the gateway's in flight or the worker's running + waiting)
@@ -16,10 +16,14 @@ replica's own fit (`coefficients`) is exported and explained. Ranking by each re
 let equal replicas drift apart: a replica that is always busy cannot tell its base from its
 per-request time (its load barely varies), and its price followed that split, not its speed.
 
+A second model of the same form, `Replica.duration`, learns each request's whole time (to the
+end of its answer) against the same load: its per-request time is what one more request on a
+replica adds to the requests there, their decode included (on a GPU worker a request's host
+work and its prefill step stall every stream it shares the engine with); cache_aware charges
+that slowdown to the replicas' requests already there (`FleetFit`).
+
 Prediction clamps each coefficient at 0 (collinear load features can push one below 0; the time
-a request adds is never negative). `per_request` is also what one more request adds to those
-already there: on a GPU worker a request's host work and its prefill step stall every stream it
-shares the engine with (cache_aware's interference term, docs/gateway.md).
+a request adds is never negative).
 """
 
 from __future__ import annotations
@@ -105,6 +109,10 @@ class LatencyModel:
             return None
         return abs(seconds - expected) / seconds
 
+    def learn(self, sample: Sample) -> None:
+        """The request ended now (the end-to-end model): learn its whole time."""
+        self.observe(sample.x, time.monotonic() - sample.sent_at, None)
+
     def observe(self, x: tuple[float, ...], seconds: float, predicted: float | None) -> None:
         """One request's TTFT, sent into load `x`; `predicted`: what was expected of it then."""
         if predicted is not None and seconds > 0:
@@ -133,6 +141,25 @@ def pooled(models: Iterable[LatencyModel]) -> Coefficients | None:
                 xtx[i][j] += m.xtx[i][j]
             xty[i] += m.xty[i]
     return solve(xtx, xty) if any_fitted else None
+
+
+@dataclass(slots=True)
+class FleetFit:
+    """What cache_aware prices with: the pooled TTFT fit, and `slowdown`, the seconds one more
+    request there adds to each request already there, end to end (the pooled duration fit's
+    per-request time; the TTFT fit's while no duration is fitted)."""
+
+    ttft: Coefficients
+    slowdown: float
+
+
+def fleet_fit(ttft: list[LatencyModel], duration: list[LatencyModel]) -> FleetFit | None:
+    """The pooled fits of the replicas' TTFT and duration models (None: no TTFT fit yet)."""
+    first = pooled(ttft)
+    if first is None:
+        return None
+    whole = pooled(duration)
+    return FleetFit(first, whole.per_request if whole is not None else first.per_request)
 
 
 def solve(xtx: list[list[float]], xty: list[float]) -> Coefficients:

@@ -29,6 +29,8 @@ class ReplicaLoad:
     prefill_rate: PrefillRate = field(default_factory=PrefillRate)  # from the worker's metrics
     # Its TTFT against the load it was sent into, fitted from the gateway's own timings.
     latency: LatencyModel = field(default_factory=LatencyModel)
+    # Its requests' whole time (to the end of the answer) against the same load.
+    duration: LatencyModel = field(default_factory=LatencyModel)
     # LoRA adapters it serves (polled), and when the gateway last sent it each one (routing/
     # adapters.py).
     lora: LoRAAdapters | None = None

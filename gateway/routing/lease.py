@@ -86,6 +86,8 @@ class Lease:
         cached. The slot is given back."""
         rep = self.replica
         assert rep is not None
+        if not refused and self.sample is not None and not self.prefilling:
+            rep.duration.learn(self.sample)  # a stream that got its first token, now whole
         self._uncharge()
         if self.guess is not None:
             if refused:

@@ -9,7 +9,8 @@ and applied to each candidate's own load):
                the worker's running + waiting) and per prefill token queued there
   prefill      the model's base plus its own uncached prompt tokens there (the index match)
   interference the slowdown it causes the requests already there: each is delayed by what one
-               more request adds (per request) and by its uncached tokens' prefill
+               more request adds to a request's whole time there (the duration fit's per
+               request, `FleetFit.slowdown`) and by its uncached tokens' prefill
   spread, adapter as below, at the model's seconds per uncached token
 
 Until then (no replica fitted), the terms are priced in prompt tokens at the candidates' median
@@ -50,7 +51,7 @@ import time
 from dataclasses import dataclass
 
 from gateway.config import GatewayConfig
-from gateway.fleet.latency import Coefficients, pooled
+from gateway.fleet.latency import FleetFit, fleet_fit
 from gateway.fleet.replica import Replica
 from gateway.routing.adapters import adapter_miss
 from gateway.routing.policies.base import RouteContext, tie_order
@@ -86,7 +87,7 @@ class CacheAwarePolicy:
         self.half_life = config.recent_half_life
         self.lora_ttl = config.speculative_ttl
         self._rng = random.Random()
-        self._pool: tuple[tuple[int, int], float, Coefficients | None] = ((0, 0), -1.0, None)
+        self._pool: tuple[tuple[int, int], float, FleetFit | None] = ((0, 0), -1.0, None)
 
     def cost(
         self,
@@ -94,7 +95,7 @@ class CacheAwarePolicy:
         r: Replica,
         now: float,
         rate: float,
-        fleet: Coefficients | None = None,
+        fleet: FleetFit | None = None,
         floor: float = 0.0,
     ) -> Cost:
         """Its cost on `r`: predicted by `fleet` (the candidates' pooled latency fit) at `r`'s
@@ -104,20 +105,20 @@ class CacheAwarePolicy:
         uncached = max(ctx.num_prompt_tokens - ctx.matched.get(r.id, 0) * bs, 0)
         # The worker's own counts see other gateways' requests too.
         on_replica = max(r.in_flight, r.running + r.waiting)
-        c = fleet
-        if c is not None:
-            rate = max(c.per_token, floor)
+        if fleet is not None:
+            rate = max(fleet.ttft.per_token, floor)
         adapter = 0.0
         if ctx.lora_name is not None:
             # Priced as that many uncached prompt blocks: its prefill plus its interference.
             miss = adapter_miss(r, ctx.lora_name, now, self.lora_ttl)
             adapter = rate * self.w.lora * bs * miss * (on_replica + 2)
         spread = rate * self.w.recent * r.recent_prefill_at(now, self.half_life)
-        if c is not None:
+        if fleet is not None:
+            c = fleet.ttft
             return Cost(
                 queue=c.per_queued * r.in_flight_prefill_tokens + c.per_request * on_replica,
                 prefill=c.base + rate * uncached,
-                interference=on_replica * (c.per_request + rate * uncached),
+                interference=on_replica * (fleet.slowdown + rate * uncached),
                 spread=spread,
                 adapter=adapter,
             )
@@ -155,7 +156,7 @@ class CacheAwarePolicy:
             ranked.insert(0, ranked.pop(first))
         return ranked
 
-    def fleet_model(self, candidates: list[Replica], now: float) -> Coefficients | None:
+    def fleet_model(self, candidates: list[Replica], now: float) -> FleetFit | None:
         """The pooled fit of (up to `FLEET_SAMPLE` of) the fitted candidates, reused for
         `POOL_TTL` while the candidates look the same (it changes only with new samples)."""
         key = (len(candidates), id(candidates[0]))
@@ -165,7 +166,7 @@ class CacheAwarePolicy:
         coefs = fleet_model(candidates)
         self._pool = (key, now, coefs)
         for r in candidates:  # what their requests are expected to take (latency.py)
-            r.latency.pool = coefs
+            r.latency.pool = coefs.ttft if coefs is not None else None
         return coefs
 
     def _contenders(self, ctx: RouteContext) -> list[Replica]:
@@ -217,7 +218,7 @@ def explain(policy: CacheAwarePolicy, ctx: RouteContext) -> str:
     )
 
 
-def model_note(r: Replica, fleet: Coefficients | None) -> str:
+def model_note(r: Replica, fleet: FleetFit | None) -> str:
     """The learned model's word on `r`: the pooled fit's prediction of its TTFT, and its own
     fit's error so far (and samples)."""
     if fleet is None:
@@ -230,16 +231,16 @@ def model_note(r: Replica, fleet: Coefficients | None) -> str:
     )
 
 
-def fleet_model(replicas: list[Replica]) -> Coefficients | None:
-    """The fit of (up to `FLEET_SAMPLE` of) the fitted candidates' samples pooled; None while
+def fleet_model(replicas: list[Replica]) -> FleetFit | None:
+    """The fits of (up to `FLEET_SAMPLE` of) the fitted candidates' samples pooled; None while
     none is fitted."""
     fitted = []
     for r in replicas:
         if r.latency.fitted:
-            fitted.append(r.latency)
+            fitted.append(r)
             if len(fitted) == FLEET_SAMPLE:
                 break
-    return pooled(fitted)
+    return fleet_fit([r.latency for r in fitted], [r.duration for r in fitted])
 
 
 def measured_rate(replicas: list[Replica]) -> float:
