@@ -169,7 +169,8 @@ class _InFlight(Collector):
             "kvgate_replica_ttft_model_seconds",
             "The replica's fitted TTFT model (gateway/fleet/latency.py), by term: base, "
             "per_token (uncached prompt token), per_queued (prefill token queued there), "
-            "per_request (request there); mean_error is its smoothed relative error",
+            "per_waiting (request queued there), per_request (request there); mean_error is the "
+            "smoothed relative error of the predictions its requests were routed by",
             labels=["replica", "term"],
         )
         for rid, n, seconds, latency in self.source():
@@ -178,7 +179,7 @@ class _InFlight(Collector):
                 rate.add_metric([rid], seconds)
             if latency.fitted:
                 c = latency.coefficients()
-                for term in ("base", "per_token", "per_queued", "per_request"):
+                for term in ("base", "per_token", "per_queued", "per_waiting", "per_request"):
                     model.add_metric([rid, term], getattr(c, term))
                 model.add_metric([rid, "mean_error"], latency.mean_error)
         yield g

@@ -26,6 +26,8 @@ class ReplicaLoad:
     in_flight: int = 0
     # Uncached prompt tokens of this gateway's requests here that have no first token yet.
     in_flight_prefill_tokens: int = 0
+    # How many of them (each pays the worker's per-request admission work before its token).
+    in_flight_prefills: int = 0
     prefill_rate: PrefillRate = field(default_factory=PrefillRate)  # from the worker's metrics
     # Its TTFT against the load it was sent into, fitted from the gateway's own timings.
     latency: LatencyModel = field(default_factory=LatencyModel)

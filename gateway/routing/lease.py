@@ -103,8 +103,10 @@ class Lease:
         self.uncached = uncached = self.prompt_tokens - predicted
         # `admission` counted it in `in_flight` already: the load it meets is the others'.
         there = max(rep.in_flight - 1, rep.running + rep.waiting)
-        self.sample = rep.latency.start(uncached, rep.in_flight_prefill_tokens, there)
+        queued = (rep.in_flight_prefill_tokens, rep.in_flight_prefills)
+        self.sample = rep.latency.start(uncached, *queued, there)
         rep.in_flight_prefill_tokens += uncached
+        rep.in_flight_prefills += 1
         self.prefilling = True
         now = time.monotonic()
         rep.add_recent_prefill(uncached, now, st.config.recent_half_life)
@@ -129,3 +131,4 @@ class Lease:
         if self.prefilling and self.replica is not None:
             self.prefilling = False
             self.replica.in_flight_prefill_tokens -= self.uncached
+            self.replica.in_flight_prefills -= 1

@@ -19,16 +19,18 @@ from gateway.routing.policies.cache_aware import explain
 NS = HashNamespace("demo", 16)
 
 
-def law(uncached: int, queued: int, there: int, slow: float = 1.0) -> float:
-    """A worker's TTFT: 12 ms, 35 us per uncached token, 3 us per queued, 50 ms per request."""
-    return slow * (0.012 + 35e-6 * uncached + 3e-6 * queued + 0.05 * there)
+def law(uncached: int, queued: int, waiting: int, there: int, slow: float = 1.0) -> float:
+    """A worker's TTFT: 12 ms, 35 us per uncached token, 3 us per queued token, 30 ms per
+    request queued, 50 ms per request there."""
+    return slow * (0.012 + 35e-6 * uncached + 3e-6 * queued + 0.03 * waiting + 0.05 * there)
 
 
 def train(model: LatencyModel, n: int, rng: random.Random, slow: float = 1.0) -> None:
     for _ in range(n):
         u, q, k = rng.randrange(0, 2600), rng.randrange(0, 6000), rng.randrange(0, 9)
-        seconds = law(u, q, k, slow) * rng.uniform(0.9, 1.1)  # the host's noise
-        model.observe(features(u, q, k), seconds, None)
+        w = rng.randrange(0, k + 1)
+        seconds = law(u, q, w, k, slow) * rng.uniform(0.9, 1.1)  # the host's noise
+        model.observe(features(u, q, w, k), seconds, None)
 
 
 def test_model_learns_a_replicas_ttft_law_from_its_samples():
@@ -40,21 +42,22 @@ def test_model_learns_a_replicas_ttft_law_from_its_samples():
     assert model.fitted
     assert c.per_token == pytest.approx(35e-6, rel=0.1)
     assert c.per_request == pytest.approx(0.05, rel=0.1)
-    for load in [(2600, 0, 0), (100, 2000, 4), (1500, 5000, 8)]:
+    assert c.per_waiting == pytest.approx(0.03, rel=0.2)
+    for load in [(2600, 0, 0, 0), (100, 2000, 2, 4), (1500, 5000, 8, 8)]:
         assert c.ttft(*load) == pytest.approx(law(*load), rel=0.1)
 
 
 def test_model_follows_a_replica_that_slows_down_and_reports_its_error():
     model, rng = LatencyModel(), random.Random(2)
     train(model, 300, rng)
-    before = model.coefficients().ttft(2000, 0, 4)
+    before = model.coefficients().ttft(2000, 0, 1, 4)
     model.pool = model.coefficients()  # what the router prices it with
-    sample = model.start(2000, 0, 4)  # expected now: the old law
+    sample = model.start(2000, 0, 1, 4)  # expected now: the old law
     assert sample.expected == pytest.approx(before)
     train(model, 600, rng, slow=2.0)
-    assert model.coefficients().ttft(2000, 0, 4) == pytest.approx(2 * before, rel=0.1)
+    assert model.coefficients().ttft(2000, 0, 1, 4) == pytest.approx(2 * before, rel=0.1)
     # The error of predictions made while it changed: smoothed, relative.
-    model.observe(features(2000, 0, 4), 2 * before, before)
+    model.observe(features(2000, 0, 1, 4), 2 * before, before)
     assert 0 < model.mean_error < 0.5
 
 
@@ -65,8 +68,8 @@ def test_pooled_fit_separates_what_each_replica_alone_cannot():
     busy, idle = LatencyModel(), LatencyModel()
     for model, there in ((busy, 8), (idle, 0)):
         for _ in range(300):
-            u, q = rng.randrange(0, 2600), rng.randrange(0, 6000)
-            model.observe(features(u, q, there), law(u, q, there), None)
+            u, q, w = rng.randrange(0, 2600), rng.randrange(0, 6000), rng.randrange(0, 3)
+            model.observe(features(u, q, w, there), law(u, q, w, there), None)
     assert idle.coefficients().per_request < 0.001  # never saw a request there
     assert busy.coefficients().base < 0.7 * 0.012  # the ridge split its base with the requests
     both = pooled([busy, idle, LatencyModel()])
@@ -139,7 +142,8 @@ def test_a_hit_still_wins_where_the_learned_recompute_costs_nothing():
     for r in reps:
         for _ in range(100):
             k = rng.randrange(0, 4)
-            r.latency.observe(features(rng.randrange(0, 2600), 0, k), 0.004 + 0.001 * k, None)
+            x = features(rng.randrange(0, 2600), 0, 0, k)
+            r.latency.observe(x, 0.004 + 0.001 * k, None)
         r.prefill_rate.seconds_per_token = 1e-6
     assert reps[0].latency.coefficients().per_token < 1e-7
     policy = POLICIES["cache_aware"](GatewayConfig())

@@ -6,7 +6,8 @@ the load a request was sent into, fitted from every candidate's samples pooled, 
 and applied to each candidate's own load):
 
   queue        what the requests there add: per request there (the gateway's in flight or
-               the worker's running + waiting) and per prefill token queued there
+               the worker's running + waiting), per request and per prefill token queued
+               there (the gateway's without a first token yet)
   prefill      the model's base plus its own uncached prompt tokens there (the index match)
   interference the slowdown it causes the requests already there: each is delayed by what one
                more request adds to a request's whole time there (the duration fit's per
@@ -116,7 +117,9 @@ class CacheAwarePolicy:
         if fleet is not None:
             c = fleet.ttft
             return Cost(
-                queue=c.per_queued * r.in_flight_prefill_tokens + c.per_request * on_replica,
+                queue=c.per_queued * r.in_flight_prefill_tokens
+                + c.per_waiting * r.in_flight_prefills
+                + c.per_request * on_replica,
                 prefill=c.base + rate * uncached,
                 interference=on_replica * (fleet.slowdown + rate * uncached),
                 spread=spread,
