@@ -5,6 +5,7 @@ Every request the gateway proxies is a sample: when it is placed (`Lease.take`) 
 replica then, and at its first byte back the seconds it took. The TTFT model is linear,
 
   TTFT = base + per_token * its uncached prompt tokens + per_queued * prefill tokens queued there
+       + per_waiting * requests queued there (the gateway's without a first token yet)
        + per_request * requests there (the gateway's in flight or the worker's running + waiting)
 
 fitted by exponentially weighted least squares (`FORGET` per sample: a few hundred samples'
@@ -38,27 +39,30 @@ MIN_SAMPLES = 8  # samples before a replica's own fit counts
 TOKEN_UNIT = 1000.0  # tokens per feature unit (keeps the sums well conditioned)
 ERROR_SMOOTHING = 0.05  # weight of the newest sample in the mean relative error
 
-N = 4  # features: 1, uncached / TOKEN_UNIT, queued / TOKEN_UNIT, requests there
+N = 5  # features: 1, uncached / TOKEN_UNIT, queued / TOKEN_UNIT, waiting, requests there
 
 
-def features(uncached: int, queued: int, requests: float) -> tuple[float, ...]:
-    return (1.0, uncached / TOKEN_UNIT, queued / TOKEN_UNIT, float(requests))
+def features(uncached: int, queued: int, waiting: int, requests: float) -> tuple[float, ...]:
+    return (1.0, uncached / TOKEN_UNIT, queued / TOKEN_UNIT, float(waiting), float(requests))
 
 
 @dataclass(slots=True)
 class Coefficients:
-    """Seconds: at zero load, per uncached token, per queued prefill token, per request there."""
+    """Seconds: at zero load, per uncached token, per queued prefill token, per queued request,
+    per request there."""
 
     base: float
     per_token: float
     per_queued: float
+    per_waiting: float
     per_request: float
 
-    def ttft(self, uncached: int, queued: int, requests: float) -> float:
+    def ttft(self, uncached: int, queued: int, waiting: int, requests: float) -> float:
         return (
             self.base
             + self.per_token * uncached
             + self.per_queued * queued
+            + self.per_waiting * waiting
             + self.per_request * requests
         )
 
@@ -93,11 +97,12 @@ class LatencyModel:
             self._fitted = solve(self.xtx, self.xty)
         return self._fitted
 
-    def start(self, uncached: int, queued: int, requests: float) -> Sample:
-        """A request placed here now, into that load (its own tokens not yet counted); expected
-        by the router's fit (`pool`)."""
-        expected = self.pool.ttft(uncached, queued, requests) if self.pool is not None else None
-        return Sample(features(uncached, queued, requests), time.monotonic(), expected)
+    def start(self, uncached: int, queued: int, waiting: int, requests: float) -> Sample:
+        """A request placed here now, into that load (itself not yet counted); expected by the
+        router's fit (`pool`)."""
+        load = (uncached, queued, waiting, requests)
+        expected = self.pool.ttft(*load) if self.pool is not None else None
+        return Sample(features(*load), time.monotonic(), expected)
 
     def finish(self, sample: Sample) -> float | None:
         """Its first token came back now: learn from it. Returns |observed - expected| /
@@ -175,5 +180,5 @@ def solve(xtx: list[list[float]], xty: list[float]) -> Coefficients:
     theta = [0.0] * N
     for i in reversed(range(N)):
         theta[i] = (a[i][N] - sum(a[i][k] * theta[k] for k in range(i + 1, N))) / a[i][i]
-    b, t, q, r = (max(v, 0.0) for v in theta)
-    return Coefficients(b, t / TOKEN_UNIT, q / TOKEN_UNIT, r)
+    b, t, q, w, r = (max(v, 0.0) for v in theta)
+    return Coefficients(b, t / TOKEN_UNIT, q / TOKEN_UNIT, w, r)
