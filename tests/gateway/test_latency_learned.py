@@ -59,10 +59,14 @@ def test_gateway_learns_ttft_from_the_streams_it_proxies(gateway_url: str):
     # to CONCURRENCY more were sent before they had).
     assert REQUESTS - 2 * (MIN_SAMPLES + CONCURRENCY) <= count <= REQUESTS
     assert total / count < 0.5  # mean |observed - predicted| / observed
-    # Each replica's own fit is exported: a request there costs time, a cached token none.
-    per_request = re.findall(
-        r'^kvgate_replica_ttft_model_seconds\{replica="[^"]+",term="per_request"\} (\S+)$',
+    # Each replica's own fit is exported: the requests queued or running there cost time.
+    terms = re.findall(
+        r'^kvgate_replica_ttft_model_seconds\{replica="([^"]+)",term="(per_waiting|per_request)"\}'
+        r" (\S+)$",
         text,
         re.M,
     )
-    assert len(per_request) == 2 and all(float(v) > 0 for v in per_request)
+    load: dict[str, float] = {}
+    for replica, _, value in terms:
+        load[replica] = load.get(replica, 0.0) + float(value)
+    assert len(load) == 2 and all(v > 0 for v in load.values()), terms
