@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -10,6 +11,7 @@ from prometheus_client.registry import Collector
 
 _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
 _TOKEN_BUCKETS = (0, 1, 16, 64, 256, 1024, 4096, 16384)
+_RATIO_BUCKETS = (0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1, 2, 5)
 _LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
@@ -18,11 +20,12 @@ class GatewayMetrics:
         r = self.registry = CollectorRegistry()
         self._children: dict[tuple[str, tuple[str, ...]], Counter] = {}
         self._add_request_metrics(r)
+        self._add_routing_metrics(r)
         self._add_event_metrics(r)
         self._add_replica_metrics(r)
 
     def _add_request_metrics(self, r: CollectorRegistry) -> None:
-        """What the request path records: outcomes, predictions, spills, stage times."""
+        """What the request path records: outcomes, predicted and reported cached tokens."""
         self.requests = Counter(
             "kvgate_requests",
             "Requests, each counted once with its outcome (replica none: answered by the gateway)",
@@ -50,6 +53,19 @@ class GatewayMetrics:
             buckets=_TOKEN_BUCKETS,
             registry=r,
         )
+        self.retries = Counter("kvgate_retries", "Attempts retried on another replica", registry=r)
+
+    def _add_routing_metrics(self, r: CollectorRegistry) -> None:
+        """What the routing decision records: its time, its render's, its spills, and how far
+        the latency model it priced replicas by was off."""
+        self.ttft_prediction_error = Histogram(
+            "kvgate_route_ttft_prediction_error_ratio",
+            "|observed - predicted| / observed time to first token per request, as the gateway "
+            "timed it, against what the replica's fitted latency model predicted when routing "
+            "(cache_aware; gateway/fleet/latency.py)",
+            buckets=_RATIO_BUCKETS,
+            registry=r,
+        )
         self.spills = Counter(
             "kvgate_route_spills",
             "Requests placed on a replica holding a shorter prefix than another candidate: the "
@@ -75,7 +91,6 @@ class GatewayMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self.retries = Counter("kvgate_retries", "Attempts retried on another replica", registry=r)
 
     def _add_event_metrics(self, r: CollectorRegistry) -> None:
         """The index and the KV events that feed it."""
@@ -146,14 +161,28 @@ class GatewayMetrics:
         return generate_latest(self.registry)
 
 
+class FittedModel(Protocol):
+    """What the scrape reads of a replica's latency model (gateway/fleet/latency.py
+    `LatencyModel`, on a floor above: the metrics sit at the bottom)."""
+
+    mean_error: float
+
+    @property
+    def fitted(self) -> bool: ...
+
+    def coefficients(self) -> Any: ...  # its terms as attributes: base, per_token, ...
+
+
 class _InFlight(Collector):
-    """Per-replica gauges read from the replicas when scraped: kvgate_in_flight_requests and
-    kvgate_replica_prefill_seconds_per_token (the rate cache_aware measured; absent until then).
+    """Per-replica gauges read from the replicas when scraped: kvgate_in_flight_requests,
+    kvgate_replica_prefill_seconds_per_token (the rate cache_aware measured; absent until then)
+    and kvgate_replica_ttft_model_seconds (its fitted latency model's coefficients, once fitted).
     """
 
     def __init__(self) -> None:
-        # (replica id, in-flight requests, measured seconds per prefill token or None)
-        self.source: Callable[[], Iterable[tuple[str, int, float | None]]] = tuple
+        # (replica id, in-flight requests, measured seconds per prefill token or None, its
+        # latency model)
+        self.source: Callable[[], Iterable[tuple[str, int, float | None, FittedModel]]] = tuple
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         g = GaugeMetricFamily("kvgate_in_flight_requests", "Requests in flight", labels=["replica"])
@@ -162,9 +191,23 @@ class _InFlight(Collector):
             "Seconds per uncached prompt token, from the worker's vllm:request_prefill_* sums",
             labels=["replica"],
         )
-        for rid, n, seconds in self.source():
+        model = GaugeMetricFamily(
+            "kvgate_replica_ttft_model_seconds",
+            "The replica's fitted TTFT model (gateway/fleet/latency.py), by term: base, "
+            "per_token (uncached prompt token), per_queued (prefill token queued there), "
+            "per_waiting (request queued there), per_request (request there); mean_error is the "
+            "smoothed relative error of the predictions its requests were routed by",
+            labels=["replica", "term"],
+        )
+        for rid, n, seconds, latency in self.source():
             g.add_metric([rid], n)
             if seconds is not None:
                 rate.add_metric([rid], seconds)
+            if latency.fitted:
+                c = latency.coefficients()
+                for term in ("base", "per_token", "per_queued", "per_waiting", "per_request"):
+                    model.add_metric([rid, term], getattr(c, term))
+                model.add_metric([rid, "mean_error"], latency.mean_error)
         yield g
         yield rate
+        yield model

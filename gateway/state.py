@@ -54,7 +54,7 @@ class GatewayState:
         )
         replicas = ReplicaSet(config, index, metrics, http)
         metrics.in_flight.source = lambda: (
-            (r.id, r.in_flight, r.prefill_rate.seconds_per_token) for r in replicas
+            (r.id, r.in_flight, r.prefill_rate.seconds_per_token, r.latency) for r in replicas
         )
         return cls(
             config=config,

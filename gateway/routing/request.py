@@ -58,7 +58,7 @@ class ProxyRequest:
 
     def __post_init__(self) -> None:
         st = self.state
-        self.lease = Lease(st.admission, st.index, st.config)
+        self.lease = Lease(st.admission, st.index, st.config, st.metrics)
 
     @classmethod
     def route(
