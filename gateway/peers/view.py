@@ -62,7 +62,10 @@ class PeerView:
         elif batch.seq <= peer.seq:
             return  # an old batch (the SUB never reorders; a duplicate endpoint might)
         elif batch.seq != peer.seq + 1:
-            self.gaps += 1  # lost placements expire by their TTL, as events would confirm them
+            # A lost batch may have held an entry's end: none of the peer's entries is left
+            # in flight forever; they go to their TTL (the events confirm the real ones).
+            self.gaps += 1
+            self._release_all(peer)
         peer.seen, peer.seq = now, batch.seq
         by_id = {r.id: r for r in self._replicas()}
         self._set_load(peer, batch.load, by_id)
@@ -116,6 +119,10 @@ class PeerView:
         if peer is None:
             return
         self._set_load(peer, {}, {r.id: r for r in self._replicas()})
+        self._release_all(peer)
+
+    @staticmethod
+    def _release_all(peer: Peer) -> None:
         for guess in peer.guesses.values():
             guess.release()  # its TTL, then the workers' events say the rest
         peer.guesses.clear()
