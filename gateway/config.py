@@ -28,6 +28,13 @@ class CostWeights:
         "prefixes over the replicas' caches",
         name="--recent-weight",
     )
+    busy: float = option(
+        0.5,
+        "prefill time charged per prompt token the requests already on a replica hold: a hot "
+        "prefix's busy holders lose to a replica that recomputes it once they are that much "
+        "busier (1/weight more requests of its size than an idle replica)",
+        name="--busy-weight",
+    )
     lora: float = option(
         32.0,
         "prompt blocks of prefill time charged to a request for a LoRA adapter on a replica "
@@ -37,7 +44,7 @@ class CostWeights:
     )
 
     def __post_init__(self) -> None:
-        for name in ("recent", "lora"):
+        for name in ("recent", "busy", "lora"):
             if getattr(self, name) < 0:
                 raise ValueError(f"weight {name} must be >= 0")
 

@@ -73,10 +73,13 @@ class Cost:
     interference: float
     spread: float
     adapter: float = 0.0
+    busy: float = 0.0
 
     @property
     def total(self) -> float:
-        return self.queue + self.prefill + self.interference + self.spread + self.adapter
+        return (
+            self.queue + self.prefill + self.interference + self.spread + self.adapter + self.busy
+        )
 
 
 class CacheAwarePolicy:
@@ -114,6 +117,9 @@ class CacheAwarePolicy:
             miss = adapter_miss(r, ctx.lora_name, now, self.lora_ttl)
             adapter = rate * self.w.lora * bs * miss * (on_replica + 2)
         spread = rate * self.w.recent * r.recent_prefill_at(now, self.half_life)
+        # The context the requests there hold (other gateways' counted at this one's size).
+        held = r.in_flight_tokens + max(on_replica - r.in_flight, 0) * ctx.num_prompt_tokens
+        busy = rate * self.w.busy * held
         if fleet is not None:
             c = fleet.ttft
             return Cost(
@@ -124,6 +130,7 @@ class CacheAwarePolicy:
                 interference=on_replica * (fleet.slowdown + rate * uncached),
                 spread=spread,
                 adapter=adapter,
+                busy=busy,
             )
         return Cost(
             queue=rate * r.in_flight_prefill_tokens,
@@ -131,6 +138,7 @@ class CacheAwarePolicy:
             interference=rate * uncached * (on_replica + 1),
             spread=spread,
             adapter=adapter,
+            busy=busy,
         )
 
     def rank(self, ctx: RouteContext) -> list[Replica]:
@@ -215,6 +223,7 @@ def explain(policy: CacheAwarePolicy, ctx: RouteContext) -> str:
         f"{r.id} total={c.total * scale:.0f} queue={c.queue * scale:.0f}"
         f" prefill={c.prefill * scale:.0f} interference={c.interference * scale:.0f}"
         f" spread={c.spread * scale:.0f} adapter={c.adapter * scale:.0f}"
+        f" busy={c.busy * scale:.0f}"
         f" in_flight={r.in_flight} running={r.running} waiting={r.waiting}"
         f"{model_note(r, fleet)}"
         for c, r in costs
