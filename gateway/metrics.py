@@ -149,17 +149,25 @@ class GatewayMetrics:
 
 class _InFlight(Collector):
     """Per-replica gauges read from the replicas when scraped: kvgate_in_flight_requests,
+    kvgate_in_flight_tokens (their prompts, cache_aware's busy term),
     kvgate_replica_prefill_seconds_per_token (the rate cache_aware measured; absent until then)
     and kvgate_replica_ttft_model_seconds (its fitted latency model's coefficients, once fitted).
     """
 
     def __init__(self) -> None:
-        # (replica id, in-flight requests, measured seconds per prefill token or None, its
-        # latency model)
-        self.source: Callable[[], Iterable[tuple[str, int, float | None, LatencyModel]]] = tuple
+        # (replica id, in-flight requests, their prompt tokens, measured seconds per prefill
+        # token or None, its latency model)
+        self.source: Callable[[], Iterable[tuple[str, int, int, float | None, LatencyModel]]] = (
+            tuple
+        )
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         g = GaugeMetricFamily("kvgate_in_flight_requests", "Requests in flight", labels=["replica"])
+        held = GaugeMetricFamily(
+            "kvgate_in_flight_tokens",
+            "Prompt tokens (cached or not) of the requests in flight: the context they hold",
+            labels=["replica"],
+        )
         rate = GaugeMetricFamily(
             "kvgate_replica_prefill_seconds_per_token",
             "Seconds per uncached prompt token, from the worker's vllm:request_prefill_* sums",
@@ -173,8 +181,9 @@ class _InFlight(Collector):
             "smoothed relative error of the predictions its requests were routed by",
             labels=["replica", "term"],
         )
-        for rid, n, seconds, latency in self.source():
+        for rid, n, tokens, seconds, latency in self.source():
             g.add_metric([rid], n)
+            held.add_metric([rid], tokens)
             if seconds is not None:
                 rate.add_metric([rid], seconds)
             if latency.fitted:
@@ -183,5 +192,6 @@ class _InFlight(Collector):
                     model.add_metric([rid, term], getattr(c, term))
                 model.add_metric([rid, "mean_error"], latency.mean_error)
         yield g
+        yield held
         yield rate
         yield model

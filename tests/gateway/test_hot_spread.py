@@ -5,6 +5,7 @@ takes it once (no prefix moves back and forth), and its traffic then spreads ove
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
@@ -60,3 +61,7 @@ def test_hot_prefix_spreads_over_holders_without_thrash(cluster: Cluster):
     # Once held everywhere it stays: one at a time, every request is a hit where it lands.
     later = [_ask(cluster, REQUESTS + i) for i in range(2 * WORKERS)]
     assert all(predicted > 0 for _, predicted, _ in later), later
+    # Every request gave back the context it was charged (the busy term's count).
+    metrics = httpx.get(f"{cluster.gateway_url}/metrics", timeout=10).text
+    held = re.findall(r"^kvgate_in_flight_tokens\{replica=\"[^\"]+\"\} (\S+)$", metrics, re.M)
+    assert len(held) == WORKERS and all(float(v) == 0 for v in held), held
