@@ -12,7 +12,7 @@ and applied to each candidate's own load):
   interference the slowdown it causes the requests already there: each is delayed by what one
                more request adds to a request's whole time there (the duration fit's per
                request, `FleetFit.slowdown`) and by its uncached tokens' prefill
-  spread, adapter as below, at the model's seconds per uncached token
+  spread, adapter, busy as below, at the model's seconds per uncached token
 
 Until then (no replica fitted), the terms are priced in prompt tokens at the candidates' median
 measured prefill rate (`Replica.prefill_rate`, from the workers' own metrics; `fleet_rate` says
@@ -29,6 +29,12 @@ why not each one's):
                (prefill and interference), times 0 when the adapter is resident, 0.5 when a slot
                is free, 1 when loading it evicts another (gateway/routing/adapters.py): keeps an
                adapter's requests on the replicas that hold it
+  busy         the prompt tokens the requests already there hold (`in_flight_tokens`, cached
+               or not; other gateways' requests at this one's size), times `--busy-weight`:
+               Dynamo's charge for the context a replica serves. A full hit costs little else,
+               so without it a hot prefix's every request went to its first holder; with it
+               the prefix gets another holder once its holders are busier than an idle replica
+               with the recompute, and then its traffic spreads over them (docs/gateway.md)
 
 queue + prefill is its time to first token; interference is what it costs the others. A longer
 prefix wins until the queue behind it costs more than recomputing it elsewhere: that is a spill
