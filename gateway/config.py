@@ -29,10 +29,10 @@ class CostWeights:
         name="--recent-weight",
     )
     busy: float = option(
-        0.5,
-        "prefill time charged per prompt token the requests already on a replica hold: a hot "
-        "prefix's busy holders lose to a replica that recomputes it once they are that much "
-        "busier (1/weight more requests of its size than an idle replica)",
+        1.0,
+        "prefill time charged per prompt token the requests on a replica hold beyond the "
+        "least any candidate holds and 2 prompts of the request's size: a hot prefix's busy "
+        "holders lose to a replica that recomputes it",
         name="--busy-weight",
     )
     lora: float = option(

@@ -97,9 +97,10 @@ def test_cache_aware_keeps_cold_prefills_off_busy_replicas():
 
 
 def test_cache_aware_busy_holders_lose_a_hot_prefix_to_an_idle_replica():
-    """Each request on a replica is charged the context it holds (--busy-weight of its prompt
-    tokens): a prefix's holder wins while it is not much busier than an idle replica that
-    would recompute it, then the idle one takes it."""
+    """Each replica is charged the context its requests hold beyond the least any candidate
+    holds and 2 prompts of the request's size (--busy-weight per token): a prefix's holder
+    wins while it is not much busier than an idle replica that would recompute it, then the
+    idle one takes it."""
     reps = _reps(2)
     tokens = list(range(320))
     ctx = _ctx(reps, tokens, {reps[0].id: 19})
@@ -110,7 +111,7 @@ def test_cache_aware_busy_holders_lose_a_hot_prefix_to_an_idle_replica():
             break
     # Idle, the other costs its recompute and the next request's wait behind it (2 x 320
     # tokens); the holder its 16 uncached tokens (prefill, and interference with the n there
-    # and the next) and 0.5 x 320 per request there: 32 + 176 n, dearer from n = 4.
+    # and the next) and 320 per request there past 2: 32 + 16 n + 320 (n - 2), dearer at 4.
     assert n == 4
     assert "busy=640 " in explain(policy, ctx)
     # Other gateways' requests (the worker's counts) are charged at this request's size.

@@ -30,11 +30,14 @@ why not each one's):
                is free, 1 when loading it evicts another (gateway/routing/adapters.py): keeps an
                adapter's requests on the replicas that hold it
   busy         the prompt tokens the requests already there hold (`in_flight_tokens`, cached
-               or not; other gateways' requests at this one's size), times `--busy-weight`:
-               Dynamo's charge for the context a replica serves. A full hit costs little else,
-               so without it a hot prefix's every request went to its first holder; with it
-               the prefix gets another holder once its holders are busier than an idle replica
-               with the recompute, and then its traffic spreads over them (docs/gateway.md)
+               or not; other gateways' requests at this one's size) beyond the least any
+               candidate holds and `BUSY_SLACK` prompts of this request's size, times
+               `--busy-weight`: Dynamo's charge for the context a replica serves, faded in
+               past the least-loaded one's. A full hit costs little else, so without it a hot
+               prefix's every request went to its first holder; with it the prefix gets another
+               holder once its holders are that much busier than a replica would be with the
+               recompute, and then its traffic spreads over them (docs/gateway.md). The slack
+               keeps the ordinary imbalance of a few requests from costing a hit
 
 queue + prefill is its time to first token; interference is what it costs the others. A longer
 prefix wins until the queue behind it costs more than recomputing it elsewhere: that is a spill
@@ -68,6 +71,7 @@ log = logging.getLogger(__name__)
 TOP = 8  # places ranked exactly when most candidates are idle and hold nothing of the request
 FLEET_SAMPLE = 32  # fitted candidates whose samples are pooled (bounded per request)
 POOL_TTL = 0.25  # seconds a pooled fit is reused for the same candidates
+BUSY_SLACK = 2  # prompts of the request's size a replica may hold beyond the least, uncharged
 
 
 @dataclass(slots=True)
@@ -107,10 +111,12 @@ class CacheAwarePolicy:
         rate: float,
         fleet: FleetFit | None = None,
         floor: float = 0.0,
+        least: int = 0,
     ) -> Cost:
         """Its cost on `r`: predicted by `fleet` (the candidates' pooled latency fit) at `r`'s
         load, or without one in prompt tokens at `rate`. `floor`: the least the learned model
-        may price an uncached token at (the workers' measured prefill rate)."""
+        may price an uncached token at (the workers' measured prefill rate); `least`: the
+        fewest tokens any candidate holds (`held`)."""
         bs = ctx.block_size
         uncached = max(ctx.num_prompt_tokens - ctx.matched.get(r.id, 0) * bs, 0)
         # The worker's own counts see other gateways' requests too.
@@ -123,9 +129,8 @@ class CacheAwarePolicy:
             miss = adapter_miss(r, ctx.lora_name, now, self.lora_ttl)
             adapter = rate * self.w.lora * bs * miss * (on_replica + 2)
         spread = rate * self.w.recent * r.recent_prefill_at(now, self.half_life)
-        # The context the requests there hold (other gateways' counted at this one's size).
-        held = r.in_flight_tokens + max(on_replica - r.in_flight, 0) * ctx.num_prompt_tokens
-        busy = rate * self.w.busy * held
+        over = held(ctx, r) - least - BUSY_SLACK * ctx.num_prompt_tokens
+        busy = rate * self.w.busy * over if over > 0 else 0.0
         if fleet is not None:
             c = fleet.ttft
             return Cost(
@@ -153,9 +158,14 @@ class CacheAwarePolicy:
         rate = floor or 1.0
         exact = self.temperature > 0 or ctx.lora_name is not None or len(ctx.candidates) <= 2 * TOP
         contenders = ctx.candidates if exact else self._contenders(ctx)
+        least = min(held(ctx, r) for r in contenders)
         scored = sorted(
             (
-                (self.cost(ctx, r, now, rate, fleet, floor).total, tie_order(ctx.tie_seed, r), r)
+                (
+                    self.cost(ctx, r, now, rate, fleet, floor, least).total,
+                    tie_order(ctx.tie_seed, r),
+                    r,
+                )
                 for r in contenders
             ),
             key=lambda t: (t[0], t[1]),
@@ -204,6 +214,13 @@ class CacheAwarePolicy:
         return busy + quietest(idle, TOP, ctx.tie_seed)
 
 
+def held(ctx: RouteContext, r: Replica) -> int:
+    """The prompt tokens the requests on `r` hold: this gateway's, and this request's size for
+    each more the worker counts (other gateways')."""
+    extra = max(r.running + r.waiting - r.in_flight, 0)
+    return r.in_flight_tokens + int(extra * ctx.num_prompt_tokens)
+
+
 def quietest(idle: list[Replica], k: int, seed: bytes) -> list[Replica]:
     """The `k` replicas with the least recent prefill now (`Replica.recent_key` orders them
     at any time), ties in rendezvous order; only a tie at the k-th place is hashed."""
@@ -221,8 +238,9 @@ def explain(policy: CacheAwarePolicy, ctx: RouteContext) -> str:
     with a model, whose it is (own or fleet) and its mean relative error so far."""
     now, floor, fleet = time.monotonic(), measured_rate(ctx.candidates), fleet_model(ctx.candidates)
     unit, scale = ("ms", 1e3) if floor or fleet is not None else ("tokens", 1.0)
+    least = min(held(ctx, r) for r in ctx.candidates)
     costs = sorted(
-        ((policy.cost(ctx, r, now, floor or 1.0, fleet, floor), r) for r in ctx.candidates),
+        ((policy.cost(ctx, r, now, floor or 1.0, fleet, floor, least), r) for r in ctx.candidates),
         key=lambda t: t[0].total,
     )
     return f"({unit}) " + "; ".join(
