@@ -29,7 +29,7 @@ class CostWeights:
         name="--recent-weight",
     )
     busy: float = option(
-        1.0,
+        0.5,
         "prefill time charged per prompt token the requests on a replica hold beyond the "
         "least any candidate holds and 2 prompts of the request's size: a hot prefix's busy "
         "holders lose to a replica that recomputes it",
