@@ -29,10 +29,11 @@ class CostWeights:
         name="--recent-weight",
     )
     busy: float = option(
-        0.5,
+        0.0,
         "prefill time charged per prompt token the requests on a replica hold beyond the "
         "least any candidate holds and 2 prompts of the request's size: a hot prefix's busy "
-        "holders lose to a replica that recomputes it",
+        "holders lose to a replica that recomputes it (0: off; 0.5 spreads hot prefixes but "
+        "costs many-tenant traffic hits, docs/benchmarks.md)",
         name="--busy-weight",
     )
     lora: float = option(

@@ -28,7 +28,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
         engine="sim",
         num_blocks=512,
         worker_args=("--sim-preset", "h200-llama-1b", "--sim-time-scale", "2"),
-        gateway_args=("--poll-interval", "0.2"),
+        # The busy term is off by default (docs/gateway.md); without it all 60 requests stayed
+        # on the first holder.
+        gateway_args=("--poll-interval", "0.2", "--busy-weight", "0.5"),
         log_dir=tmp_path_factory.mktemp("logs"),
         startup_timeout=60,
     )

@@ -104,7 +104,7 @@ def test_cache_aware_busy_holders_lose_a_hot_prefix_to_an_idle_replica():
     reps = _reps(2)
     tokens = list(range(320))
     ctx = _ctx(reps, tokens, {reps[0].id: 19})
-    policy = POLICIES["cache_aware"](GatewayConfig())
+    policy = POLICIES["cache_aware"](GatewayConfig(weights=CostWeights(busy=0.5)))
     for n in range(1, 8):
         reps[0].in_flight, reps[0].in_flight_tokens = n, n * 320
         if policy.rank(ctx)[0] is reps[1]:
@@ -118,8 +118,8 @@ def test_cache_aware_busy_holders_lose_a_hot_prefix_to_an_idle_replica():
     # Other gateways' requests (the worker's counts) are charged at this request's size.
     reps[0].in_flight, reps[0].in_flight_tokens, reps[0].running = 0, 0, 6
     assert policy.rank(ctx)[0] is reps[1]
-    # No busy term: the holder keeps it however busy.
-    lazy = POLICIES["cache_aware"](GatewayConfig(weights=CostWeights(busy=0.0)))
+    # No busy term (the default): the holder keeps it however busy.
+    lazy = POLICIES["cache_aware"](GatewayConfig())
     assert lazy.rank(ctx)[0] is reps[0]
 
 

@@ -32,12 +32,13 @@ why not each one's):
   busy         the prompt tokens the requests already there hold (`in_flight_tokens`, cached
                or not; other gateways' requests at this one's size) beyond the least any
                candidate holds and `BUSY_SLACK` prompts of this request's size, times
-               `--busy-weight`: Dynamo's charge for the context a replica serves, faded in
-               past the least-loaded one's. A full hit costs little else, so without it a hot
-               prefix's every request went to its first holder; with it the prefix gets another
-               holder once its holders are that much busier than a replica would be with the
-               recompute, and then its traffic spreads over them (docs/gateway.md). The slack
-               keeps the ordinary imbalance of a few requests from costing a hit
+               `--busy-weight` (0, off, by default): Dynamo's charge for the context a replica
+               serves, faded in past the least-loaded one's. A full hit costs little else, so
+               without it a hot prefix's every request went to its first holder; with it the
+               prefix gets another holder once its holders are that much busier than a replica
+               would be with the recompute, and then its traffic spreads over them
+               (docs/gateway.md). The slack keeps the ordinary imbalance of a few requests from
+               costing a hit
 
 queue + prefill is its time to first token; interference is what it costs the others. A longer
 prefix wins until the queue behind it costs more than recomputing it elsewhere: that is a spill
