@@ -77,11 +77,21 @@ def attach_routes(app: FastAPI) -> None:
 
     @app.get("/health")
     async def health(request: Request) -> Response:
+        """Whether a request would be routed now: 503 with the reason while no worker is."""
         st = _state(request)
         n = len(st.replicas.available())
         if n == 0:
             return _no_worker(st)
         return JSONResponse({"status": "ok", "healthy_replicas": n})
+
+    @app.get("/ready")
+    async def ready(request: Request) -> Response:
+        """Whether this gateway can answer (the chart's readiness probe): yes once it serves,
+        workers or not, so that with every worker down clients still reach the gateway and get
+        its 503 naming why, instead of a Service with no endpoints. A draining gateway has
+        closed its listener, so this fails then (kvgate_cli/drain.py)."""
+        n = len(_state(request).replicas.available())
+        return JSONResponse({"status": "ready", "healthy_replicas": n})
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:

@@ -168,7 +168,7 @@ def _relay(
             resp.close()
             end(st, headers, px, CLIENT_GONE)
 
-    gen = relay_stream(resp, relay, on_end, px.lease.first_token)
+    gen = relay_stream(resp, relay, on_end, px.lease.first_token, st.streams)
     headers_out = replica_headers(px, resp.status)
     return RelayResponse(gen, on_close, media_type=SSE_MEDIA_TYPE, headers=headers_out)
 

@@ -62,10 +62,10 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- end }}
 
-{{/* Probes on /health; call with (dict "probe" .Values.x.probes.readiness). */}}
+{{/* Probes on /health (or "path"); call with (dict "probe" .Values.x.probes.readiness). */}}
 {{- define "kvgate.httpProbe" -}}
 httpGet:
-  path: /health
+  path: {{ .path | default "/health" }}
   port: http
 periodSeconds: {{ .probe.periodSeconds }}
 failureThreshold: {{ .probe.failureThreshold }}
