@@ -135,13 +135,13 @@ class GatewayMetrics:
 
 
 class _InFlight(Collector):
-    """Per-replica gauges read from the replicas when scraped: kvgate_in_flight_requests and
-    kvgate_replica_prefill_seconds_per_token (the rate cache_aware measured; absent until then).
-    """
+    """Per-replica gauges read from the replicas when scraped: kvgate_in_flight_requests,
+    kvgate_replica_prefill_seconds_per_token (the rate cache_aware measured; absent until then)
+    and kvgate_replica_info (name and URL, the join between them)."""
 
     def __init__(self) -> None:
-        # (replica id, in-flight requests, measured seconds per prefill token or None)
-        self.source: Callable[[], Iterable[tuple[str, int, float | None]]] = tuple
+        # (name, replica id, in-flight requests, measured seconds per prefill token or None)
+        self.source: Callable[[], Iterable[tuple[str, str, int, float | None]]] = tuple
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         g = GaugeMetricFamily("kvgate_in_flight_requests", "Requests in flight", labels=["replica"])
@@ -150,9 +150,16 @@ class _InFlight(Collector):
             "Seconds per uncached prompt token, from the worker's vllm:request_prefill_* sums",
             labels=["replica"],
         )
-        for rid, n, seconds in self.source():
-            g.add_metric([rid], n)
+        info = GaugeMetricFamily(
+            "kvgate_replica_info",
+            "1 per replica: its name (the replica label everywhere) and its worker URL, to join",
+            labels=["replica", "url"],
+        )
+        for name, url, n, seconds in self.source():
+            g.add_metric([name], n)
+            info.add_metric([name, url], 1)
             if seconds is not None:
-                rate.add_metric([rid], seconds)
+                rate.add_metric([name], seconds)
         yield g
         yield rate
+        yield info

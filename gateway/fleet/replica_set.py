@@ -86,7 +86,7 @@ class ReplicaSet(ReplicaHealth):
                 self.replicas[rid] = self._heads[url] = rep
                 self._poll_pace.join()
                 rep.link.poll_task = asyncio.create_task(self._poll_loop(rep))
-                self.metrics.replica_healthy.labels(rid).set(0)
+                self.metrics.replica_healthy.labels(rep.name).set(0)
 
     async def _remove(self, head: Replica) -> None:
         if self._heads.get(head.url) is head:
@@ -106,7 +106,7 @@ class ReplicaSet(ReplicaHealth):
         self.index.drop_replica(rep.id)
         for g in (self.metrics.replica_healthy, self.metrics.parity_mismatch):
             with contextlib.suppress(KeyError):
-                g.remove(rep.id)
+                g.remove(rep.name)
 
     async def close(self) -> None:
         siblings = {id(s) for r in self.replicas.values() for s in r.siblings}
@@ -157,7 +157,7 @@ class ReplicaSet(ReplicaHealth):
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # a poll must never kill the loop
-                log.warning("poll %s failed: %s", rep.id, e)
+                log.warning("poll %s failed: %s", rep.where, e)
             await asyncio.sleep(delay())
             delay = self._poll_pace.delay
 
@@ -214,7 +214,7 @@ class ReplicaSet(ReplicaHealth):
             info = decode_document(resp.body, WorkerInfo)
         except DocumentError as e:
             if str(e) != rep.health.info_error:
-                log.error("replica %s is not usable: %s", rep.id, e)
+                log.error("replica %s is not usable: %s", rep.where, e)
             rep.health.info_error = str(e)
             return None
         rep.health.info_error = None
@@ -223,7 +223,7 @@ class ReplicaSet(ReplicaHealth):
     async def _new_instance(self, head: Replica, info: WorkerInfo) -> None:
         """A (re)started worker: one replica per rank, each with a new event subscriber."""
         if head.instance_id is not None:
-            log.info("replica %s restarted (new instance %s)", head.id, info.instance_id)
+            log.info("replica %s restarted (new instance %s)", head.where, info.instance_id)
         slots = rank_slots(info)
         reps = [head, *(self._sibling(head, slot) for slot in slots[1:])]
         for old in head.siblings:
@@ -248,7 +248,8 @@ class ReplicaSet(ReplicaHealth):
     def _new_replica(
         self, rid: ReplicaId, url: str, endpoint: WorkerEndpoint | None, pool: UpstreamPool | None
     ) -> Replica:
-        name = replica_name(rid, self.config.worker_token)  # each rank has a name of its own
+        pod = endpoint.pod if endpoint is not None else None
+        name = replica_name(rid, self.config.worker_token, pod)  # each rank has its own
         return Replica(id=rid, url=url, name=name, endpoint=endpoint, link=ReplicaLink(pool=pool))
 
     def _sibling(self, head: Replica, slot: RankSlot) -> Replica:
@@ -257,7 +258,7 @@ class ReplicaSet(ReplicaHealth):
         if rep is None:
             rep = self._new_replica(rid, head.url, head.endpoint, head.link.pool)
             rep.healthy, rep.health.down_reason = head.healthy, head.health.down_reason
-            self.metrics.replica_healthy.labels(rid).set(1 if rep.healthy else 0)
+            self.metrics.replica_healthy.labels(rep.name).set(1 if rep.healthy else 0)
         self.replicas[rid] = rep
         return rep
 

@@ -110,7 +110,7 @@ class EventFollowers:
             try:
                 inbox = hub.register(kv.topic, slot.rank)
             except (ValueError, OSError) as e:  # a taken topic, or a port we cannot bind
-                log.error("replica %s: %s; its index stays empty", rep.id, e)
+                log.error("replica %s: %s; its index stays empty", rep.where, e)
                 return
         sub = KVEventSubscriber(
             rep.id,
@@ -122,6 +122,7 @@ class EventFollowers:
             self.metrics,
             tail_check_interval=self._tail_pace,
             inbox=inbox,
+            name=rep.name,
         )
         rep.link.subscriber = sub
         self._tail_pace.join()
@@ -134,7 +135,7 @@ class EventFollowers:
             except asyncio.CancelledError:
                 raise
             except Exception as e:
-                log.warning("subscriber %s failed: %s; restarting", rep.id, e)
+                log.warning("subscriber %s failed: %s; restarting", rep.where, e)
                 await asyncio.sleep(self.config.poll_interval)
 
     async def stop(self, rep: FollowedReplica) -> None:
