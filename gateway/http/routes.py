@@ -47,6 +47,14 @@ async def _proxied_route(request: Request) -> Response:
     return await serve_proxied(_state(request), request)
 
 
+def _public_card(card: dict) -> dict:
+    """A worker's model card as clients see it: `root` (vLLM's and the worker's: the model's or
+    adapter's path on the worker's filesystem) becomes the model's name."""
+    if "root" in card:
+        return {**card, "root": card.get("id")}
+    return card
+
+
 def attach_routes(app: FastAPI) -> None:
     app.add_exception_handler(HTTPException, http_error_response)
     for path, serve in PROXIED.items():
@@ -72,7 +80,7 @@ def attach_routes(app: FastAPI) -> None:
             if isinstance(res, Exception) or res.status_code != 200:
                 continue
             for m in res.json().get("data", []):
-                seen.setdefault(m.get("id"), m)
+                seen.setdefault(m.get("id"), _public_card(m))
         return JSONResponse({"object": "list", "data": list(seen.values())})
 
     @app.get("/health")
