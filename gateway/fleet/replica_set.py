@@ -27,6 +27,7 @@ from cachekey.worker_auth import CurveKeys, bearer
 from gateway.config import GatewayConfig
 from gateway.discovery.endpoints import WorkerEndpoint
 from gateway.fleet.health import ReplicaHealth, refusal
+from gateway.fleet.health_state import NOT_POLLED
 from gateway.fleet.link import ReplicaLink
 from gateway.fleet.names import ReplicaId, replica_name
 from gateway.fleet.pace import Pace
@@ -64,14 +65,24 @@ class ReplicaSet(ReplicaHealth):
         self._curve = CurveKeys.from_token(token) if token else None
         self.replicas: dict[ReplicaId, Replica] = {}
         self._heads: dict[str, Replica] = {}  # URL -> the replica polling it
+        self.discovered = False  # set by discovery's first answer
         self._poll_pace = Pace(config.poll_interval, config.max_polls_per_second)
         self.changed = asyncio.Event()
         self.events = EventFollowers(config, index, metrics, http, self._zmq, self._curve)
 
     # ---- membership ------------------------------------------------------------------------
 
+    @property
+    def known(self) -> bool:
+        """Whether the gateway knows its workers' state, good or bad: discovery has answered and
+        each worker has been polled once (the gateway's readiness, `/ready`)."""
+        return self.discovered and all(
+            r.healthy or r.health.down_reason != NOT_POLLED for r in self._heads.values()
+        )
+
     async def set_workers(self, workers: frozenset[WorkerEndpoint]) -> None:
         """Discovery callback: the full current set of workers."""
+        self.discovered = True
         wanted = {w.url.rstrip("/"): w for w in workers}
         for url in [u for u in self._heads if u not in wanted]:
             await self._remove(self._heads[url])

@@ -94,12 +94,16 @@ def attach_routes(app: FastAPI) -> None:
 
     @app.get("/ready")
     async def ready(request: Request) -> Response:
-        """Whether this gateway can answer (the chart's readiness probe): yes once it serves,
-        workers or not, so that with every worker down clients still reach the gateway and get
-        its 503 naming why, instead of a Service with no endpoints. A draining gateway has
-        closed its listener, so this fails then (kvgate_cli/drain.py)."""
-        n = len(_state(request).replicas.available())
-        return JSONResponse({"status": "ready", "healthy_replicas": n})
+        """Whether this gateway can answer (the chart's readiness probe): yes once it knows its
+        workers' state (discovery answered, each worker polled once), workers up or not, so that
+        with every worker down clients still reach the gateway and get its 503 naming why,
+        instead of a Service with no endpoints. A draining gateway has closed its listener, so
+        this fails then (kvgate_cli/drain.py)."""
+        st = _state(request)
+        if not st.replicas.known:
+            msg = "starting: discovering and polling the workers"
+            return error_response(APIError(503, msg, code="starting"))
+        return JSONResponse({"status": "ready", "healthy_replicas": len(st.replicas.available())})
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:

@@ -9,6 +9,8 @@ moves `kvgate_requests_total` by exactly one; the probes' own answers move nothi
 
 from __future__ import annotations
 
+import socket
+
 import httpx
 import pytest
 
@@ -71,6 +73,35 @@ def wait_ready(g: Proc) -> None:
             return False
 
     wait_until(ready, 60, "the gateway's /ready")
+
+
+def test_ready_waits_for_the_first_poll_only(tmp_path) -> None:
+    """/ready is 503 `starting` until the gateway knows its workers' state, then 200 though the
+    worker is down. A worker that takes 2 s to answer (its listener queues the poll) holds it."""
+    slow = socket.socket()
+    slow.bind((HOST, 0))
+    slow.listen(1)  # accepts into the backlog, never answers: the poll times out
+    port = free_port()
+    args = ["-m", "gateway", "--workers", f"http://{HOST}:{slow.getsockname()[1]}"]
+    args += ["--host", HOST, "--port", str(port), "--connect-timeout", "1"]
+    g = Proc("gateway", args, port, tmp_path / "gateway.log")
+    g.start()
+    try:
+        wait_until(lambda: _status(g, "/health") == 503, 30, "the gateway to listen")
+        first = httpx.get(f"{g.url}/ready", timeout=5)
+        assert first.status_code == 503 and first.json()["error"]["code"] == "starting"
+        wait_until(lambda: _status(g, "/ready") == 200, 10, "the first poll to time out")
+        assert _status(g, "/health") == 503  # still no worker: ready, and answering so
+    finally:
+        g.kill()
+        slow.close()
+
+
+def _status(g: Proc, path: str) -> int | None:
+    try:
+        return httpx.get(f"{g.url}{path}", timeout=5).status_code
+    except httpx.HTTPError:
+        return None
 
 
 def test_with_every_worker_down_the_gateway_stays_ready_and_says_why(gateway) -> None:
