@@ -57,7 +57,9 @@ def engine_figures(args: argparse.Namespace, model: str, suite: dict, report: Ca
     device = torch.device(args.device)
     longest = max(suite["prompt_lens"])
     # Only fields every engine version has, unless asked: the CPU A/B runs this file on old code.
-    extra = {"enforce_eager": True} if args.enforce_eager else {}
+    extra: dict = {"enforce_eager": True} if args.enforce_eager else {}
+    if args.elementwise_kernels:
+        extra["elementwise_kernels"] = args.elementwise_kernels
     engine = LLMEngine(
         EngineConfig(
             model=model,
@@ -72,7 +74,9 @@ def engine_figures(args: argparse.Namespace, model: str, suite: dict, report: Ca
     runner = engine.runner
     report("engine_num_blocks", runner.num_blocks)
     attention = getattr(runner, "decode_attention", "-")
-    print(f"decode attention: {attention}; cuda graphs: {getattr(runner, 'use_cuda_graphs', '-')}")
+    elementwise = getattr(runner.model, "elementwise", "-")
+    graphs = getattr(runner, "use_cuda_graphs", "-")
+    print(f"decode attention: {attention}; elementwise: {elementwise}; cuda graphs: {graphs}")
     clock = Clock(args.clock, device)
     vocab = runner.vocab_size
     rng = random.Random(42)
@@ -123,6 +127,12 @@ def main() -> None:
     parser.add_argument("--num-blocks", type=int, default=None, help="default: from memory")
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
     parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    parser.add_argument(
+        "--elementwise-kernels",
+        choices=("auto", "reference", "triton"),
+        default=None,
+        help="fused norm/rotary/SwiGLU kernels or the torch reference (default: the engine's)",
+    )
     parser.add_argument(
         "--compare",
         action=argparse.BooleanOptionalAction,

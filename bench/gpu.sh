@@ -5,11 +5,13 @@
 #   bash bench/gpu.sh engine   # bench.engine GPU suite: engine vs transformers vs floors, llama-1b shape
 #   bash bench/gpu.sh memory   # an 8B-shape model finishes a 32k-token prompt with default memory settings
 #   bash bench/gpu.sh ttft     # bench.ttft end to end: 4 workers on the GPU, the workload
+#   bash bench/gpu.sh fused    # the fused elementwise kernels: their tests on CUDA, then
+#                              # bench.engine fused vs unfused, alternated (bench.engine_ab)
 #
 # Wheels the host lacks (msgspec for the engine; fastapi, uvicorn, pyzmq, openai, ... for `ttft`)
 # are installed from .whl/ when it is there. Results go to $OUT (default /tmp/out).
 set -euo pipefail
-MODE=${1:?usage: bash bench/gpu.sh tests|engine|memory|ttft}
+MODE=${1:?usage: bash bench/gpu.sh tests|engine|memory|ttft|fused}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -36,6 +38,16 @@ case "$MODE" in
     python3 -m bench.ttft --model llama-1b --device cuda --dtype bfloat16 --workers 4 \
       --num-blocks 700 --tenants 12 --concurrency 8 --log-dir "$OUT/ttft-logs" \
       --out "$OUT/ttft-gpu.json" 2>&1 | tee "$OUT/ttft-gpu.log"
+    ;;
+  fused)
+    # A failing kernel test is reported but does not cancel the measurement (device time is scarce).
+    python3 -m pytest -q -p no:cacheprovider tests/worker/models/test_fused_kernels.py \
+      tests/worker/engine/test_fused_engine.py 2>&1 | tail -15 | tee "$OUT/fused-tests.log" \
+      || echo "FUSED KERNEL TESTS FAILED (above; $OUT/fused-tests.log)"
+    python3 -m bench.engine_ab --rounds 2 \
+      --side fused:--elementwise-kernels=triton --side unfused:--elementwise-kernels=reference \
+      --device cuda --dtype bfloat16 --model llama-1b --no-compare --reps 3 \
+      --out "$OUT/engine-fused.json" 2>&1 | tee "$OUT/engine-fused.log"
     ;;
   *)
     echo "unknown mode $MODE" >&2

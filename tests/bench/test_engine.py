@@ -43,3 +43,21 @@ def test_engine_bench_reports_every_figure(tmp_path: Path) -> None:
         "hf_decode_b8_ctx128_tok_s",
     ):
         assert figures[name] > 0, name
+
+
+def test_engine_ab_alternates_the_sides_and_reports_ratios(tmp_path: Path) -> None:
+    args = ["--side", "torch:--elementwise-kernels=reference", "--side", "auto", "--rounds", "2",
+            "--model", "llama-tiny", "--models-dir", str(tmp_path), "--reps", "1",
+            "--new-tokens", "3", "--threads", "1"]  # fmt: skip
+    result = run_bench("engine_ab", tmp_path / "ab.json", *args)
+    # Each round runs every side, the order rotated: torch first, then auto first.
+    assert [(r["round"], r["side"]) for r in result["runs"]] == [
+        (1, "torch"), (1, "auto"), (2, "auto"), (2, "torch"),
+    ]  # fmt: skip
+    assert result["sides"][0]["args"] == ["--elementwise-kernels=reference"]
+    for side in ("torch", "auto"):
+        medians = result["medians"][side]
+        rounds = [r["figures"] for r in result["runs"] if r["side"] == side]
+        for name in ("engine_ttft_cold_2048_ms", "engine_decode_b8_ctx128_tok_s"):
+            assert medians[name] > 0
+            assert medians[name] == sum(f[name] for f in rounds) / 2  # median of two

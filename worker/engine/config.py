@@ -15,6 +15,8 @@ _DEVICES = ("auto", "cpu", "cuda")
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _MM_MATCH_RULES: tuple[str, ...] = get_args(MMMatchRule)
 DECODE_BACKENDS = ("auto", "reference", "triton")
+# worker.models.elementwise.ELEMENTWISE_BACKENDS (not imported: this module stays torch-free).
+ELEMENTWISE_BACKENDS = ("auto", "reference", "triton")
 
 # On CPU the KV cache gets a fixed, modest budget: the host runs other things too.
 CPU_KV_CACHE_BYTES = 256 * 1024 * 1024
@@ -68,6 +70,12 @@ class EngineConfig:
         "auto",
         "decode attention kernel: auto is triton on CUDA and the portable reference elsewhere",
         choices=DECODE_BACKENDS,
+    )
+    elementwise_kernels: str = option(
+        "auto",
+        "RMSNorm + residual add, rotary and SwiGLU: auto is fused Triton kernels on CUDA and "
+        "the torch reference elsewhere",
+        choices=ELEMENTWISE_BACKENDS,
     )
     max_num_seqs: int = option(32, "requests in the running batch at most")
     max_num_batched_tokens: int = option(2048, "tokens per engine step at most")
@@ -130,6 +138,7 @@ class EngineConfig:
         _choice("device", self.device, _DEVICES)
         _choice("dtype", self.dtype, _DTYPES)
         _choice("decode_attention", self.decode_attention, DECODE_BACKENDS)
+        _choice("elementwise_kernels", self.elementwise_kernels, ELEMENTWISE_BACKENDS)
         _choice("mm_match_rule", self.mm_match_rule, _MM_MATCH_RULES)
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(

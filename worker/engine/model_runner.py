@@ -51,7 +51,7 @@ class ModelRunner:
         if self.device.type == "cuda" and sized_from_memory:
             self._free_at_start = cuda_free_at_start(self.device, config.gpu_memory_utilization)
         self.dtype = resolve_dtype(config.dtype, read_config(model_dir), self.device)
-        self.model = load_model(model_dir, self.device, self.dtype)
+        self.model = load_model(model_dir, self.device, self.dtype, config.elementwise_kernels)
         self.info = info = self.model.info
         self.vocab_size = info.vocab_size
         self.block_size = config.block_size

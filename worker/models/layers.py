@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
@@ -15,13 +16,25 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
+        # Fused kernels (worker.models.triton_ops, set by elementwise.use_kernels on CUDA); None
+        # runs the torch code below, which is their reference.
+        self.kernels: ModuleType | None = None
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.kernels is not None:
+            return self.kernels.rms_norm(x, self.weight, self.eps)
         # Normalise in float32 and cast back before the weight, as the reference models do.
         dtype = x.dtype
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(dtype)
+
+    def add_forward(self, x: Tensor, delta: Tensor) -> tuple[Tensor, Tensor]:
+        """(x + delta, its norm): a residual add and the norm after it, one pass when fused."""
+        if self.kernels is not None:
+            return self.kernels.add_rms_norm(x, delta, self.weight, self.eps)
+        summed = x + delta
+        return summed, self(summed)
 
 
 def quick_gelu(x: Tensor) -> Tensor:
@@ -66,9 +79,14 @@ class GatedActivation(nn.Module):
 
     def __init__(self, act_name: str = "silu") -> None:
         super().__init__()
+        self.act_name = act_name
         self.act = get_activation(act_name)
+        # SwiGLU's fused kernel for silu (see RMSNorm.kernels); None: the torch code below.
+        self.kernels: ModuleType | None = None
 
     def forward(self, gate_up: Tensor) -> Tensor:
+        if self.kernels is not None:
+            return self.kernels.silu_and_mul(gate_up)
         gate, up = gate_up.chunk(2, dim=-1)
         return self.act(gate) * up
 

@@ -139,8 +139,12 @@ class LlamaDecoderLayer(nn.Module):
     def forward(
         self, positions: Tensor, hidden: Tensor, rotary: RotaryEmbedding, ctx: AttentionContext
     ) -> Tensor:
-        hidden = hidden + self.self_attn(positions, self.input_layernorm(hidden), rotary, ctx)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+        attn = self.self_attn(positions, self.input_layernorm(hidden), rotary, ctx)
+        # The residual add and the MLP's norm in one pass when fused. The layer still takes and
+        # returns the whole residual stream (the hidden-state cache hooks read it there), so
+        # the MLP's add stays apart from the next layer's norm.
+        hidden, normed = self.post_attention_layernorm.add_forward(hidden, attn)
+        return hidden + self.mlp(normed)
 
 
 class LlamaModel(nn.Module):

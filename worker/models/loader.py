@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from worker.models.elementwise import select_kernels, use_kernels
 from worker.models.llama import LlamaForCausalLM, ignored_checkpoint_weight
 from worker.models.llava import LlavaForConditionalGeneration
 from worker.models.registry import ModelInfo, model_info, resolve_architecture
@@ -88,10 +89,12 @@ def load_model(
     model_dir: str | Path,
     device: str | torch.device = "cpu",
     dtype: str | torch.dtype = "auto",
+    elementwise: str = "reference",
 ) -> nn.Module:
     """Build the model of a local HF directory and load its weights strictly.
 
-    The returned module is in eval mode and carries `.info` (a ModelInfo).
+    The returned module is in eval mode and carries `.info` (a ModelInfo) and `.elementwise`:
+    what runs its norms, rotary and SwiGLU (`elementwise` is one of ELEMENTWISE_BACKENDS).
     """
     model_dir = Path(model_dir)
     config = read_config(model_dir)
@@ -123,6 +126,7 @@ def load_model(
         )
     model.eval()
     model.info = model_info(config, target_dtype)
+    model.elementwise = use_kernels(model, select_kernels(elementwise, target_device))
     return model
 
 

@@ -8,6 +8,7 @@ relies on that for prefix caching and chunked prefill).
 from __future__ import annotations
 
 import math
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -124,6 +125,9 @@ class RotaryEmbedding(nn.Module):
         self._inv_freq: Tensor | None = None
         self.rotary_dim = rotary_dim
         self.attention_scaling = attention_scaling
+        # The fused kernel (worker.models.triton_ops, set by elementwise.use_kernels on CUDA);
+        # None runs the torch code below, which is its reference.
+        self.kernels: ModuleType | None = None
 
     @classmethod
     def from_config(
@@ -139,16 +143,23 @@ class RotaryEmbedding(nn.Module):
             )
         return cls(inv_freq, rotary_dim, attention_scaling)
 
+    def _device_inv_freq(self, device: torch.device) -> Tensor:
+        if self._inv_freq is None or self._inv_freq.device != device:
+            self._inv_freq = self._inv_freq_cpu.to(device)
+        return self._inv_freq
+
     def _cos_sin(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        if self._inv_freq is None or self._inv_freq.device != positions.device:
-            self._inv_freq = self._inv_freq_cpu.to(positions.device)
-        freqs = positions.float()[:, None] * self._inv_freq[None, :]
+        inv_freq = self._device_inv_freq(positions.device)
+        freqs = positions.float()[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         cos = (emb.cos() * self.attention_scaling).to(dtype)
         sin = (emb.sin() * self.attention_scaling).to(dtype)
         return cos[:, None, :], sin[:, None, :]
 
     def forward(self, positions: Tensor, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        if self.kernels is not None:
+            inv_freq = self._device_inv_freq(positions.device)
+            return self.kernels.rotary(positions, q, k, inv_freq, self.attention_scaling)
         cos, sin = self._cos_sin(positions, q.dtype)
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
 
