@@ -3,7 +3,8 @@
     .venv/bin/python -m bench.engine --threads 1          # CPU suite: demo model, float32
     python -m bench.engine --device cuda --dtype bfloat16 --model llama-1b   # GPU suite
 
-The CPU suite: TTFT at 2,048 tokens, decode at batch 1 and 8 (128-token prompts). The GPU suite
+The CPU suite: TTFT at 2,048 tokens, decode at batch 1 and 8 (128-token prompts) and at batch 16
+over 2,048-token prompts that share all but their last 16 tokens. The GPU suite
 (the default on CUDA) has the scenarios of the issue: TTFT cold and with a 90% prefix hit at 2,048
 and 8,000 tokens; decode at batch 1/8/32/64 with 128-token prompts and batch 16 at 2,048 tokens of
 context; then transformers on the same weights, and the device's floors, in the same run.
@@ -33,7 +34,8 @@ from worker.engine.llm_engine import LLMEngine
 
 RESULTS = Path(__file__).resolve().parent / "results" / "engine.json"
 SUITES = {
-    "cpu": {"prompt_lens": [2048], "decode": [(1, 128), (8, 128)]},
+    # shared: batch 16 whose 2,048-token prompts share all but their last 16 tokens.
+    "cpu": {"prompt_lens": [2048], "decode": [(1, 128), (8, 128)], "shared": [(16, 2048)]},
     "gpu": {
         "prompt_lens": [2048, 8000],
         "decode": [(1, 128), (8, 128), (32, 128), (64, 128), (16, 2048)],
@@ -66,7 +68,7 @@ def engine_figures(args: argparse.Namespace, model: str, suite: dict, report: Ca
             device=args.device,
             dtype=args.dtype,
             num_blocks=args.num_blocks,
-            max_num_seqs=max(b for b, _ in suite["decode"]),
+            max_num_seqs=max(b for b, _ in suite["decode"] + suite.get("shared", [])),
             max_num_batched_tokens=args.max_num_batched_tokens or max(2048, longest),
             **extra,
         )
@@ -93,6 +95,12 @@ def engine_figures(args: argparse.Namespace, model: str, suite: dict, report: Ca
             for r in range(args.reps)
         ]
         report(f"engine_decode_b{batch}_ctx{plen}_tok_s", statistics.median(rates))
+    for batch, plen in suite.get("shared", []):
+        rates = [
+            decode_rate(engine, clock, f"s-{r}", batch, plen, args.new_tokens, vocab, own=16)
+            for r in range(args.reps)
+        ]
+        report(f"engine_decode_b{batch}_shared{plen}_tok_s", statistics.median(rates))
     params = sum(p.numel() for p in runner.model.parameters())
     del engine, runner
     if device.type == "cuda":
@@ -114,7 +122,7 @@ def long_prompt(args: argparse.Namespace, model: str, report: Callable) -> None:
     del engine
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="demo", help="directory, 'demo', or a shape name")
     parser.add_argument("--models-dir", type=Path, default=Path("/tmp/kvgate-bench-models"))
@@ -144,6 +152,25 @@ def main() -> None:
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    return parser
+
+
+def _result_head(args: argparse.Namespace, device: torch.device) -> dict:
+    return {
+        "model": args.model,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "dtype": args.dtype,
+        "torch": torch.__version__,
+        "clock": args.clock,
+        "torch_threads": torch.get_num_threads(),
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "figures": {},
+    }
+
+
+def main() -> None:
+    parser = _parser()
     args = parser.parse_args()
     if args.new_tokens < 2:
         parser.error("--new-tokens must be at least 2: decode is timed from the first new token")
@@ -157,17 +184,7 @@ def main() -> None:
         longest = max(suite["prompt_lens"])
         args.num_blocks = (2 * longest + 8 * (128 + args.new_tokens)) // 16 + 64
     dtype = getattr(torch, args.dtype)
-    result: dict = {
-        "model": args.model,
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "dtype": args.dtype,
-        "torch": torch.__version__,
-        "clock": args.clock,
-        "torch_threads": torch.get_num_threads(),
-        "cpu": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "figures": {},
-    }
+    result = _result_head(args, device)
 
     def report(name: str, value: float) -> None:
         result["figures"][name] = value

@@ -38,13 +38,23 @@ def time_to_first_token(engine: LLMEngine, clock: Clock, rid: str, ids: list[int
 
 
 def decode_rate(
-    engine: LLMEngine, clock: Clock, tag: str, batch: int, plen: int, new: int, vocab: int
+    engine: LLMEngine,
+    clock: Clock,
+    tag: str,
+    batch: int,
+    plen: int,
+    new: int,
+    vocab: int,
+    own: int | None = None,
 ) -> float:
-    """Decode tokens/s of `batch` requests with plen-token prompts (prefill not counted)."""
+    """Decode tokens/s of `batch` requests with plen-token prompts (prefill not counted). With
+    `own`, the prompts share all but their last `own` tokens (a tenant's system prompt)."""
     rng = random.Random(tag)
     params = SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True)
+    common = ref.random_ids(rng, plen - own, vocab) if own is not None else []
     for i in range(batch):
-        engine.add_request(f"{tag}-{i}", Prompt(tuple(ref.random_ids(rng, plen, vocab))), params)
+        ids = [*common, *ref.random_ids(rng, plen - len(common), vocab)]
+        engine.add_request(f"{tag}-{i}", Prompt(tuple(ids)), params)
     produced = 0
     while produced < batch:  # prefill and every first token
         produced += len(engine.step())

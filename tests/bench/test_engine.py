@@ -36,6 +36,7 @@ def test_engine_bench_reports_every_figure(tmp_path: Path) -> None:
         "engine_ttft_hit90_2048_ms",
         "engine_decode_b1_ctx128_tok_s",
         "engine_decode_b8_ctx128_tok_s",
+        "engine_decode_b16_shared2048_tok_s",
         "long_ttft_300_ms",
         "floor_decode_b1_tok_s",
         "floor_prefill_2048_ms",

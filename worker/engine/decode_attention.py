@@ -7,6 +7,8 @@ every layer of the step reuses; `run` is called once per layer.
 
 - `ReferenceDecode`: gathers each row's first P pages and runs one masked SDPA call (native GQA).
   It runs anywhere; its cost grows with P, so callers pass tables cut to the step's longest row.
+  On the CPU, rows that share leading blocks (a tenant's cached system prompt) read that prefix
+  once per group instead of once per row (cascade_decode).
 - `TritonDecode` (CUDA): reads K/V through the block table inside the kernel and never builds the
   context. It is chosen on CUDA when triton imports and the shapes suit it; the CPU never
   imports it.
@@ -20,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from worker.engine.cascade_decode import CascadePlan, plan_cascade, run_cascade
 from worker.engine.config import DECODE_BACKENDS
 
 
@@ -49,12 +52,18 @@ class ReferenceDecode:
         batch, num_pages = block_tables.shape
         device = block_tables.device
         offsets = self._positions(block_size, device)
-        slots = (block_tables[:, :, None] * block_size + offsets).flatten(1)
         positions = self._positions(num_pages * block_size, device)
+        if device.type == "cpu" and batch > 1:
+            cascade = plan_cascade(block_tables, context_lens, block_size, positions)
+            if cascade is not None:
+                return cascade
+        slots = (block_tables[:, :, None] * block_size + offsets).flatten(1)
         mask = (positions[None, :] < context_lens[:, None]).view(batch, 1, 1, -1)
         return slots, mask
 
     def run(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, plan: Any, scale: float) -> Tensor:
+        if isinstance(plan, CascadePlan):
+            return run_cascade(q, k_cache, v_cache, plan, scale)
         slots, mask = plan
         flat_k = k_cache.view(-1, *k_cache.shape[-2:])
         flat_v = v_cache.view(-1, *v_cache.shape[-2:])

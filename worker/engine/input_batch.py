@@ -5,7 +5,7 @@ All integer inputs are computed on the host with numpy, packed, and sent in one 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from torch import Tensor
@@ -52,6 +52,46 @@ class _Packer:
         return list(flat.split(sizes))
 
 
+@dataclass(slots=True)
+class _Layout:
+    """The host side of one step: every sequence's rows, flattened in batch order."""
+
+    ids: list[int] = field(default_factory=list)
+    positions: list[np.ndarray] = field(default_factory=list)
+    slots: list[np.ndarray] = field(default_factory=list)
+    spans: list[tuple[int, int, int, int | None]] = field(default_factory=list)  # + packed prefix
+    decode_rows: list[int] = field(default_factory=list)
+    decode_tables: list[list[int]] = field(default_factory=list)
+    decode_lens: list[int] = field(default_factory=list)
+    logits_rows: list[int] = field(default_factory=list)
+    sampling: list[int] = field(default_factory=list)
+    q_starts: list[int] = field(default_factory=list)
+
+
+def _lay_out(batch: list[ScheduledSeq], block_size: int, pack: _Packer) -> _Layout:
+    out = _Layout()
+    for index, item in enumerate(batch):
+        seq, n = item.seq, item.num_new_tokens
+        start = seq.num_computed_tokens
+        end = start + n
+        q_start = len(out.ids)
+        out.q_starts.append(q_start)
+        out.ids += seq.token_ids[start:end]
+        out.positions.append(np.arange(start, end, dtype=np.int64))
+        out.slots.append(slots_of(seq.block_table, start, end, block_size))
+        if n == 1 and start > 0:
+            out.decode_rows.append(q_start)
+            out.decode_tables.append(seq.block_table[: -(-end // block_size)])
+            out.decode_lens.append(end)
+        else:
+            prefix = pack.add(slots_of(seq.block_table, 0, end, block_size)) if start else None
+            out.spans.append((q_start, n, end, prefix))
+        if item.completes_prompt:
+            out.logits_rows.append(len(out.ids) - 1)
+            out.sampling.append(index)
+    return out
+
+
 def prepare_inputs(
     batch: list[ScheduledSeq],
     block_size: int,
@@ -59,59 +99,31 @@ def prepare_inputs(
     stager: HostStager,
     kernel: DecodeKernel,
 ) -> StepInputs:
-    ids: list[int] = []
-    positions: list[np.ndarray] = []
-    slots: list[np.ndarray] = []
-    spans: list[tuple[int, int, int, int | None]] = []  # q_start, num_q, end, packed prefix
-    decode_rows: list[int] = []
-    decode_tables: list[list[int]] = []
-    decode_lens: list[int] = []
-    logits_rows: list[int] = []
-    sampling: list[int] = []
-    q_starts: list[int] = []
     pack = _Packer()
-    for index, item in enumerate(batch):
-        seq, n = item.seq, item.num_new_tokens
-        start = seq.num_computed_tokens
-        end = start + n
-        q_start = len(ids)
-        q_starts.append(q_start)
-        ids += seq.token_ids[start:end]
-        positions.append(np.arange(start, end, dtype=np.int64))
-        slots.append(slots_of(seq.block_table, start, end, block_size))
-        if n == 1 and start > 0:
-            decode_rows.append(q_start)
-            decode_tables.append(seq.block_table[: -(-end // block_size)])
-            decode_lens.append(end)
-        else:
-            prefix = pack.add(slots_of(seq.block_table, 0, end, block_size)) if start else None
-            spans.append((q_start, n, end, prefix))
-        if item.completes_prompt:
-            logits_rows.append(len(ids) - 1)
-            sampling.append(index)
-    fixed = [pack.add(ids), pack.add(np.concatenate(positions)), pack.add(np.concatenate(slots))]
-    fixed.append(pack.add(logits_rows))
-    if decode_rows:
-        width = max(len(t) for t in decode_tables)
-        tables = np.zeros((len(decode_tables), width), dtype=np.int64)
-        for row, table in enumerate(decode_tables):
+    lay = _lay_out(batch, block_size, pack)
+    fixed = [pack.add(lay.ids), pack.add(np.concatenate(lay.positions))]
+    fixed += [pack.add(np.concatenate(lay.slots)), pack.add(lay.logits_rows)]
+    if lay.decode_rows:
+        width = max(len(t) for t in lay.decode_tables)
+        tables = np.zeros((len(lay.decode_tables), width), dtype=np.int64)
+        for row, table in enumerate(lay.decode_tables):
             tables[row, : len(table)] = table
-        fixed += [pack.add(decode_rows), pack.add(tables), pack.add(decode_lens)]
+        fixed += [pack.add(lay.decode_rows), pack.add(tables), pack.add(lay.decode_lens)]
     staged = pack.stage(stager)
     input_ids, pos, slot_mapping, rows = (staged[i] for i in fixed[:4])
     decodes = None
-    if decode_rows:
+    if lay.decode_rows:
         d_rows, d_tables, d_lens = (staged[i] for i in fixed[4:])
-        decodes = DecodeRows(d_rows, d_tables.view(len(decode_rows), -1), d_lens)
+        decodes = DecodeRows(d_rows, d_tables.view(len(lay.decode_rows), -1), d_lens)
     prefills = [
         PrefillSpan(q, n, end, None if prefix is None else staged[prefix])
-        for q, n, end, prefix in spans
+        for q, n, end, prefix in lay.spans
     ]
     return StepInputs(
         input_ids=input_ids,
         positions=pos,
         ctx=PagedAttentionContext(kv_cache, slot_mapping, prefills, decodes, kernel),
         logits_rows=rows,
-        sampling=sampling,
-        q_starts=q_starts,
+        sampling=lay.sampling,
+        q_starts=lay.q_starts,
     )

@@ -63,24 +63,7 @@ class ModelRunner:
         self.decode_attention = self.decode_kernel.name
         self.stager = HostStager(self.device)
         self.sampler = Sampler(self.device)
-        self.vision: VisionInputs | None = None
-        if info.is_multimodal:
-            if assets.image is None:
-                raise ValueError("multimodal model without an image processor config")
-            # Each step copies an image's rows by position (mm_inputs): the rendered span and the
-            # tower's output must agree in length, checked once here rather than in every step.
-            if assets.image.tokens_per_image != info.tokens_per_image:
-                raise ValueError(
-                    f"the renderer gives an image {assets.image.tokens_per_image} placeholder "
-                    f"tokens but the vision tower returns {info.tokens_per_image} rows"
-                )
-            self.vision = VisionInputs(
-                self.model,
-                ImageProcessor.from_image_config(assets.image),
-                EncoderCache(config.encoder_cache_bytes),
-                self.device,
-                self.dtype,
-            )
+        self.vision = self._vision_inputs(config, assets)
         self.lora: LoRAModel | None = None  # the LoRA manager's weights (LoRAWeights)
         if config.enable_lora:
             self.lora = LoRAModel(self.model, config.max_loras, config.max_lora_rank)
@@ -91,15 +74,42 @@ class ModelRunner:
         # Before graph capture, so that the graphs write hidden states too.
         self.hidden_cache = self._hidden_cache(config.hidden_state_layers)
         self.hidden = HiddenReads(self.hidden_cache)
-        max_len = min(self.max_model_len, self.num_blocks * self.block_size)
-        if config.max_model_len is not None:
-            max_len = min(max_len, config.max_model_len)
         self.use_cuda_graphs = (
             self.device.type == "cuda"
             and not config.enforce_eager
             and self.decode_attention == "triton"  # the reference gathers a per-step width
         )
-        self.decoder = DecodeRunner(
+        self.decoder = self._decode_runner(config)
+        if self.use_cuda_graphs:
+            with torch.inference_mode():
+                self.decoder.capture()
+
+    def _vision_inputs(self, config: EngineConfig, assets: ModelAssets) -> VisionInputs | None:
+        info = self.info
+        if not info.is_multimodal:
+            return None
+        if assets.image is None:
+            raise ValueError("multimodal model without an image processor config")
+        # Each step copies an image's rows by position (mm_inputs): the rendered span and the
+        # tower's output must agree in length, checked once here rather than in every step.
+        if assets.image.tokens_per_image != info.tokens_per_image:
+            raise ValueError(
+                f"the renderer gives an image {assets.image.tokens_per_image} placeholder "
+                f"tokens but the vision tower returns {info.tokens_per_image} rows"
+            )
+        return VisionInputs(
+            self.model,
+            ImageProcessor.from_image_config(assets.image),
+            EncoderCache(config.encoder_cache_bytes),
+            self.device,
+            self.dtype,
+        )
+
+    def _decode_runner(self, config: EngineConfig) -> DecodeRunner:
+        max_len = min(self.max_model_len, self.num_blocks * self.block_size)
+        if config.max_model_len is not None:
+            max_len = min(max_len, config.max_model_len)
+        return DecodeRunner(
             self.model,
             self.kv_cache,
             self.block_size,
@@ -111,9 +121,6 @@ class ModelRunner:
             use_graphs=self.use_cuda_graphs,
             lora=self.lora,
         )
-        if self.use_cuda_graphs:
-            with torch.inference_mode():
-                self.decoder.capture()
 
     def _allocate_kv(self, num_blocks: int) -> Tensor:
         info = self.info

@@ -81,67 +81,11 @@ class _EngineCollector(Collector):
     def collect(self) -> Iterator:
         labels = ["model_name", "engine"]
         stats = [([self._model, engine], read()) for engine, read in self._engines]
-
-        def gauge(name: str, doc: str, field: str) -> GaugeMetricFamily:
-            g = GaugeMetricFamily(name, doc, labels=labels)
+        for kind, name, doc, field in _STATS_METRICS:
+            family = kind(name, doc, labels=labels)
             for values, s in stats:
-                g.add_metric(values, getattr(s, field))
-            return g
-
-        def counter(name: str, doc: str, field: str) -> CounterMetricFamily:
-            c = CounterMetricFamily(name, doc, labels=labels)
-            for values, s in stats:
-                c.add_metric(values, getattr(s, field))
-            return c
-
-        yield gauge("vllm:num_requests_running", "Requests in the running batch.", "num_running")
-        yield gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.", "num_waiting")
-        yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage (1 = full).", "kv_cache_usage")
-        yield counter(
-            "vllm:prefix_cache_queries",
-            "Prompt tokens looked up in the prefix cache.",
-            "prefix_queries_tokens",
-        )
-        yield counter(
-            "vllm:prefix_cache_hits",
-            "Prompt tokens found in the prefix cache.",
-            "prefix_hits_tokens",
-        )
-        yield counter("vllm:prompt_tokens", "Prompt tokens processed.", "prompt_tokens_total")
-        yield counter("vllm:generation_tokens", "Tokens generated.", "generation_tokens_total")
-        yield counter(
-            "kvgate_worker_prefix_hint_blocks",
-            "Cached blocks kept from eviction on a request's arrival, named by the gateway's "
-            "x-kvgate-prefix header (the hit it predicted).",
-            "prefix_hint_blocks",
-        )
-        yield counter(
-            "kvgate_worker_encoder_cache_hits",
-            "Images whose embeddings came from the encoder cache.",
-            "encoder_cache_hits",
-        )
-        yield counter(
-            "kvgate_worker_images_processed", "Images in admitted requests.", "images_processed"
-        )
-        yield counter(
-            "kvgate_worker_vision_tower_runs", "Vision-tower forward passes.", "vision_tower_runs"
-        )
-        yield gauge(
-            "kvgate_worker_hidden_state_cache_bytes",
-            "Memory of the hidden-state cache (0 without --hidden-state-cache).",
-            "hidden_cache_bytes",
-        )
-        yield counter(
-            "kvgate_worker_hidden_state_queries",
-            "Prompt tokens of requests that wanted hidden states (embeddings, "
-            "return_hidden_states).",
-            "hidden_queries_tokens",
-        )
-        yield counter(
-            "kvgate_worker_hidden_state_hits",
-            "Of those, prompt tokens served from the prefix cache (not recomputed).",
-            "hidden_hits_tokens",
-        )
+                family.add_metric(values, getattr(s, field))
+            yield family
         info = GaugeMetricFamily(
             "vllm:cache_config_info", "KV-cache configuration.", labels=[*self._info, "engine"]
         )
@@ -151,6 +95,62 @@ class _EngineCollector(Collector):
         loras = [(values, s.lora) for values, s in stats if s.lora is not None]
         if loras:
             yield from _lora_metrics(loras)
+
+
+_G, _C = GaugeMetricFamily, CounterMetricFamily
+# (family, name, help, EngineStats field), in the order /metrics lists them.
+_STATS_METRICS = (
+    (_G, "vllm:num_requests_running", "Requests in the running batch.", "num_running"),
+    (_G, "vllm:num_requests_waiting", "Requests waiting to be scheduled.", "num_waiting"),
+    (_G, "vllm:kv_cache_usage_perc", "KV-cache usage (1 = full).", "kv_cache_usage"),
+    (
+        _C,
+        "vllm:prefix_cache_queries",
+        "Prompt tokens looked up in the prefix cache.",
+        "prefix_queries_tokens",
+    ),
+    (
+        _C,
+        "vllm:prefix_cache_hits",
+        "Prompt tokens found in the prefix cache.",
+        "prefix_hits_tokens",
+    ),
+    (_C, "vllm:prompt_tokens", "Prompt tokens processed.", "prompt_tokens_total"),
+    (_C, "vllm:generation_tokens", "Tokens generated.", "generation_tokens_total"),
+    (
+        _C,
+        "kvgate_worker_prefix_hint_blocks",
+        "Cached blocks kept from eviction on a request's arrival, named by the gateway's "
+        "x-kvgate-prefix header (the hit it predicted).",
+        "prefix_hint_blocks",
+    ),
+    (
+        _C,
+        "kvgate_worker_encoder_cache_hits",
+        "Images whose embeddings came from the encoder cache.",
+        "encoder_cache_hits",
+    ),
+    (_C, "kvgate_worker_images_processed", "Images in admitted requests.", "images_processed"),
+    (_C, "kvgate_worker_vision_tower_runs", "Vision-tower forward passes.", "vision_tower_runs"),
+    (
+        _G,
+        "kvgate_worker_hidden_state_cache_bytes",
+        "Memory of the hidden-state cache (0 without --hidden-state-cache).",
+        "hidden_cache_bytes",
+    ),
+    (
+        _C,
+        "kvgate_worker_hidden_state_queries",
+        "Prompt tokens of requests that wanted hidden states (embeddings, return_hidden_states).",
+        "hidden_queries_tokens",
+    ),
+    (
+        _C,
+        "kvgate_worker_hidden_state_hits",
+        "Of those, prompt tokens served from the prefix cache (not recomputed).",
+        "hidden_hits_tokens",
+    ),
+)
 
 
 def _lora_metrics(loras: list[tuple[list[str], LoRAStats]]) -> Iterator:
