@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import uvicorn
 
-    from gateway.http.app import create_app
+    from gateway.app import create_app
     from gateway.http.drain import draining_server
 
     app = create_app(config)

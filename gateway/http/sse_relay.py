@@ -2,7 +2,7 @@
 
 Once a stream has started it is passed through chunk by chunk; if it breaks, the client gets an
 SSE error event and `data: [DONE]`, never a hang. Retries before the first byte:
-gateway/http/retry.py.
+gateway/serving/retry.py.
 """
 
 from __future__ import annotations
@@ -15,59 +15,13 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from cachekey.openai.errors import error_body
-from cachekey.openai.sse import DONE, DONE_EVENT, sse_event
+from cachekey.openai.sse import DONE, sse_event
 from gateway.accounting import CLIENT_GONE
-from gateway.http.upstream import UpstreamError, UpstreamResponse
+from gateway.serving.usage import SSERelay
+from gateway.upstream.pool import UpstreamError, UpstreamResponse
 from kvgate_cli.drain import SHUTTING_DOWN, OpenStreams
 
 log = logging.getLogger(__name__)
-_ERROR_EVENT = b'data: {"error"'  # how a worker reports a failure in-band (vLLM's shape)
-
-
-class SSERelay:
-    """Relays a worker's SSE stream, reading the usage chunk and hiding it if unasked for."""
-
-    def __init__(self, strip_usage: bool) -> None:
-        self.strip_usage = strip_usage
-        self.usage: dict | None = None
-        self.saw_done = False
-        self.saw_error = False  # the worker ended its stream with an error event
-        self._buf = b""
-
-    def feed(self, chunk: bytes) -> bytes:
-        self._buf += chunk
-        if b"\n\n" not in self._buf:
-            return b""
-        head, _, self._buf = self._buf.rpartition(b"\n\n")
-        out = []
-        for event in head.split(b"\n\n"):
-            if self._keep(event):
-                out.append(event + b"\n\n")
-        return b"".join(out)
-
-    def flush(self) -> bytes:
-        rest, self._buf = self._buf, b""
-        return rest
-
-    def _keep(self, event: bytes) -> bool:
-        if event.startswith(DONE_EVENT):
-            self.saw_done = True
-            return True
-        if event.startswith(_ERROR_EVENT):
-            self.saw_error = True
-            return True
-        if b'"usage"' not in event or b'"usage":null' in event or b'"usage": null' in event:
-            return True
-        try:
-            data = json.loads(event[event.index(b"{") :])
-        except ValueError:
-            return True
-        usage = data.get("usage") if isinstance(data, dict) else None
-        if usage:
-            self.usage = usage
-            if self.strip_usage and not data.get("choices"):
-                return False
-        return True
 
 
 class RelayResponse(StreamingResponse):

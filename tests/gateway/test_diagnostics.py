@@ -11,12 +11,15 @@ import httpx
 import pytest
 
 from gateway.config import GatewayConfig
-from gateway.fleet.names import replica_name
 from gateway.fleet.replica import Replica
 from gateway.fleet.replica_set import ReplicaSet
 from gateway.index.block_index import BlockIndex
 from gateway.metrics import GatewayMetrics
-from harness.cluster import HOST, Cluster, ClusterSpec, Proc, free_port, wait_until
+from gateway.names import replica_name
+from harness.cluster import Cluster, ClusterSpec
+from harness.ports import HOST, free_port
+from harness.proc import Proc
+from harness.waits import wait_until
 from tests.support.waits import try_get
 
 
@@ -108,9 +111,9 @@ def test_down_worker_is_logged_again_only_after_the_rate_limit(caplog) -> None:
 
 
 def test_no_workers_at_all_is_a_warning(caplog) -> None:
-    from gateway.http.app import create_app
+    from gateway.app import create_app
 
-    with caplog.at_level(logging.WARNING, logger="gateway.http.app"):
+    with caplog.at_level(logging.WARNING, logger="gateway.app"):
         create_app(GatewayConfig())
     assert "no workers: start the gateway with --workers" in caplog.text
 

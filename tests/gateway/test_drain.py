@@ -23,8 +23,12 @@ import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from harness.cluster import HOST, Cluster, ClusterSpec, Proc, free_port, metric_total, wait_until
+from harness.cluster import Cluster, ClusterSpec
 from harness.extproc_client import ExtProcClient, forward
+from harness.ports import HOST, free_port
+from harness.proc import Proc
+from harness.prom import metric_total
+from harness.waits import wait_until
 from tests.support.service_front import ServiceFront
 
 pytestmark = pytest.mark.slow

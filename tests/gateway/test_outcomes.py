@@ -14,7 +14,9 @@ import time
 import httpx
 import pytest
 
-from harness.cluster import Cluster, ClusterSpec, metric_by_labels, metric_total, wait_until
+from harness.cluster import Cluster, ClusterSpec
+from harness.prom import metric_by_labels, metric_total
+from harness.waits import wait_until
 from tests.support.chat import bearer, chat_body, post, user
 
 KEY = "sk-outcomes-test-key-0001"

@@ -6,8 +6,11 @@ import time
 
 import httpx
 
-from gateway.fleet.names import replica_name
-from harness.cluster import Cluster, ClusterSpec, Proc, free_port, wait_index_converged
+from gateway.names import replica_name
+from harness.cluster import Cluster, ClusterSpec
+from harness.ports import free_port
+from harness.proc import Proc
+from harness.waits import wait_index_converged
 
 
 def test_mismatching_worker_is_flagged_and_routed_by_load_only(tmp_path):

@@ -17,8 +17,10 @@ import pytest
 from cachekey.assets import ModelAssets
 from cachekey.render import Renderer
 from gateway.fleet.names import replica_name
-from harness.cluster import free_port, metric_by_labels, metric_total, wait_until
+from harness.ports import free_port
+from harness.prom import metric_by_labels, metric_total
 from harness.vllm_server import replica_ids, reset_prefix_cache
+from harness.waits import wait_until
 from harness.workload import Workload, WorkloadSpec, data_url, make_image
 from tests.support.vllm_fleet import (
     Answer,

@@ -26,7 +26,7 @@ from worker.server.engine_client import AsyncEngine
 from worker.server.errors import as_api_error
 from worker.server.hidden_encoding import encode_hidden_states, require_hidden_cache
 from worker.server.metrics import EngineLatency
-from worker.server.protocol import SamplingFields
+from worker.server.protocol import EngineRequest
 from worker.server.request_stream import RequestStream, unless_gone
 
 _json = msgspec.json.Encoder()
@@ -65,7 +65,7 @@ class OpenAIServing:
 
     # -- checks --------------------------------------------------------------------------------
 
-    def check_request(self, raw: Request, body: SamplingFields) -> str | None:
+    def check_request(self, raw: Request, body: EngineRequest) -> str | None:
         """The LoRA adapter the request's `model` names (None: the base model); 404 for none.
         X-data-parallel-rank was checked when the request's engine was chosen (rank_state)."""
         lora = self.lora_name(body.model)
@@ -87,7 +87,7 @@ class OpenAIServing:
             code="model_not_found",
         )
 
-    def sampling_params(self, body: SamplingFields, max_tokens: int | None, prompt_len: int):
+    def sampling_params(self, body: EngineRequest, max_tokens: int | None, prompt_len: int):
         limit = self.ctx.max_model_len
         where = "messages" if self.object_name == "chat.completion" else "prompt"
         if prompt_len >= limit:
@@ -119,7 +119,7 @@ class OpenAIServing:
     async def generate(
         self,
         raw: Request,
-        body: SamplingFields,
+        body: EngineRequest,
         prompt: Prompt,
         max_tokens: int | None,
         arrived: float,
@@ -158,7 +158,7 @@ class OpenAIServing:
             self.ctx.streams.discard(handle)
 
     async def _complete(
-        self, raw: Request, stream: RequestStream, body: SamplingFields, rid: str, arrived: float
+        self, raw: Request, stream: RequestStream, body: EngineRequest, rid: str, arrived: float
     ) -> Response:
         collected = await unless_gone(raw, stream, self._collect(stream, arrived))
         if collected is None:
@@ -201,7 +201,7 @@ class OpenAIServing:
         return choices, prompt_tokens, cached
 
     async def _sse(
-        self, stream: RequestStream, body: SamplingFields, rid: str, arrived: float
+        self, stream: RequestStream, body: EngineRequest, rid: str, arrived: float
     ) -> AsyncIterator[bytes]:
         index = {r: i for i, r in enumerate(stream.request_ids)}
         outputs = [0] * len(index)

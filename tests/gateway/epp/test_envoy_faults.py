@@ -19,8 +19,10 @@ import time
 import httpx
 import pytest
 
-from harness.cluster import HOST, Cluster, ClusterSpec
-from harness.envoy import Envoy, EnvoySpec
+from harness.cluster import Cluster, ClusterSpec
+from harness.envoy import Envoy
+from harness.envoy_config import EnvoySpec
+from harness.ports import HOST
 from tests.support.chat import chat, user
 from tests.support.epp import TOKEN, ep, start_epp
 

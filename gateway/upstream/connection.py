@@ -1,5 +1,5 @@
 """One keep-alive connection to a worker (httptools parses its answers) and the answer read from
-it, for UpstreamPool (upstream.py), which opens, reuses and closes the connections."""
+it, for UpstreamPool (pool.py), which opens, reuses and closes the connections."""
 
 from __future__ import annotations
 

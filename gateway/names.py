@@ -30,3 +30,8 @@ def replica_name(replica_id: str, worker_token: str | None, pod: str | None = No
     key = (worker_token or "").encode()
     digest = hmac.new(key, b"kvgate replica name\0" + replica_id.encode(), hashlib.sha256)
     return "w-" + digest.hexdigest()[:12]
+
+
+# The instance id of every plain vLLM worker (gateway/fleet/vllm_compat.py gives it them): the
+# event transport follows those in connect mode (gateway/events/followers.py).
+VLLM_INSTANCE = "vllm"

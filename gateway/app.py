@@ -28,13 +28,15 @@ log = logging.getLogger(__name__)
 class GatewayApp(FastAPI):
     """FastAPI, with the proxied POST routes served before its middleware and routing.
 
-    They are the hot path: `OpenAIServing` answers every failure itself, so the exception
+    They are the hot path: `ProxyServing` answers every failure itself, so the exception
     middleware, dependency solving and routing would only add per-request time (profiled in
     docs/benchmarks.md). The same routes stay registered for the OpenAPI schema, and both
-    ways reach `serve_proxied` (routes.py).
+    ways reach `serve_proxied` (gateway/http/routes.py).
     """
 
-    admin_port: int | None = None  # set: /metrics and /kvgate/index only there (admin.py)
+    admin_port: int | None = (
+        None  # set: /metrics and /kvgate/index only there (gateway/http/admin.py)
+    )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
