@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 from hypothesis import HealthCheck, given, settings
 
-from harness.cluster import HOST, free_port
+from harness.ports import HOST, free_port
 
 # The fuzz's own strategy, so that "the same answers" is about the bodies the suite fuzzes with.
 from tests.gateway.test_http_fuzz import raw_requests

@@ -10,7 +10,8 @@ import time
 import httpx
 import pytest
 
-from harness.cluster import Cluster, ClusterSpec, metric_total
+from harness.cluster import Cluster, ClusterSpec
+from harness.prom import metric_total
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,10 @@ import socket
 import httpx
 import pytest
 
-from harness.cluster import HOST, Proc, free_port, metric_total, wait_until
+from harness.ports import HOST, free_port
+from harness.proc import Proc
+from harness.prom import metric_total
+from harness.waits import wait_until
 from tests.support.chat import bearer, chat_body, user
 
 pytestmark = pytest.mark.slow

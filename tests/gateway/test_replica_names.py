@@ -17,7 +17,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from harness.cluster import Cluster, ClusterSpec, wait_until
+from harness.cluster import Cluster, ClusterSpec
+from harness.waits import wait_until
 from tests.support.chat import chat, user
 from tests.support.k8s_fake_api import FakeApi, FakeApiServer, make_slice
 from tests.support.paths import CHART

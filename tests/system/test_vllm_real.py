@@ -16,7 +16,7 @@ import pytest
 
 from cachekey.assets import ModelAssets
 from cachekey.render import Renderer
-from gateway.fleet.names import replica_name
+from gateway.names import replica_name
 from harness.ports import free_port
 from harness.prom import metric_by_labels, metric_total
 from harness.vllm_server import replica_ids, reset_prefix_cache

@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-from harness.cluster import Cluster, ClusterSpec, Proc, metric_by_labels, metric_total
+from harness.cluster import Cluster, ClusterSpec
+from harness.proc import Proc
+from harness.prom import metric_by_labels, metric_total
 from tests.support.waits import wait_synced
 
 pytestmark = pytest.mark.slow
