@@ -21,6 +21,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.routing.admission import Admission, RenderQueue
 from gateway.routing.policies import POLICIES, Policy
 from gateway.routing.tenants import TenantRegistry
+from kvgate_cli.drain import OpenStreams
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +40,11 @@ class GatewayState:
     render_queue: RenderQueue
     tenants: TenantRegistry | None = None  # None: no API keys, no tenant salts
     renderer: object | None = None
+    streams: OpenStreams = field(default_factory=OpenStreams)  # what a drain cuts
     _assets_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @classmethod
-    def build(cls, config: GatewayConfig) -> GatewayState:
+    def build(cls, config: GatewayConfig, streams: OpenStreams | None = None) -> GatewayState:
         metrics = GatewayMetrics()
         index = BlockIndex(config.index_max_blocks, config.speculative_ttl)
         # Control traffic (polls, snapshots, assets); requests use each replica's own pool.
@@ -54,7 +56,8 @@ class GatewayState:
         )
         replicas = ReplicaSet(config, index, metrics, http)
         metrics.in_flight.source = lambda: (
-            (r.id, r.in_flight, r.prefill_rate.seconds_per_token, r.latency) for r in replicas
+            (r.name, r.id, r.in_flight, r.prefill_rate.seconds_per_token, r.latency)
+            for r in replicas
         )
         return cls(
             config=config,
@@ -72,6 +75,7 @@ class GatewayState:
                 if config.api_keys_file
                 else None
             ),
+            streams=OpenStreams() if streams is None else streams,
         )
 
     async def get_renderer(self):
