@@ -33,7 +33,7 @@ def served(status: str) -> bool:
 def attempt_failed(state: Recorder, rep: Replica, policy: str, reason: str) -> None:
     state.breaker.failure(rep, reason)
     m = state.metrics
-    m.child(m.requests, rep.id, policy, "retried").inc()
+    m.child(m.requests, rep.name, policy, "retried").inc()
     m.retries.inc()
 
 
@@ -60,13 +60,13 @@ def finished(
     """A request a replica answered: its status and, if served, predicted vs reported cached
     tokens."""
     m = state.metrics
-    m.child(m.requests, rep.id, policy, status).inc()
+    m.child(m.requests, rep.name, policy, status).inc()
     if not served(status):
         return
-    m.child(m.prompt_tokens, rep.id).inc(prompt_tokens)
-    m.child(m.predicted_cached, rep.id).inc(predicted)
+    m.child(m.prompt_tokens, rep.name).inc(prompt_tokens)
+    m.child(m.predicted_cached, rep.name).inc(predicted)
     details = (usage or {}).get("prompt_tokens_details") or {}
     reported = details.get("cached_tokens")
     if reported is not None:
-        m.child(m.reported_cached, rep.id).inc(reported)
+        m.child(m.reported_cached, rep.name).inc(reported)
         m.prediction_error.observe(abs(predicted - reported))

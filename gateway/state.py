@@ -24,6 +24,7 @@ from gateway.peers.view import PeerView
 from gateway.routing.admission import Admission, RenderQueue
 from gateway.routing.policies import POLICIES, Policy
 from gateway.routing.tenants import TenantRegistry
+from kvgate_cli.drain import OpenStreams
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +45,11 @@ class GatewayState:
     peers: PeerOutbox | None = None  # None: no peer gateways (--peer-port)
     peer_link: PeerLink | None = None
     renderer: object | None = None
+    streams: OpenStreams = field(default_factory=OpenStreams)  # what a drain cuts
     _assets_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @classmethod
-    def build(cls, config: GatewayConfig) -> GatewayState:
+    def build(cls, config: GatewayConfig, streams: OpenStreams | None = None) -> GatewayState:
         metrics = GatewayMetrics()
         index = BlockIndex(config.index_max_blocks, config.speculative_ttl)
         # Control traffic (polls, snapshots, assets); requests use each replica's own pool.
@@ -59,7 +61,15 @@ class GatewayState:
         )
         replicas = ReplicaSet(config, index, metrics, http)
         metrics.in_flight.source = lambda: (
-            (r.id, r.in_flight, r.prefill_rate.seconds_per_token, r.latency) for r in replicas
+            (
+                r.name,
+                r.id,
+                r.in_flight,
+                r.in_flight_tokens,
+                r.prefill_rate.seconds_per_token,
+                r.latency,
+            )
+            for r in replicas
         )
         state = cls(
             config=config,
@@ -77,6 +87,7 @@ class GatewayState:
                 if config.api_keys_file
                 else None
             ),
+            streams=OpenStreams() if streams is None else streams,
         )
         if config.peer_port is not None:
             state.peers, state.peer_link = _build_peers(state)

@@ -67,11 +67,14 @@ class FollowedReplica(Protocol):
     transport speaks to replicas only through this, never through gateway/fleet/."""
 
     id: ReplicaId
+    name: str  # its metrics' label
     url: str
     endpoint: WorkerEndpoint | None
     info: WorkerInfo | None
     namespace: HashNamespace | None
 
+    @property
+    def where(self) -> str: ...  # `name (url)`, for the log
     @property
     def slot(self) -> FollowedSlot | None: ...
     @property
@@ -130,7 +133,7 @@ class EventFollowers:
             try:
                 inbox = hub.register(kv.topic, slot.rank)
             except (ValueError, OSError) as e:  # a taken topic, or a port we cannot bind
-                log.error("replica %s: %s; its index stays empty", rep.id, e)
+                log.error("replica %s: %s; its index stays empty", rep.where, e)
                 return
         sub = KVEventSubscriber(
             rep.id,
@@ -142,6 +145,7 @@ class EventFollowers:
             self.metrics,
             tail_check_interval=self._tail_pace,
             inbox=inbox,
+            name=rep.name,
         )
         rep.link.subscriber = sub
         self._tail_pace.join()
@@ -154,7 +158,7 @@ class EventFollowers:
             except asyncio.CancelledError:
                 raise
             except Exception as e:
-                log.warning("subscriber %s failed: %s; restarting", rep.id, e)
+                log.warning("subscriber %s failed: %s; restarting", rep.where, e)
                 await asyncio.sleep(self.config.poll_interval)
 
     async def stop(self, rep: FollowedReplica) -> None:

@@ -62,12 +62,15 @@ class KVEventSubscriber:
         replay_timeout: float = 2.0,
         tail_check_interval: float | Pace = 1.0,
         inbox: asyncio.Queue[tuple[int, bytes]] | None = None,
+        name: str | None = None,
     ) -> None:
-        """`tail_check_interval`: seconds, or the Pace every subscriber of a gateway shares."""
+        """`tail_check_interval`: seconds, or the Pace every subscriber of a gateway shares;
+        `name`: the replica's name, its metrics' label (default: its id)."""
         if (inbox is None) == (source.port is None):
             raise ValueError("a subscriber follows either its own SUB (a port) or an inbox")
         self._inbox = inbox
         self.replica = replica
+        self.name = name or replica
         self.source = source
         self.ns = ns
         self.index = index
@@ -222,7 +225,7 @@ class KVEventSubscriber:
         self._metrics.ingest_seconds.inc(done.cpu_seconds)
         if done.stamped_at is not None:  # the worker's clock: meaningful where clocks agree
             self._metrics.event_lag.observe(max(time.time() - done.stamped_at, 0.0))
-        self._metrics.events_applied.labels(self.replica).inc(done.applied)
+        self._metrics.events_applied.labels(self.name).inc(done.applied)
         if done.unknown_parents:
             self._metrics.skipped_unknown_parent.inc(done.unknown_parents)
         for reason in done.errors:
@@ -295,5 +298,5 @@ class KVEventSubscriber:
 
     def load_snapshot(self, snap: Snapshot) -> None:
         applied = sum(self.index.store(self.replica, self.ns, ev) for ev in snap.stored_events())
-        self._metrics.events_applied.labels(self.replica).inc(applied)
+        self._metrics.events_applied.labels(self.name).inc(applied)
         self.next_seq = snap.seq + 1 if snap.seq is not None else 0

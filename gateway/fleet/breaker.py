@@ -54,9 +54,13 @@ class Breakable(Protocol):
     """What the breaker reads and sets on a replica (gateway.fleet.replica.Replica)."""
 
     id: str
+    name: str
     circuit: Circuit
     healthy: bool
     health: HealthState
+
+    @property
+    def where(self) -> str: ...
 
 
 class CircuitBreaker:
@@ -74,8 +78,8 @@ class CircuitBreaker:
             return
         log.warning(
             "ejecting %s for %.1fs after %d failures in a row (last: %s)",
-            rep.id, self.eject_seconds, streak, reason,
+            rep.where, self.eject_seconds, streak, reason,
         )  # fmt: skip
         rep.health.down_reason = f"ejected after {streak} failures in a row (last: {reason})"
         rep.healthy = False  # back only after a good /health probe
-        self.metrics.replica_healthy.labels(rep.id).set(0)
+        self.metrics.replica_healthy.labels(rep.name).set(0)

@@ -70,9 +70,9 @@ class ReplicaHealth:
             rep.health.down_reason = f"/health {health_r.status}: {_reason(health_r)}"
         if healthy != rep.healthy:
             if healthy:
-                log.info("replica %s healthy", rep.id)
+                log.info("replica %s healthy", rep.where)
             else:
-                log.warning("replica %s unhealthy: %s", rep.id, rep.health.down_reason)
+                log.warning("replica %s unhealthy: %s", rep.where, rep.health.down_reason)
             rep.healthy = healthy
             rep.health.down_reason = None if healthy else rep.health.down_reason
             rep.health.warned_at, rep.health.warned_reason = (
@@ -82,7 +82,7 @@ class ReplicaHealth:
             self.changed.set()
         elif not healthy:
             self._warn_down(rep)
-        self.metrics.replica_healthy.labels(rep.id).set(1 if healthy else 0)
+        self.metrics.replica_healthy.labels(rep.name).set(1 if healthy else 0)
 
     async def unreachable(self, head: Replica, why: str) -> None:
         """A poll got no answer. A healthy worker is marked down (its index entries dropped)
@@ -107,13 +107,13 @@ class ReplicaHealth:
             was_up = rep.healthy or rep.instance_id is not None
             rep.health.down_reason = reason
             if was_up:
-                log.warning("replica %s %s; dropping its index entries", rep.id, reason)
+                log.warning("replica %s %s; dropping its index entries", rep.where, reason)
                 rep.health.warned_at, rep.health.warned_reason = time.monotonic(), reason
             else:
                 self._warn_down(rep)
             rep.healthy = False
             rep.instance_id = None
-            self.metrics.replica_healthy.labels(rep.id).set(0)
+            self.metrics.replica_healthy.labels(rep.name).set(0)
             await self._stop_following(rep)
             self.index.drop_replica(rep.id)
 
@@ -125,4 +125,4 @@ class ReplicaHealth:
         new = _cause(rep.health.down_reason) != _cause(rep.health.warned_reason)
         if new or rep.health.warned_at is None or now - rep.health.warned_at >= _REWARN_SECONDS:
             rep.health.warned_at, rep.health.warned_reason = now, rep.health.down_reason
-            log.warning("worker %s takes no traffic: %s", rep.url, rep.health.down_reason)
+            log.warning("worker %s takes no traffic: %s", rep.where, rep.health.down_reason)

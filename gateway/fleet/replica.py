@@ -59,6 +59,11 @@ class Replica(ReplicaLoad):
         if not self.name:  # ReplicaSet names its replicas with the worker token as key
             self.name = replica_name(self.id, None)
 
+    @property
+    def where(self) -> str:
+        """`name (url)`, for operators' logs: the name, and the URL to join it with."""
+        return f"{self.name} ({self.id})"
+
     def available(self, now: float) -> bool:
         return self.healthy and now >= self.circuit.open_until
 

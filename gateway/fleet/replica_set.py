@@ -29,6 +29,7 @@ from gateway.config import GatewayConfig
 from gateway.discovery.endpoints import WorkerEndpoint
 from gateway.events.followers import EventFollowers, event_context
 from gateway.fleet.health import ReplicaHealth, refusal
+from gateway.fleet.health_state import NOT_POLLED
 from gateway.fleet.link import ReplicaLink
 from gateway.fleet.parity import check_parity
 from gateway.fleet.prefill_rate import parse_prefill_sums
@@ -65,6 +66,7 @@ class ReplicaSet:
         self._curve = CurveKeys.from_token(token) if token else None
         self.replicas: dict[ReplicaId, Replica] = {}
         self._heads: dict[str, Replica] = {}  # URL -> the replica polling it
+        self.discovered = False  # set by discovery's first answer
         self._poll_pace = Pace(config.poll_interval, config.max_polls_per_second)
         self.changed = asyncio.Event()
         self.events = EventFollowers(config, index, metrics, http, self._zmq, self._curve)
@@ -72,8 +74,17 @@ class ReplicaSet:
 
     # ---- membership ------------------------------------------------------------------------
 
+    @property
+    def known(self) -> bool:
+        """Whether the gateway knows its workers' state, good or bad: discovery has answered and
+        each worker has been polled once (the gateway's readiness, `/ready`)."""
+        return self.discovered and all(
+            r.healthy or r.health.down_reason != NOT_POLLED for r in self._heads.values()
+        )
+
     async def set_workers(self, workers: frozenset[WorkerEndpoint]) -> None:
         """Discovery callback: the full current set of workers."""
+        self.discovered = True
         wanted = {w.url.rstrip("/"): w for w in workers}
         for url in [u for u in self._heads if u not in wanted]:
             await self._remove(self._heads[url])
@@ -88,7 +99,7 @@ class ReplicaSet:
                 self.replicas[rid] = self._heads[url] = rep
                 self._poll_pace.join()
                 rep.link.poll_task = asyncio.create_task(self._poll_loop(rep))
-                self.metrics.replica_healthy.labels(rid).set(0)
+                self.metrics.replica_healthy.labels(rep.name).set(0)
 
     async def _remove(self, head: Replica) -> None:
         if self._heads.get(head.url) is head:
@@ -108,7 +119,7 @@ class ReplicaSet:
         self.index.drop_replica(rep.id)
         for g in (self.metrics.replica_healthy, self.metrics.parity_mismatch):
             with contextlib.suppress(KeyError):
-                g.remove(rep.id)
+                g.remove(rep.name)
 
     async def close(self) -> None:
         siblings = {id(s) for r in self.replicas.values() for s in r.siblings}
@@ -163,7 +174,7 @@ class ReplicaSet:
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # a poll must never kill the loop
-                log.warning("poll %s failed: %s", rep.id, e)
+                log.warning("poll %s failed: %s", rep.where, e)
             await asyncio.sleep(delay())
             delay = self._poll_pace.delay
 
@@ -220,7 +231,7 @@ class ReplicaSet:
             info = decode_document(resp.body, WorkerInfo)
         except DocumentError as e:
             if str(e) != rep.health.info_error:
-                log.error("replica %s is not usable: %s", rep.id, e)
+                log.error("replica %s is not usable: %s", rep.where, e)
             rep.health.info_error = str(e)
             return None
         rep.health.info_error = None
@@ -229,7 +240,7 @@ class ReplicaSet:
     async def _new_instance(self, head: Replica, info: WorkerInfo) -> None:
         """A (re)started worker: one replica per rank, each with a new event subscriber."""
         if head.instance_id is not None:
-            log.info("replica %s restarted (new instance %s)", head.id, info.instance_id)
+            log.info("replica %s restarted (new instance %s)", head.where, info.instance_id)
         slots = rank_slots(info)
         reps = [head, *(self._sibling(head, slot) for slot in slots[1:])]
         for old in head.siblings:
@@ -254,7 +265,8 @@ class ReplicaSet:
     def _new_replica(
         self, rid: ReplicaId, url: str, endpoint: WorkerEndpoint | None, pool: UpstreamPool | None
     ) -> Replica:
-        name = replica_name(rid, self.config.worker_token)  # each rank has a name of its own
+        pod = endpoint.pod if endpoint is not None else None
+        name = replica_name(rid, self.config.worker_token, pod)  # each rank has its own
         return Replica(id=rid, url=url, name=name, endpoint=endpoint, link=ReplicaLink(pool=pool))
 
     def _sibling(self, head: Replica, slot: RankSlot) -> Replica:
@@ -263,6 +275,6 @@ class ReplicaSet:
         if rep is None:
             rep = self._new_replica(rid, head.url, head.endpoint, head.link.pool)
             rep.healthy, rep.health.down_reason = head.healthy, head.health.down_reason
-            self.metrics.replica_healthy.labels(rid).set(1 if rep.healthy else 0)
+            self.metrics.replica_healthy.labels(rep.name).set(1 if rep.healthy else 0)
         self.replicas[rid] = rep
         return rep

@@ -54,6 +54,7 @@ def attach_routes(app: FastAPI) -> None:
         app.add_api_route(path, _proxied_route, methods=["POST"], name=serve.__name__)
     app.add_api_route("/v1/models", models, methods=["GET"])
     app.add_api_route("/health", health, methods=["GET"])
+    app.add_api_route("/ready", ready, methods=["GET"])
     app.add_api_route("/metrics", metrics, methods=["GET"])
     app.add_api_route("/kvgate/index", index_debug, methods=["GET"])
 
@@ -77,16 +78,38 @@ async def models(request: Request) -> Response:
         if isinstance(res, Exception) or res.status_code != 200:
             continue
         for m in res.json().get("data", []):
-            seen.setdefault(m.get("id"), m)
+            seen.setdefault(m.get("id"), _public_card(m))
     return JSONResponse({"object": "list", "data": list(seen.values())})
 
 
+def _public_card(card: dict) -> dict:
+    """A worker's model card as clients see it: `root` (vLLM's and the worker's: the model's or
+    adapter's path on the worker's filesystem) becomes the model's name."""
+    if "root" in card:
+        return {**card, "root": card.get("id")}
+    return card
+
+
 async def health(request: Request) -> Response:
+    """Whether a request would be routed now: 503 with the reason while no worker is."""
     st = _state(request)
     n = len(st.replicas.available())
     if n == 0:
         return _no_worker(st)
     return JSONResponse({"status": "ok", "healthy_replicas": n})
+
+
+async def ready(request: Request) -> Response:
+    """Whether this gateway can answer (the chart's readiness probe): yes once it knows its
+    workers' state (discovery answered, each worker polled once), workers up or not, so that
+    with every worker down clients still reach the gateway and get its 503 naming why, instead
+    of a Service with no endpoints. A draining gateway has closed its listener, so this fails
+    then (kvgate_cli/drain.py)."""
+    st = _state(request)
+    if not st.replicas.known:
+        msg = "starting: discovering and polling the workers"
+        return error_response(APIError(503, msg, code="starting"))
+    return JSONResponse({"status": "ready", "healthy_replicas": len(st.replicas.available())})
 
 
 async def metrics(request: Request) -> Response:

@@ -89,6 +89,6 @@ def _relay(ex: Exchange, resp: UpstreamResponse) -> Response:
             resp.close()
             ex.end(CLIENT_GONE)
 
-    gen = relay_stream(resp, relay, on_end, px.lease.first_token)
+    gen = relay_stream(resp, relay, on_end, px.lease.first_token, ex.state.streams)
     headers_out = ex.replica_headers(resp.status)
     return RelayResponse(gen, on_close, media_type=SSE_MEDIA_TYPE, headers=headers_out)

@@ -19,6 +19,7 @@ from cachekey.openai.sse import DONE, sse_event
 from gateway.accounting import CLIENT_GONE
 from gateway.serving.usage import SSERelay
 from gateway.upstream.pool import UpstreamError, UpstreamResponse
+from kvgate_cli.drain import SHUTTING_DOWN, OpenStreams
 
 log = logging.getLogger(__name__)
 
@@ -52,15 +53,18 @@ async def relay_stream(
     relay: SSERelay,
     on_end: Callable[[str], None],
     on_first: Callable[[], None] = lambda: None,
+    streams: OpenStreams | None = None,
 ) -> AsyncIterator[bytes]:
     """Yield the worker's stream; on a break after the first byte, end with an error + DONE.
 
     `on_first` runs at the stream's first bytes: a worker sends them with the first token.
     `on_end` gets "200" for a stream relayed to its end, `client_gone` for one closed or
     cancelled before that (the client left; the worker's connection is dropped, which stops
-    it), `stream_error` for one the worker broke."""
+    it), `stream_error` for one the worker broke or ended with an error event (a worker's own
+    drain cuts its streams so), `stream_cut` for one this gateway's drain cut (`streams`)."""
     status = CLIENT_GONE
     first = True
+    handle = streams.add(lambda why: resp.abort(StreamCut(why))) if streams is not None else 0
     try:
         async for chunk in resp.iter_raw():
             if first:
@@ -72,7 +76,12 @@ async def relay_stream(
         rest = relay.flush()
         if rest:
             yield rest
-        status = "200"
+        status = "stream_error" if relay.saw_error else "200"
+    except StreamCut as e:
+        status = "stream_cut"
+        yield sse_event(json.dumps(error_body(503, str(e), code=SHUTTING_DOWN)).encode())
+        if not relay.saw_done:
+            yield DONE
     except UpstreamError as e:
         status = "stream_error"
         log.warning("stream from %s broke: %s", resp.origin, e)
@@ -81,5 +90,11 @@ async def relay_stream(
         if not relay.saw_done:
             yield DONE
     finally:
+        if streams is not None:
+            streams.discard(handle)
         resp.close()
         on_end(status)
+
+
+class StreamCut(UpstreamError):
+    """A drain's deadline passed with this stream still open (kvgate_cli/drain.py)."""

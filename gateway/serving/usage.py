@@ -9,6 +9,8 @@ import msgspec
 
 from cachekey.openai.sse import DONE_EVENT
 
+_ERROR_EVENT = b'data: {"error"'  # how a worker reports a failure in-band (vLLM's shape)
+
 
 class SSERelay:
     """Relays a worker's SSE stream, reading the usage chunk and hiding it if unasked for."""
@@ -17,6 +19,7 @@ class SSERelay:
         self.strip_usage = strip_usage
         self.usage: dict | None = None
         self.saw_done = False
+        self.saw_error = False  # the worker ended its stream with an error event
         self._buf = b""
 
     def feed(self, chunk: bytes) -> bytes:
@@ -37,6 +40,9 @@ class SSERelay:
     def _keep(self, event: bytes) -> bool:
         if event.startswith(DONE_EVENT):
             self.saw_done = True
+            return True
+        if event.startswith(_ERROR_EVENT):
+            self.saw_error = True
             return True
         if b'"usage"' not in event or b'"usage":null' in event or b'"usage": null' in event:
             return True

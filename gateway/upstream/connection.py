@@ -103,6 +103,11 @@ class UpstreamResponse:
             self._conn.resume()
             await self._wait(self._conn.pool.read_timeout)
 
+    def abort(self, exc: Exception) -> None:
+        """Fail the reader waiting on this answer with `exc` (a drain cutting the stream); the
+        connection is dropped when the answer is closed."""
+        self._fail(exc)
+
     def close(self) -> None:
         """Hand the connection back when the answer ended cleanly, else drop it."""
         if self._closed:

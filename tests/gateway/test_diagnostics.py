@@ -61,12 +61,13 @@ def test_unreachable_worker_named_until_it_comes_up(tmp_path) -> None:
             assert f"{name} (unreachable: ConnectionRefusedError)" in err["message"], err["message"]
             assert worker.url not in err["message"]
         log = gw.log_path.read_text()
-        line = f"worker {worker.url} takes no traffic: unreachable: ConnectionRefusedError"
+        where = f"{name} ({worker.url})"  # the name, and the URL to join it with
+        line = f"worker {where} takes no traffic: unreachable: ConnectionRefusedError"
         assert log.count(line) == 1, log  # logged at once, then only every 30 s
         worker.start()
         worker.wait_healthy(60)
         wait_until(lambda: (r := try_get(f"{gw.url}/health")) and r.status_code == 200, 30, "up")
-        assert f"replica {worker.url} healthy" in gw.log_path.read_text()
+        assert f"replica {where} healthy" in gw.log_path.read_text()
         ok = httpx.post(
             f"{gw.url}/v1/chat/completions",
             json={
@@ -96,10 +97,11 @@ def test_down_worker_is_logged_again_only_after_the_rate_limit(caplog) -> None:
             for _ in range(3):
                 await replicas.poll_once(rep)
             assert rep.health.down_reason == "unreachable: ConnectionRefusedError"
-            assert caplog.text.count(f"worker {url} takes no traffic") == 1
+            where = f"{rep.name} ({url})"
+            assert caplog.text.count(f"worker {where} takes no traffic") == 1
             rep.health.warned_at -= 31.0  # as if the rate limit's 30 s had passed
             await replicas.poll_once(rep)
-            assert caplog.text.count(f"worker {url} takes no traffic") == 2
+            assert caplog.text.count(f"worker {where} takes no traffic") == 2
         finally:
             await replicas.close()
             await http.aclose()

@@ -110,6 +110,7 @@ def test_completions_policy_override_and_models(cluster):
     assert seen == set(cluster.worker_urls)
     models = httpx.get(f"{gw}/v1/models").json()
     assert [m["id"] for m in models["data"]] == ["demo"]
+    assert models["data"][0]["root"] == "demo"  # not the model's path on the worker
     assert httpx.get(f"{gw}/health").status_code == 200
 
 

@@ -28,6 +28,7 @@ from cachekey.documents import (
     WorkerInfo,
 )
 from cachekey.events import topic
+from kvgate_cli.drain import OpenStreams
 from worker.engine.llm_engine import LLMEngine
 from worker.engine.outputs import LoRAStats
 from worker.server.config import ServerConfig
@@ -115,6 +116,7 @@ def init_app_state(
         enable_prefix_caching=first.config.enable_prefix_caching,
     )
     states = []
+    state.streams = streams = OpenStreams()  # every rank's, cut together by a drain
     for i, (engine, ae, pub) in enumerate(zip(engines, async_engines, publishers, strict=True)):
         ctx = ServingContext(
             ae,
@@ -123,6 +125,7 @@ def init_app_state(
             engine.max_model_len,
             metrics.engines[i],
             hidden_layers=engine.runner.hidden.row_layers,
+            streams=streams,
         )
         model_config = json.loads(engine.assets.files.get("config.json", b"{}"))
         states.append(

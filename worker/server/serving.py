@@ -19,6 +19,7 @@ from cachekey.openai.errors import APIError
 from cachekey.openai.sse import DONE, SSE_MEDIA_TYPE, sse_event
 from cachekey.render import Renderer
 from cachekey.types import Prompt
+from kvgate_cli.drain import SHUTTING_DOWN, OpenStreams
 from worker.engine.sampling_params import SamplingParams
 from worker.server.arrival_order import ArrivalOrder, Turn
 from worker.server.engine_client import AsyncEngine
@@ -41,6 +42,7 @@ class ServingContext:
     # Hugging Face hidden_states index of each kept row; empty without --hidden-state-cache.
     hidden_layers: tuple[int, ...] = ()
     order: ArrivalOrder = field(default_factory=ArrivalOrder)  # requests reach the engine FIFO
+    streams: OpenStreams = field(default_factory=OpenStreams)  # what a drain cuts (all ranks')
 
 
 @dataclass(slots=True)
@@ -149,7 +151,11 @@ class OpenAIServing:
             return StreamingResponse(
                 self._sse(stream, body, request_id, arrived), media_type=SSE_MEDIA_TYPE
             )
-        return await self._complete(raw, stream, body, request_id, arrived)
+        handle = self.ctx.streams.add(lambda why: stream.cut(_shutting_down(why)))
+        try:
+            return await self._complete(raw, stream, body, request_id, arrived)
+        finally:
+            self.ctx.streams.discard(handle)
 
     async def _complete(
         self, raw: Request, stream: RequestStream, body: EngineRequest, rid: str, arrived: float
@@ -205,6 +211,7 @@ class OpenAIServing:
         created = int(time.time())
         model = body.model or self.ctx.model_name
         first = True
+        handle = self.ctx.streams.add(lambda why: stream.cut(_shutting_down(why)))
         try:
             async for out in stream:
                 if first:
@@ -229,6 +236,7 @@ class OpenAIServing:
             err = as_api_error(e)
             yield sse_event(_json.encode(err.body()))
         finally:
+            self.ctx.streams.discard(handle)
             stream.close()
         yield DONE
 
@@ -259,6 +267,11 @@ class OpenAIServing:
 
 
 _OMIT = object()
+
+
+def _shutting_down(reason: str) -> APIError:
+    """What a request still running when the drain's deadline passes ends with."""
+    return APIError(503, reason, code=SHUTTING_DOWN)
 
 
 def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
