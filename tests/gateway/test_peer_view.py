@@ -1,5 +1,5 @@
 """PeerView: a peer's batches applied to a real index and real replicas (the rules of gap, expiry
-and restart that the two-process test in test_peers.py cannot time exactly)."""
+and restart that the two-process test in tests/gateway/test_peers.py cannot time exactly)."""
 
 from __future__ import annotations
 
