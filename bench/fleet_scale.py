@@ -18,6 +18,7 @@ kept up (no failure, the rate achieved, event lag under a second).
 
     python -m bench.fleet_scale                                  # the whole matrix (hours)
     python -m bench.fleet_scale --replicas 512 --gateways 4 --rates 10,20,40
+    python -m bench.fleet_scale --replicas 512 --gateways 1,4 --rates 60 --peers off,on --no-rr
     python -m bench.fleet_scale --replicas 32,512 --gateways 1 --rates 10 --no-bound
     python -m bench.fleet_scale --replicas 64 --rates 10 --baseline /tmp/kvgate-before
     python -m bench.fleet_scale --idle-only --replicas 32,512 --baseline /tmp/a --baseline /tmp/b
@@ -130,35 +131,58 @@ def run_fleet(n: int, model: FleetModel, args: argparse.Namespace) -> list[Point
         print(f"N={n}: single-cache bound ({n} x {blocks} blocks): hit {bound:.1%}", flush=True)
     rows: list[PointRow | IdleRow] = []
     for g in args.gateways:
-        spec = ClusterSpec(workers=0, gateways=g, gateway_args=args.gateway_args, log_dir=log_dir)
+        variants = [
+            (f"{name}{g}gw{' peers' if peers else ''}", src, peers)
+            for name, src in [("", None), *((f"{b.name} ", b) for b in args.baseline)]
+            for peers in (args.peers if g > 1 else [False])
+        ]
+        spec = ClusterSpec(
+            workers=0,
+            gateways=g,
+            gateway_args=args.gateway_args,
+            log_dir=log_dir,
+            peers=variants[0][2],
+        )
         t0 = time.monotonic()
         with FleetCluster(spec, FleetSpec(n, blocks, timing)) as c, httpx.Client() as client:
-            variants = [("", None), *((f"{b.name} ", b) for b in args.baseline)]
-            for name, src in variants:
-                label = f"{name}{g}gw"
-                if src is not None:
+            for i, (label, src, peers) in enumerate(variants):
+                if i:  # the first variant's gateways started with the fleet
                     t0 = time.monotonic()
+                    c.spec.peers, c.peer_ports = peers, []
                     try:
                         c.start_gateways(src)
                     except TimeoutError as e:  # its /health never said a worker is healthy
                         print(f"N={n} {label}: {str(e).splitlines()[0]}", flush=True)
                         rows.append(IdleRow(n, label, None, None, 0.0))
                         continue
-                idle = measure_idle(c, client, label, t0, args)
-                rows.append(idle)
-                if idle.ready_s is None or args.idle_only:
-                    continue
-                block = [
-                    run_point(c, client, trace, rate, "cache_aware", label, args)
-                    for rate in args.rates
-                ]
-                rr_rate = args.rr_rate or args.rates[0]
-                block.append(run_point(c, client, trace, rr_rate, "round_robin", label, args))
-                for row in block:
-                    row.finish(idle.idle, block[-1].hit_rate, bound, blocks)
-                print_table(block, COLUMNS)
-                rows += block
+                rows += run_variant(c, client, trace, label, t0, args, bound, blocks)
     return rows
+
+
+def run_variant(
+    c: FleetCluster,
+    client: httpx.Client,
+    trace: FleetTrace,
+    label: str,
+    t0: float,
+    args: argparse.Namespace,
+    bound: float | None,
+    blocks: int,
+) -> list[PointRow | IdleRow]:
+    """One set-up of gateways: idle, then each rate cache_aware, then round robin (unless
+    --no-rr)."""
+    idle = measure_idle(c, client, label, t0, args)
+    if idle.ready_s is None or args.idle_only:
+        return [idle]
+    block = [run_point(c, client, trace, rate, "cache_aware", label, args) for rate in args.rates]
+    rr = None
+    if args.rr:
+        rr = run_point(c, client, trace, args.rr_rate or args.rates[0], "round_robin", label, args)
+        block.append(rr)
+    for row in block:
+        row.finish(idle.idle, rr.hit_rate if rr else 0.0, bound, blocks)
+    print_table(block, COLUMNS)
+    return [idle, *block]
 
 
 def measure_idle(
@@ -205,6 +229,14 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=0, help="of the arrival times")
     ap.add_argument("--max-requests", type=int, help="serve only the trace's first requests")
     ap.add_argument("--no-bound", dest="bound", action="store_false")
+    ap.add_argument("--no-rr", dest="rr", action="store_false", help="skip round robin")
+    ap.add_argument(
+        "--peers",
+        type=lambda s: [{"off": False, "on": True}[x] for x in s.split(",")],
+        default=[False],
+        help="off, on or off,on: the gateways (2 or more) share placements and load "
+        "(--peer-port, --peers)",
+    )
     ap.add_argument("--idle-seconds", type=float, default=10.0)
     ap.add_argument("--idle-only", action="store_true", help="measure the idle gateways only")
     ap.add_argument("--ready-timeout", type=float, default=300.0)

@@ -88,6 +88,8 @@ def create_app(config: GatewayConfig, discovery: Discovery | None = None) -> Fas
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state = GatewayState.build(config, app.state.streams)
         app.state.gateway = state
+        if state.peer_link is not None:
+            await state.peer_link.start()
         epp = None
         if config.epp:
             from gateway.epp import EppServer  # grpc: loaded only in EPP mode

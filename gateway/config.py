@@ -119,6 +119,24 @@ class GatewayConfig:
         "walks the list on retries (Envoy's override_host, Istio); 0: the pick alone, the one "
         "value every proxy takes (ORIGINAL_DST). In EPP mode the proxy retries, not --retries",
     )
+    peer_port: int | None = option(
+        None,
+        "share placements and in-flight load with the other gateway replicas: publish them on "
+        "this port (ZMQ PUB on --host, CURVE with --worker-token) and apply theirs "
+        "(docs/gateway.md, Gateway peers)",
+        default_text="none: no peers",
+    )
+    peers: tuple[str, ...] = option(
+        (),
+        "the gateway replicas' --peer-port addresses, comma-separated or repeated (this "
+        "gateway's own may be listed: it ignores its own batches)",
+        metavar="HOST:PORT[,HOST:PORT]",
+    )
+    peer_timeout: float = option(
+        1.0,
+        "seconds without a batch from a peer before its load and placements are dropped "
+        "(a dead, lagging or partitioned peer: routing as without peers)",
+    )
     policy: str = option(
         "cache_aware",
         "routing policy; a request may choose another with x-kvgate-routing-policy",

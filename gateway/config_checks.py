@@ -46,6 +46,20 @@ def _check_discovery(c: GatewayConfig) -> None:
             raise ValueError(f"worker listed twice: {', '.join(twice)}")
 
 
+def _check_peers(c: GatewayConfig) -> None:
+    c.peers = tuple(p.strip() for p in c.peers if p.strip())
+    if c.peers and c.peer_port is None:
+        raise ValueError("--peers needs --peer-port (where this gateway publishes to them)")
+    if c.peer_port is not None and not 0 < c.peer_port < 65536:
+        raise ValueError(f"peer port out of range: {c.peer_port}")
+    for p in c.peers:
+        host, _, port = p.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"a peer is HOST:PORT, got {p!r}")
+    if c.peer_timeout <= 0:
+        raise ValueError("--peer-timeout must be positive")
+
+
 def _check_endpoints(c: GatewayConfig) -> None:
     check_topic(c.vllm_kv_events_topic)
     if c.kv_events_bind is not None:
@@ -58,6 +72,7 @@ def _check_endpoints(c: GatewayConfig) -> None:
         if c.admin_port == c.port or (c.epp and c.admin_port == c.epp_port):
             raise ValueError("--admin-port must differ from --port and --epp-port")
     c.worker_token = resolve_token(c.worker_token)
+    _check_peers(c)
     if not 0 < c.epp_port < 65536 or (c.epp and c.epp_port == c.port):
         raise ValueError(f"epp_port out of range or equal to port: {c.epp_port}")
     if (c.epp_tls_cert_file is None) != (c.epp_tls_key_file is None):

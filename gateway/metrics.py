@@ -22,6 +22,7 @@ class GatewayMetrics:
         self._add_request_metrics(r)
         self._add_routing_metrics(r)
         self._add_event_metrics(r)
+        self._add_peer_metrics(r)
         self._add_replica_metrics(r)
 
     def _add_request_metrics(self, r: CollectorRegistry) -> None:
@@ -134,6 +135,32 @@ class GatewayMetrics:
             registry=r,
         )
 
+    def _add_peer_metrics(self, r: CollectorRegistry) -> None:
+        """The other gateway replicas (gateway/peers/)."""
+        self.peers_up = Gauge("kvgate_peers_up", "Peer gateways heard from lately", registry=r)
+        self.peer_lag = Histogram(
+            "kvgate_peer_lag_seconds",
+            "From a peer's batch being sent to its being applied here (clocks in step)",
+            buckets=_LAG_BUCKETS,
+            registry=r,
+        )
+        self.peer_placements_received = Counter(
+            "kvgate_peer_placements_received", "Placement changes received from peers", registry=r
+        )
+        self.peer_placements_applied = Counter(
+            "kvgate_peer_placements_applied",
+            "Placement changes applied to the index (not: a replica not routed to here)",
+            registry=r,
+        )
+        self.peer_placements_sent = Counter(
+            "kvgate_peer_placements_sent", "Placement changes sent to the peers", registry=r
+        )
+        self.peer_placements_dropped = Counter(
+            "kvgate_peer_placements_dropped",
+            "Placement changes dropped: the queue to the peers was full",
+            registry=r,
+        )
+
     def _add_replica_metrics(self, r: CollectorRegistry) -> None:
         """The replicas: health, parity, in-flight requests and prefill rate."""
         self.replica_healthy = Gauge(
@@ -188,7 +215,11 @@ class _InFlight(Collector):
         ] = tuple
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
-        g = GaugeMetricFamily("kvgate_in_flight_requests", "Requests in flight", labels=["replica"])
+        g = GaugeMetricFamily(
+            "kvgate_in_flight_requests",
+            "Requests in flight: this gateway's and, with peers, theirs",
+            labels=["replica"],
+        )
         held = GaugeMetricFamily(
             "kvgate_in_flight_tokens",
             "Prompt tokens (cached or not) of the requests in flight: the context they hold",

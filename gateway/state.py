@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from cachekey.render import Renderer
-from cachekey.worker_auth import bearer
+from cachekey.worker_auth import CurveKeys, bearer
 from gateway.assets import load_assets
 from gateway.config import GatewayConfig
 from gateway.fleet.breaker import CircuitBreaker
@@ -18,6 +18,9 @@ from gateway.images.fetch import ImageFetcher, RemoteImagesDisabled
 from gateway.images.guard import AllowList, FetchPolicy
 from gateway.index.block_index import BlockIndex
 from gateway.metrics import GatewayMetrics
+from gateway.peers.link import PeerLink
+from gateway.peers.outbox import PeerOutbox
+from gateway.peers.view import PeerView
 from gateway.routing.admission import Admission, RenderQueue
 from gateway.routing.policies import POLICIES, Policy
 from gateway.routing.tenants import TenantRegistry
@@ -39,6 +42,8 @@ class GatewayState:
     breaker: CircuitBreaker
     render_queue: RenderQueue
     tenants: TenantRegistry | None = None  # None: no API keys, no tenant salts
+    peers: PeerOutbox | None = None  # None: no peer gateways (--peer-port)
+    peer_link: PeerLink | None = None
     renderer: object | None = None
     streams: OpenStreams = field(default_factory=OpenStreams)  # what a drain cuts
     _assets_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -66,7 +71,7 @@ class GatewayState:
             )
             for r in replicas
         )
-        return cls(
+        state = cls(
             config=config,
             metrics=metrics,
             index=index,
@@ -84,6 +89,9 @@ class GatewayState:
             ),
             streams=OpenStreams() if streams is None else streams,
         )
+        if config.peer_port is not None:
+            state.peers, state.peer_link = _build_peers(state)
+        return state
 
     async def get_renderer(self):
         """The Renderer, loading the assets on first use (from --model-dir or a worker)."""
@@ -117,10 +125,23 @@ class GatewayState:
             )
 
     async def close(self) -> None:
+        if self.peer_link is not None:
+            await self.peer_link.stop()
         await self.replicas.close()
         await self.http.aclose()
         self.fetcher.close()
         self.render_queue.close()
+
+
+def _build_peers(state: GatewayState) -> tuple[PeerOutbox, PeerLink]:
+    c = state.config
+    assert c.peer_port is not None
+    replicas, wake = (lambda: state.replicas), state.admission.wake
+    view = PeerView(state.index, replicas, c.peer_timeout, wake, c.recent_half_life)
+    outbox = PeerOutbox()
+    curve = CurveKeys.from_token(c.worker_token) if c.worker_token else None
+    link = PeerLink(c.host, c.peer_port, c.peers, view, outbox, state.metrics, curve)
+    return outbox, link
 
 
 def _build_fetcher(config: GatewayConfig) -> ImageFetcher | RemoteImagesDisabled:

@@ -29,6 +29,8 @@ class ClusterSpec:
     num_blocks: int | None = None
     policy: str = "cache_aware"
     gateways: int = 1
+    # The gateways share placements and in-flight load (--peer-port, --peers: gateway/peers/).
+    peers: bool = False
     worker_args: Sequence[str] = ()
     # Extra arguments for worker i only (fault tests give one worker a different setting).
     per_worker_args: Sequence[Sequence[str]] = ()
@@ -52,6 +54,7 @@ class Cluster:
         self.spec = spec
         self.workers: list[Proc] = []
         self.gateways: list[Proc] = []
+        self.peer_ports: list[int] = []  # gateway i's --peer-port (spec.peers)
         spec.log_dir.mkdir(parents=True, exist_ok=True)
 
     @property
@@ -142,6 +145,7 @@ class Cluster:
             str(port),
             "--policy",
             s.policy,
+            *self.peer_args(i),
             *s.gateway_args,
         ]
         log = s.log_dir / f"gateway-{i}.log"
@@ -149,6 +153,15 @@ class Cluster:
         return Proc(
             f"gateway-{i}", args, port, log, env=self._env, die_with_parent=s.die_with_parent
         )
+
+    def peer_args(self, i: int) -> list[str]:
+        """Gateway i's peer flags: its own port, and every gateway's in --peers."""
+        if not self.spec.peers:
+            return []
+        if not self.peer_ports:
+            self.peer_ports = [free_port() for _ in range(self.spec.gateways)]
+        peers = ",".join(f"{HOST}:{p}" for p in self.peer_ports)
+        return ["--peer-port", str(self.peer_ports[i]), "--peers", peers]
 
     def start(self) -> Cluster:
         try:

@@ -18,7 +18,7 @@ LAG_LIMIT_S = 1.0
 @dataclass(slots=True)
 class PointRow:
     replicas: int = col("N", 4)
-    label: str = col("gw", 9, left=True, sep=" ")  # gateways, and the baseline's name
+    label: str = col("gw", 10, left=True, sep=" ")  # gateways, and the baseline's name
     policy: str = col("policy", 12, left=True)
     rate: float = col("rate", 6, ".0f")
     achieved: float = col("done/s", 7, ".1f")

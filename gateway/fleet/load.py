@@ -22,8 +22,11 @@ class ReplicaLoad:
     waiting: float = 0.0
     running: float = 0.0
     kv_usage: float = 0.0
-    # The gateway's own: its requests holding a slot here (admission.py moves it).
+    # Requests holding a slot here: the gateway's own (admission.py moves them) and, with
+    # peers, the other gateways'.
     in_flight: int = 0
+    # How much of `in_flight` is other gateways' requests (gateway/peers/view.py adds them).
+    peer_in_flight: int = 0
     # Uncached prompt tokens of this gateway's requests here that have no first token yet.
     in_flight_prefill_tokens: int = 0
     # How many of them (each pays the worker's per-request admission work before its token).

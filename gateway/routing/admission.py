@@ -86,6 +86,10 @@ class Admission:
         rep.in_flight -= 1
         self._wake()
 
+    def wake(self) -> None:
+        """Slots freed elsewhere (a peer gateway's load went down): waiters look again."""
+        self._wake()
+
     def _wake(self) -> None:
         if self.waiting:
             # Every waiter re-checks its own condition; later ones wait on a fresh event.

@@ -21,6 +21,7 @@ from gateway.fleet.replica import Replica
 from gateway.index.block_index import BlockIndex
 from gateway.index.speculative import Guess
 from gateway.metrics import GatewayMetrics
+from gateway.peers.outbox import PeerOutbox
 from gateway.routing.adapters import note_routed
 from gateway.routing.admission import Admission
 
@@ -42,6 +43,9 @@ class Lease:
     prompt_tokens: int = 0
     keys: Sequence[BlockKey] = ()  # the keys the replica holds once it has prefilled it
     lora_name: str | None = None
+    # The other gateways hear of its speculative entry through this (None: no peers).
+    peers: PeerOutbox | None = None
+    placement: int = 0  # its speculative entry's id at the peers (0: none)
 
     def take(
         self,
@@ -87,6 +91,8 @@ class Lease:
         self._uncharge()
         if self.guess is not None:
             self.guess.show()
+        if self.placement:
+            self.peers.shown(self.placement)
 
     def end(self, refused: bool) -> None:
         """The request ended on `replica`; `refused`: the worker refused it, so nothing was
@@ -102,6 +108,7 @@ class Lease:
                 self.guess.discard()
             else:
                 self.guess.release()
+        self._tell_ended(refused)
         self.admission.release(rep)
 
     def _charge(self, rep: Replica, predicted: int) -> None:
@@ -121,6 +128,8 @@ class Lease:
         rep.add_recent_prefill(uncached, now, self.config.recent_half_life)
         if rep.parity_ok:
             self.guess = self.index.speculate(rep.id, self.keys)
+            if self.peers is not None:
+                self.placement = self.peers.placed(rep.id, self.keys, uncached)
         if self.lora_name is not None:
             note_routed(rep, self.lora_name, now, self.config.speculative_ttl)
 
@@ -134,8 +143,14 @@ class Lease:
         if self.guess is not None:
             self.guess.discard()
             self.guess = None
+        self._tell_ended(refused=True)
         self.replica, self.predicted = None, 0
         return rep
+
+    def _tell_ended(self, refused: bool) -> None:
+        if self.placement:
+            self.peers.ended(self.placement, refused)
+            self.placement = 0
 
     def _uncharge(self) -> None:
         if self.prefilling and self.replica is not None:

@@ -58,7 +58,7 @@ class ProxyRequest:
 
     def __post_init__(self) -> None:
         st = self.state
-        self.lease = Lease(st.admission, st.index, st.config, st.metrics)
+        self.lease = Lease(st.admission, st.index, st.config, st.metrics, peers=st.peers)
 
     @classmethod
     def route(

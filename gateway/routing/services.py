@@ -15,6 +15,7 @@ from gateway.fleet.replica_set import ReplicaSet
 from gateway.images.fetch import ImageFetcher, RemoteImagesDisabled
 from gateway.index.block_index import BlockIndex
 from gateway.metrics import GatewayMetrics
+from gateway.peers.outbox import PeerOutbox
 from gateway.routing.admission import Admission, RenderQueue
 from gateway.routing.policies import Policy
 
@@ -31,5 +32,6 @@ class RouteServices(Protocol):
     admission: Admission
     breaker: CircuitBreaker
     render_queue: RenderQueue
+    peers: PeerOutbox | None  # None: no peer gateways
 
     async def get_renderer(self) -> Renderer: ...

@@ -27,6 +27,7 @@ FLOORS: tuple[frozenset[str], ...] = tuple(
         "index",
         "events",
         "fleet",
+        "peers",
         "accounting",
         "routing",
         "state",
