@@ -64,23 +64,26 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import uvicorn
 
-    from worker.engine.llm_engine import LLMEngine
     from worker.server.app import create_app
+    from worker.server.launch import start_worker_cores
 
     try:
         sock = listen_socket(server_config.host, server_config.port)
-        # One engine per data-parallel rank, each with its own KV cache (as vLLM's).
-        engines = [LLMEngine(engine_config) for _ in range(server_config.data_parallel_size)]
-        ready = _ready_line(engine_config, server_config)
-        app = create_app(engines, server_config, on_ready=ready)
+        # One engine core process per data-parallel rank, each with its own KV cache (as
+        # vLLM's); the model loads there.
+        cores = start_worker_cores(engine_config, server_config)
     except (ValueError, OSError) as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2
-    # Open streams must not hold a SIGTERM'd worker forever.
-    uvicorn_config = uvicorn.Config(
-        app, log_level=server_config.log_level, access_log=False, timeout_graceful_shutdown=5
-    )
-    uvicorn.Server(uvicorn_config).run(sockets=[sock])
+    try:
+        app = create_app(cores, server_config, on_ready=_ready_line(engine_config, server_config))
+        # Open streams must not hold a SIGTERM'd worker forever.
+        uvicorn_config = uvicorn.Config(
+            app, log_level=server_config.log_level, access_log=False, timeout_graceful_shutdown=5
+        )
+        uvicorn.Server(uvicorn_config).run(sockets=[sock])
+    finally:
+        cores.stop()
     return 0
 
 
