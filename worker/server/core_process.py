@@ -67,6 +67,9 @@ class CoreHandle:
         """Ask the core to stop; kill it if it does not (a stalled loop cannot listen)."""
         with contextlib.suppress(zmq.ZMQError):
             self.commands.send(m.encoder().encode(m.Shutdown()), zmq.NOBLOCK)
+        if self.proc.stdin is not None:  # its end-of-file ends a stalled loop too
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
         try:
             self.proc.wait(timeout=_STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:

@@ -45,7 +45,11 @@ class ParentGone(Exception):
 
 class EngineCore:
     def __init__(
-        self, engine: LLMEngine, publisher: EventPublisher, commands: zmq.Socket, reports: zmq.Socket
+        self,
+        engine: LLMEngine,
+        publisher: EventPublisher,
+        commands: zmq.Socket,
+        reports: zmq.Socket,
     ) -> None:
         self.engine = engine
         self.publisher = publisher
