@@ -5,8 +5,8 @@ this tree and one from `--baseline DIR` (`python -m` imports from the working di
 bench.ttft's streamed chat workload (round_robin) at each `--concurrency`, in rounds that rotate
 which tree goes first. Each run reports requests/s, output tokens/s and TTFT, and the CPU time
 (utime + stime from /proc) its workers (each with its engine core processes), its gateway and
-the client (this process) spent per request: on a shared machine the CPU time is the steadier figure, wall-clock rates also
-measure everyone else's load.
+the client (this process) spent per request: on a shared machine the CPU time is the steadier
+figure, wall-clock rates also measure everyone else's load.
 
     git archive main | tar -x -C /tmp/kvgate-base            # the baseline: any older commit
     python -m bench.worker_ab --baseline /tmp/kvgate-base     # -> bench/results/worker_ab.json

@@ -3,6 +3,7 @@ whatever else runs on the machine."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -28,8 +29,6 @@ def tree_cpu_seconds(pid: int) -> float:
     except FileNotFoundError:
         return total
     for kid in kids:
-        try:
+        with contextlib.suppress(FileNotFoundError):  # it exited meanwhile
             total += tree_cpu_seconds(int(kid))
-        except FileNotFoundError:  # it exited meanwhile
-            pass
     return total
