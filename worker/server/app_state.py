@@ -190,7 +190,7 @@ def worker_info(
 
 
 def current_info(ranks: Sequence[WorkerState]) -> WorkerInfo:
-    """The worker's info with its LoRA adapters as each engine thread last recorded them:
+    """The worker's info with its LoRA adapters as each engine core last sent them:
     the first engine's at the top, and each rank's own (its resident slots) in its RankInfo."""
     info = ranks[0].info
     loras = [r.engine.stats().lora for r in ranks]
