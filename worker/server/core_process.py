@@ -62,9 +62,13 @@ class CoreHandle:
     renderer: Renderer
     namespace: HashNamespace
     _dir: str
+    _closed: bool = False
 
     def stop(self) -> None:
-        """Ask the core to stop; kill it if it does not (a stalled loop cannot listen)."""
+        """Ask the core to stop; kill it if it does not (a stalled loop cannot listen). A second
+        call does nothing."""
+        if self._closed:
+            return
         with contextlib.suppress(zmq.ZMQError):
             self.commands.send(m.encoder().encode(m.Shutdown()), zmq.NOBLOCK)
         if self.proc.stdin is not None:  # its end-of-file ends a stalled loop too
@@ -78,6 +82,9 @@ class CoreHandle:
         self.close()
 
     def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         if self.proc.stdin is not None:
             with contextlib.suppress(OSError):
                 self.proc.stdin.close()
