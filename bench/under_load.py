@@ -12,6 +12,11 @@ policy, cache_aware first, every cache reset in between; requests stream, so TTF
     python -m bench.under_load --variants hot --concurrency 4 --policies cache_aware --repeat 6
     python -m bench.under_load --variants uniform --concurrency 16 --tenants 12 --users-per-tenant 8
 
+`--sim-preset h200-llama-1b` times the sim workers like the GPU they were calibrated on instead
+(worker/engine/sim_presets.py; `--sim-server-scale 0`: without the worker server's own cost).
+With `--repeat N` the policy order turns by one place each time (the first pays the host's noise
+at that moment, each policy in its turn).
+
 After each set of policies it prints the run's start-up floor (harness/floor.py): the p99
 that no router sending each request on arrival can beat, and how many requests ended above it.
 """
@@ -33,6 +38,7 @@ from bench.lib.load_runs import (
     trace,
 )
 from bench.lib.report import args_dict, print_table, write_json
+from bench.lib.rounds import medians
 from harness.cluster import Cluster, ClusterSpec
 from harness.floor import Floor, startup_floor
 from harness.workload import WorkloadSpec
@@ -47,12 +53,13 @@ def run_variant(variant: str, args: argparse.Namespace) -> list[LoadRow]:
     blocks = blocks_per_worker(workload)
     print(f"{variant}: {len(workload)} requests, {blocks} blocks per worker", flush=True)
     rows: list[LoadRow] = []
+    n = len(args.policies)
     for conc in args.concurrency:
         spec = ClusterSpec(
             workers=WORKERS,
             engine="sim",
             num_blocks=blocks,
-            worker_args=SIM_COST,
+            worker_args=sim_args(args),
             gateway_args=GATEWAY_ARGS,
             log_dir=args.log_dir / f"{variant}-c{conc}",
         )
@@ -61,14 +68,33 @@ def run_variant(variant: str, args: argparse.Namespace) -> list[LoadRow]:
             for i in range(args.repeat):
                 label = variant if args.repeat == 1 else f"{variant}.{i}"
                 block = []
-                for policy in args.policies:
+                for policy in args.policies[i % n :] + args.policies[: i % n]:
                     row = run_once(c.gateway_url, urls, workers, workload, policy, conc, label)
                     block.append(row)
                     print_table([row], COLUMNS, header=len(rows) + len(block) == 1)
                 rows += block
-                if line := explain_floor(block):
+                if not args.sim_preset and (line := explain_floor(block)):
                     print(line, flush=True)
     return rows
+
+
+def repeat_medians(rows: list[LoadRow]) -> list[LoadRow]:
+    """Per (variant, concurrency), each policy's medians over the repeats (detail dropped)."""
+    out = []
+    for variant, conc in dict.fromkeys((r.label.split(".")[0], r.concurrency) for r in rows):
+        group = [r for r in rows if (r.label.split(".")[0], r.concurrency) == (variant, conc)]
+        for row in medians(group):
+            row.label, row.detail = variant, []
+            out.append(row)
+    return out
+
+
+def sim_args(args: argparse.Namespace) -> tuple[str, ...]:
+    """The sim workers' timing: the flat default (SIM_COST), or a device's preset."""
+    if not args.sim_preset:
+        return SIM_COST
+    scales = ("--sim-server-scale", str(args.sim_server_scale))
+    return ("--sim-preset", args.sim_preset, *scales, "--sim-time-scale", str(args.sim_time_scale))
 
 
 def ratios(rows: list[LoadRow]) -> dict[str, dict[str, float]]:
@@ -142,6 +168,15 @@ def main() -> None:
         help="serve the trace this many times per policy on the same cluster (rows labelled"
         " variant.i): the spread of single runs",
     )  # fmt: skip
+    ap.add_argument("--sim-preset", default=None, help="time the sim workers by this preset")
+    ap.add_argument(
+        "--sim-server-scale", type=float, default=1.0,
+        help="with --sim-preset: share of the worker server's own measured cost (0: none)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--sim-time-scale", type=float, default=1.0,
+        help="with --sim-preset: every step's time times this (a busy host: 2 or more)",
+    )  # fmt: skip
     ap.add_argument("--log-dir", type=Path, default=Path("bench/results/logs/under_load"))
     ap.add_argument("--out", type=Path, default=Path("bench/results/under_load.json"))
     args = ap.parse_args()
@@ -155,6 +190,11 @@ def main() -> None:
             ap.error(f"unknown variant {variant!r}")
         rows += run_variant(variant, args)
     summary = {"args": args_dict(args), "results": [asdict(r) for r in rows]}
+    if args.repeat > 1:
+        middle = repeat_medians(rows)
+        print(f"medians over {args.repeat} repeats:")
+        print_table(middle, COLUMNS)
+        summary["medians"] = [asdict(r) for r in middle]
     summary["ratios"] = ratios(rows)
     for key, entry in summary["ratios"].items():
         print(f"{key}: " + ", ".join(f"{k} {v:.2f}" for k, v in entry.items()))

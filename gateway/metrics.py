@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+if TYPE_CHECKING:
+    from gateway.fleet.latency import LatencyModel
+
 _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
 _TOKEN_BUCKETS = (0, 1, 16, 64, 256, 1024, 4096, 16384)
+_RATIO_BUCKETS = (0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1, 2, 5)
 _LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
@@ -42,6 +47,14 @@ class GatewayMetrics:
             "kvgate_prediction_error_tokens",
             "|predicted - reported| cached tokens per request",
             buckets=_TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.ttft_prediction_error = Histogram(
+            "kvgate_route_ttft_prediction_error_ratio",
+            "|observed - predicted| / observed time to first token per request, as the gateway "
+            "timed it, against what the replica's fitted latency model predicted when routing "
+            "(cache_aware; gateway/fleet/latency.py)",
+            buckets=_RATIO_BUCKETS,
             registry=r,
         )
         self.spills = Counter(
@@ -135,13 +148,15 @@ class GatewayMetrics:
 
 
 class _InFlight(Collector):
-    """Per-replica gauges read from the replicas when scraped: kvgate_in_flight_requests and
-    kvgate_replica_prefill_seconds_per_token (the rate cache_aware measured; absent until then).
+    """Per-replica gauges read from the replicas when scraped: kvgate_in_flight_requests,
+    kvgate_replica_prefill_seconds_per_token (the rate cache_aware measured; absent until then)
+    and kvgate_replica_ttft_model_seconds (its fitted latency model's coefficients, once fitted).
     """
 
     def __init__(self) -> None:
-        # (replica id, in-flight requests, measured seconds per prefill token or None)
-        self.source: Callable[[], Iterable[tuple[str, int, float | None]]] = tuple
+        # (replica id, in-flight requests, measured seconds per prefill token or None, its
+        # latency model)
+        self.source: Callable[[], Iterable[tuple[str, int, float | None, LatencyModel]]] = tuple
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         g = GaugeMetricFamily("kvgate_in_flight_requests", "Requests in flight", labels=["replica"])
@@ -150,9 +165,23 @@ class _InFlight(Collector):
             "Seconds per uncached prompt token, from the worker's vllm:request_prefill_* sums",
             labels=["replica"],
         )
-        for rid, n, seconds in self.source():
+        model = GaugeMetricFamily(
+            "kvgate_replica_ttft_model_seconds",
+            "The replica's fitted TTFT model (gateway/fleet/latency.py), by term: base, "
+            "per_token (uncached prompt token), per_queued (prefill token queued there), "
+            "per_waiting (request queued there), per_request (request there); mean_error is the "
+            "smoothed relative error of the predictions its requests were routed by",
+            labels=["replica", "term"],
+        )
+        for rid, n, seconds, latency in self.source():
             g.add_metric([rid], n)
             if seconds is not None:
                 rate.add_metric([rid], seconds)
+            if latency.fitted:
+                c = latency.coefficients()
+                for term in ("base", "per_token", "per_queued", "per_waiting", "per_request"):
+                    model.add_metric([rid, term], getattr(c, term))
+                model.add_metric([rid, "mean_error"], latency.mean_error)
         yield g
         yield rate
+        yield model

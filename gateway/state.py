@@ -56,7 +56,7 @@ class GatewayState:
         )
         replicas = ReplicaSet(config, index, metrics, http)
         metrics.in_flight.source = lambda: (
-            (r.id, r.in_flight, r.prefill_rate.seconds_per_token)
+            (r.id, r.in_flight, r.prefill_rate.seconds_per_token, r.latency)
             for r in replicas.replicas.values()
         )
         return cls(

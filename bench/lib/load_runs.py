@@ -86,6 +86,8 @@ class LoadRow:
     # Each request: (conversation, turn, replica, prompt, cached, predicted, latency s, TTFT s,
     # sent s after the run's first request).
     detail: list[tuple] = field(default_factory=list, repr=False)
+    ttft_p90_ms: float = 0.0
+    requests_per_s: float = 0.0  # answered requests over the run's wall time
 
 
 COLUMNS = (
@@ -100,7 +102,9 @@ COLUMNS = (
     Col("latency_p99_ms", "lat p99", 9, ".0f"),
     Col("warm_p99_ms", "p99 warm", 9, ".0f"),
     Col("ttft_p50_ms", "ttft p50", 9, ".0f"),
+    Col("ttft_p90_ms", "ttft p90", 9, ".0f"),
     Col("ttft_p99_ms", "ttft p99", 9, ".0f"),
+    Col("requests_per_s", "req/s", 7, ".1f"),
     Col("spills", "spills", 7),
     Col("seconds", "s", 7, ".1f"),
     Col("load_avg", "load", 6, ".1f"),
@@ -128,6 +132,8 @@ def summarize(label: str, concurrency: int, policy: str, m: Measured, spills: in
         ttft_p50_ms=percentile(ttft, 0.5),
         ttft_p99_ms=percentile(ttft, 0.99),
         spills=spills,
+        ttft_p90_ms=percentile(ttft, 0.9),
+        requests_per_s=round(len(ok) / m.seconds, 3) if m.seconds else 0.0,
         seconds=round(m.seconds, 1),
         load_avg=os.getloadavg()[0],
         detail=[

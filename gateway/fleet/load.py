@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 
 from cachekey.documents import LoRAAdapters
+from gateway.fleet.latency import LatencyModel
 from gateway.fleet.prefill_rate import PrefillRate
 
 
@@ -25,7 +26,13 @@ class ReplicaLoad:
     in_flight: int = 0
     # Uncached prompt tokens of this gateway's requests here that have no first token yet.
     in_flight_prefill_tokens: int = 0
+    # How many of them (each pays the worker's per-request admission work before its token).
+    in_flight_prefills: int = 0
     prefill_rate: PrefillRate = field(default_factory=PrefillRate)  # from the worker's metrics
+    # Its TTFT against the load it was sent into, fitted from the gateway's own timings.
+    latency: LatencyModel = field(default_factory=LatencyModel)
+    # Its requests' whole time (to the end of the answer) against the same load.
+    duration: LatencyModel = field(default_factory=LatencyModel)
     # LoRA adapters it serves (polled), and when the gateway last sent it each one (routing/
     # adapters.py).
     lora: LoRAAdapters | None = None

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from cachekey.types import BlockKey
+from gateway.fleet.latency import Sample
 from gateway.fleet.replica import Replica
 from gateway.index.speculative import Guess
 from gateway.routing.adapters import note_routed
@@ -29,6 +30,7 @@ class Lease:
     uncached: int = 0  # prompt tokens it computes there: charged as queued prefill
     prefilling: bool = False  # `uncached` is still charged to `replica`
     guess: Guess | None = None  # its speculative entry on `replica`
+    sample: Sample | None = None  # the load `replica` had when it was sent there (latency.py)
     # What the request is, wherever the lease moves (set by `take`):
     prompt_tokens: int = 0
     keys: Sequence[BlockKey] = ()  # the keys the replica holds once it has prefilled it
@@ -69,7 +71,12 @@ class Lease:
         self.state.admission.release(self._leave())
 
     def first_token(self) -> None:
-        """Its prefill finished: no queued prefill any more, and its keys are a hit anywhere."""
+        """Its prefill finished: no queued prefill any more, and its keys are a hit anywhere;
+        its replica's latency model learns its time to first token."""
+        if self.prefilling and self.sample is not None and self.replica is not None:
+            error = self.replica.latency.finish(self.sample)
+            if error is not None:
+                self.state.metrics.ttft_prediction_error.observe(error)
         self._uncharge()
         if self.guess is not None:
             self.guess.show()
@@ -79,6 +86,8 @@ class Lease:
         cached. The slot is given back."""
         rep = self.replica
         assert rep is not None
+        if not refused and self.sample is not None and not self.prefilling:
+            rep.duration.learn(self.sample)  # a stream that got its first token, now whole
         self._uncharge()
         if self.guess is not None:
             if refused:
@@ -92,7 +101,12 @@ class Lease:
         self.replica = rep
         self.predicted = predicted
         self.uncached = uncached = self.prompt_tokens - predicted
+        # `admission` counted it in `in_flight` already: the load it meets is the others'.
+        there = max(rep.in_flight - 1, rep.running + rep.waiting)
+        queued = (rep.in_flight_prefill_tokens, rep.in_flight_prefills)
+        self.sample = rep.latency.start(uncached, *queued, there)
         rep.in_flight_prefill_tokens += uncached
+        rep.in_flight_prefills += 1
         self.prefilling = True
         now = time.monotonic()
         rep.add_recent_prefill(uncached, now, st.config.recent_half_life)
@@ -117,3 +131,4 @@ class Lease:
         if self.prefilling and self.replica is not None:
             self.prefilling = False
             self.replica.in_flight_prefill_tokens -= self.uncached
+            self.replica.in_flight_prefills -= 1

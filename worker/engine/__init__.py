@@ -15,5 +15,6 @@ hidden_cache / hidden_reads   hidden states kept in the KV slots; what requests 
 sampler / detokenizer         token choice; streaming text with stop strings
 lora_adapter / lora_manager   PEFT LoRA adapters read and checked (no torch); their LRU slots
 sim_runner                    the `sim` engine's timing model (no torch)
+sim_presets                   its step model fitted to figures measured on a device (no torch)
 llm_engine                    the synchronous API the worker service drives; `step` is one step
 """

@@ -9,6 +9,7 @@ from typing import get_args
 
 from cachekey.keys import DEFAULT_HASH_SEED, MMMatchRule
 from kvgate_cli.flags import format_size, option, parse_size
+from worker.engine.sim_presets import preset
 
 _ENGINES = ("torch", "sim")
 _DEVICES = ("auto", "cpu", "cuda")
@@ -128,6 +129,23 @@ class EngineConfig:
         0.0, "the sim engine's seconds per prompt token it computes (cache misses)"
     )
     sim_decode_s_per_step: float = option(0.0, "the sim engine's seconds per engine step")
+    sim_preset: str | None = option(
+        None,
+        "the sim engine's step times from figures measured on a device (worker/engine/"
+        "sim_presets.py: h200-llama-1b); replaces --sim-prefill-s-per-token and "
+        "--sim-decode-s-per-step",
+        metavar="NAME",
+    )
+    sim_server_scale: float = option(
+        1.0,
+        "with --sim-preset: the share of the measured worker server's own cost per request "
+        "it charges (0: a worker with none)",
+    )
+    sim_time_scale: float = option(
+        1.0,
+        "multiply every sim step's time by this (2: the fleet runs at half speed): on a busy "
+        "host the sleeps then outweigh the processes' own CPU time, which the model leaves out",
+    )
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -157,6 +175,12 @@ class EngineConfig:
             raise ValueError(f"encoder_cache_bytes must be >= 0, got {self.encoder_cache_bytes}")
         if self.sim_prefill_s_per_token < 0 or self.sim_decode_s_per_step < 0:
             raise ValueError("sim timings must be >= 0")
+        if self.sim_server_scale < 0:
+            raise ValueError(f"sim_server_scale must be >= 0, got {self.sim_server_scale}")
+        if self.sim_time_scale <= 0:
+            raise ValueError(f"sim_time_scale must be > 0, got {self.sim_time_scale}")
+        if self.sim_preset is not None:
+            preset(self.sim_preset)  # an unknown name fails here, with the known ones
         self.hidden_state_layers = _layers(self.hidden_state_layers)
         if self.hidden_state_layers:
             self.hidden_state_cache = True

@@ -1,9 +1,14 @@
 """SimRunner: the `sim` engine's forward pass, a timing model that emits plausible tokens.
 
 The scheduler, block manager, prefix cache and events are the real ones; only the model is
-replaced: each step sleeps `prefill_s_per_token * prefill tokens + decode_s_per_step` and each
-sequence gets tokens derived from its prompt (and seed), so identical requests get identical
-answers and routing experiments are reproducible. No torch.
+replaced: each step sleeps what the step would take, and each sequence gets tokens derived from
+its prompt (and seed), so identical requests get identical answers and routing experiments are
+reproducible. No torch.
+
+A step's time: with `--sim-preset`, the step model fitted to a device's measured figures
+(sim_presets.py: the batch's decode sequences and contexts, its prompt chunks, and the worker
+server's own host cost per request it starts, scaled by `--sim-server-scale`); without one,
+`prefill_s_per_token * prefill tokens + decode_s_per_step` whatever the batch.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from worker.engine.lora_manager import NoWeights
 from worker.engine.outputs import VisionCounters
 from worker.engine.scheduler import ScheduledSeq
 from worker.engine.sequence import Sequence
+from worker.engine.sim_presets import StepCost, preset
 
 # How many word-like vocabulary entries the sim draws its tokens from.
 _VOCAB_SAMPLE = 2048
@@ -53,6 +59,11 @@ class SimRunner:
         self.vocab_size = assets.tokenizer.get_vocab_size(with_added_tokens=True)
         self.prefill_s_per_token = config.sim_prefill_s_per_token
         self.decode_s_per_step = config.sim_decode_s_per_step
+        self.time_scale = config.sim_time_scale
+        self.step_cost: StepCost | None = None
+        if config.sim_preset:
+            self.step_cost = preset(config.sim_preset, config.sim_server_scale)
+        self._unstarted: set[str] = set()  # registered, not yet in a step (server cost due)
         self._words = _word_token_ids(assets)
         self._seeds: dict[str, int] = {}
         self._counters = VisionCounters()
@@ -71,9 +82,11 @@ class SimRunner:
         if seq.params.seed is not None:
             digest.update(struct.pack("<q", seq.params.seed))
         self._seeds[seq.request_id] = digest.intdigest()
+        self._unstarted.add(seq.request_id)
 
     def release(self, request_id: str) -> None:
         self._seeds.pop(request_id, None)
+        self._unstarted.discard(request_id)
         self.hidden.forget(request_id)
 
     def execute(self, batch: list[ScheduledSeq]) -> list[int | None]:
@@ -87,10 +100,35 @@ class SimRunner:
             end = start + item.num_new_tokens
             self._counters.images_processed += sum(start < m.end <= end for m in seq.mm_items)
             tokens.append(self._token(seq) if item.completes_prompt else None)
-        delay = self.prefill_s_per_token * prefill_tokens + self.decode_s_per_step
+        if self.step_cost is not None:
+            delay = self.step_seconds(batch)
+        else:
+            delay = self.prefill_s_per_token * prefill_tokens + self.decode_s_per_step
+        delay *= self.time_scale
         if delay > 0:
             time.sleep(delay)
         return tokens
+
+    def step_seconds(self, batch: list[ScheduledSeq]) -> float:
+        """The preset's time for `batch` (before its tokens are appended); marks the requests
+        it starts as started."""
+        c = self.step_cost
+        assert c is not None
+        decode, context, prompt, server = 0, 0, 0.0, 0.0
+        for item in batch:
+            seq = item.seq
+            start = seq.num_computed_tokens
+            if start < seq.num_prompt_tokens:
+                prompt += c.prefill(item.num_new_tokens, start)
+            else:
+                decode += 1
+                context += seq.num_tokens
+            if seq.request_id in self._unstarted:
+                self._unstarted.discard(seq.request_id)
+                server += c.server(len(batch), seq.num_prompt_tokens - start)
+        base = c.eager_base if prompt else c.graph_base
+        decode_part = decode * c.per_seq + c.ctx * context
+        return base + decode_part + prompt + server
 
     def _token(self, seq: Sequence) -> int:
         mixed = xxhash.xxh64_intdigest(

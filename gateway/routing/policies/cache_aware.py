@@ -1,7 +1,22 @@
 """cache_aware: the replica with the lowest estimated cost of serving the request now wins.
 
-The cost is a sum of named terms, in seconds at the candidates' median measured prefill rate
-(`Replica.prefill_rate`, from the workers' own metrics; `fleet_rate` says why not each one's):
+The cost is a sum of named terms in seconds. Once the gateway has timed enough requests, they
+are a learned latency model's predictions (gateway/fleet/latency.py: time to first token against
+the load a request was sent into, fitted from every candidate's samples pooled, `fleet_model`,
+and applied to each candidate's own load):
+
+  queue        what the requests there add: per request there (the gateway's in flight or
+               the worker's running + waiting), per request and per prefill token queued
+               there (the gateway's without a first token yet)
+  prefill      the model's base plus its own uncached prompt tokens there (the index match)
+  interference the slowdown it causes the requests already there: each is delayed by what one
+               more request adds to a request's whole time there (the duration fit's per
+               request, `FleetFit.slowdown`) and by its uncached tokens' prefill
+  spread, adapter as below, at the model's seconds per uncached token
+
+Until then (no replica fitted), the terms are priced in prompt tokens at the candidates' median
+measured prefill rate (`Replica.prefill_rate`, from the workers' own metrics; `fleet_rate` says
+why not each one's):
 
   queue        prefill tokens ahead of it there: this gateway's requests routed there that have
                no first token yet
@@ -37,6 +52,7 @@ import time
 from dataclasses import dataclass
 
 from gateway.config import GatewayConfig
+from gateway.fleet.latency import FleetFit, fleet_fit
 from gateway.fleet.replica import Replica
 from gateway.routing.adapters import adapter_miss
 from gateway.routing.policies.base import RouteContext, tie_order
@@ -44,6 +60,8 @@ from gateway.routing.policies.base import RouteContext, tie_order
 log = logging.getLogger(__name__)
 
 TOP = 8  # places ranked exactly when most candidates are idle and hold nothing of the request
+FLEET_SAMPLE = 32  # fitted candidates whose samples are pooled (bounded per request)
+POOL_TTL = 0.25  # seconds a pooled fit is reused for the same candidates
 
 
 @dataclass(slots=True)
@@ -70,33 +88,60 @@ class CacheAwarePolicy:
         self.half_life = config.recent_half_life
         self.lora_ttl = config.speculative_ttl
         self._rng = random.Random()
+        self._pool: tuple[tuple[int, int], float, FleetFit | None] = ((0, 0), -1.0, None)
 
-    def cost(self, ctx: RouteContext, r: Replica, now: float, rate: float) -> Cost:
+    def cost(
+        self,
+        ctx: RouteContext,
+        r: Replica,
+        now: float,
+        rate: float,
+        fleet: FleetFit | None = None,
+        floor: float = 0.0,
+    ) -> Cost:
+        """Its cost on `r`: predicted by `fleet` (the candidates' pooled latency fit) at `r`'s
+        load, or without one in prompt tokens at `rate`. `floor`: the least the learned model
+        may price an uncached token at (the workers' measured prefill rate)."""
         bs = ctx.block_size
         uncached = max(ctx.num_prompt_tokens - ctx.matched.get(r.id, 0) * bs, 0)
         # The worker's own counts see other gateways' requests too.
         on_replica = max(r.in_flight, r.running + r.waiting)
+        if fleet is not None:
+            rate = max(fleet.ttft.per_token, floor)
         adapter = 0.0
         if ctx.lora_name is not None:
             # Priced as that many uncached prompt blocks: its prefill plus its interference.
             miss = adapter_miss(r, ctx.lora_name, now, self.lora_ttl)
             adapter = rate * self.w.lora * bs * miss * (on_replica + 2)
+        spread = rate * self.w.recent * r.recent_prefill_at(now, self.half_life)
+        if fleet is not None:
+            c = fleet.ttft
+            return Cost(
+                queue=c.per_queued * r.in_flight_prefill_tokens
+                + c.per_waiting * r.in_flight_prefills
+                + c.per_request * on_replica,
+                prefill=c.base + rate * uncached,
+                interference=on_replica * (fleet.slowdown + rate * uncached),
+                spread=spread,
+                adapter=adapter,
+            )
         return Cost(
             queue=rate * r.in_flight_prefill_tokens,
             prefill=rate * uncached,
             interference=rate * uncached * (on_replica + 1),
-            spread=rate * self.w.recent * r.recent_prefill_at(now, self.half_life),
+            spread=spread,
             adapter=adapter,
         )
 
     def rank(self, ctx: RouteContext) -> list[Replica]:
         now = time.monotonic()
-        rate = fleet_rate(ctx.candidates)
+        floor, fleet = measured_rate(ctx.candidates), self.fleet_model(ctx.candidates, now)
+        rate = floor or 1.0
         exact = self.temperature > 0 or ctx.lora_name is not None or len(ctx.candidates) <= 2 * TOP
         contenders = ctx.candidates if exact else self._contenders(ctx)
         scored = sorted(
             (
-                (self.cost(ctx, r, now, rate).total, tie_order(ctx.tie_seed, r), r)
+                (self.cost(ctx, r, now, rate, fleet, floor).total, tie_order(ctx.tie_seed, r), r)
                 for r in contenders
             ),
             key=lambda t: (t[0], t[1]),
@@ -113,6 +158,19 @@ class CacheAwarePolicy:
             first = self._rng.choices(range(len(ranked)), weights=weights)[0]
             ranked.insert(0, ranked.pop(first))
         return ranked
+
+    def fleet_model(self, candidates: list[Replica], now: float) -> FleetFit | None:
+        """The pooled fit of (up to `FLEET_SAMPLE` of) the fitted candidates, reused for
+        `POOL_TTL` while the candidates look the same (it changes only with new samples)."""
+        key = (len(candidates), id(candidates[0]))
+        cached_key, at, coefs = self._pool
+        if cached_key == key and now - at < POOL_TTL:
+            return coefs
+        coefs = fleet_model(candidates)
+        self._pool = (key, now, coefs)
+        for r in candidates:  # what their requests are expected to take (latency.py)
+            r.latency.pool = coefs.ttft if coefs is not None else None
+        return coefs
 
     def _contenders(self, ctx: RouteContext) -> list[Replica]:
         """The candidates that may be among the `TOP` cheapest: those holding a prefix of the
@@ -145,20 +203,55 @@ def quietest(idle: list[Replica], k: int, seed: bytes) -> list[Replica]:
 
 def explain(policy: CacheAwarePolicy, ctx: RouteContext) -> str:
     """Each candidate's cost terms, cheapest first (for `--log-level debug`): in milliseconds,
-    or in tokens while no replica's prefill rate is measured yet."""
-    now, rate = time.monotonic(), fleet_rate(ctx.candidates)
-    measured = any(r.prefill_rate.seconds_per_token for r in ctx.candidates)
-    unit, scale = ("ms", 1e3) if measured else ("tokens", 1.0)
+    or in tokens while no replica's prefill rate is measured and no latency model is fitted;
+    with a model, whose it is (own or fleet) and its mean relative error so far."""
+    now, floor, fleet = time.monotonic(), measured_rate(ctx.candidates), fleet_model(ctx.candidates)
+    unit, scale = ("ms", 1e3) if floor or fleet is not None else ("tokens", 1.0)
     costs = sorted(
-        ((policy.cost(ctx, r, now, rate), r) for r in ctx.candidates), key=lambda t: t[0].total
+        ((policy.cost(ctx, r, now, floor or 1.0, fleet, floor), r) for r in ctx.candidates),
+        key=lambda t: t[0].total,
     )
     return f"({unit}) " + "; ".join(
         f"{r.id} total={c.total * scale:.0f} queue={c.queue * scale:.0f}"
         f" prefill={c.prefill * scale:.0f} interference={c.interference * scale:.0f}"
         f" spread={c.spread * scale:.0f} adapter={c.adapter * scale:.0f}"
         f" in_flight={r.in_flight} running={r.running} waiting={r.waiting}"
+        f"{model_note(r, fleet)}"
         for c, r in costs
     )
+
+
+def model_note(r: Replica, fleet: FleetFit | None) -> str:
+    """The learned model's word on `r`: the pooled fit's prediction of its TTFT, and its own
+    fit's error so far (and samples)."""
+    if fleet is None:
+        return ""
+    m = r.latency
+    return (
+        f" model=fleet samples={m.samples} error={m.mean_error:.0%}"
+        if m.fitted
+        else (f" model=fleet samples={m.samples}")
+    )
+
+
+def fleet_model(replicas: list[Replica]) -> FleetFit | None:
+    """The fits of (up to `FLEET_SAMPLE` of) the fitted candidates' samples pooled; None while
+    none is fitted."""
+    fitted = []
+    for r in replicas:
+        if r.latency.fitted:
+            fitted.append(r)
+            if len(fitted) == FLEET_SAMPLE:
+                break
+    return fleet_fit([r.latency for r in fitted], [r.duration for r in fitted])
+
+
+def measured_rate(replicas: list[Replica]) -> float:
+    """`fleet_rate` when some candidate's rate is measured, else 0."""
+    measured = [
+        r.prefill_rate.seconds_per_token for r in replicas if r.prefill_rate.seconds_per_token
+    ]
+    return statistics.median(measured) if measured else 0.0
 
 
 def fleet_rate(replicas: list[Replica]) -> float:
@@ -171,7 +264,4 @@ def fleet_rate(replicas: list[Replica]) -> float:
     rate reads several times higher than an equal replica's that takes new prefixes; at its own
     rate every new prefix would then go to the replica that took the last ones, until its cache
     overflows. The median keeps the costs in seconds without that feedback."""
-    measured = [
-        r.prefill_rate.seconds_per_token for r in replicas if r.prefill_rate.seconds_per_token
-    ]
-    return statistics.median(measured) if measured else 1.0
+    return measured_rate(replicas) or 1.0

@@ -1,0 +1,35 @@
+"""`python -m bench.ttft --engine sim` on a small workload: every worker is warmed before the
+first measured policy, each round turns the policy order by one place, every round is reported,
+and the medians over the rounds come last."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import pytest
+
+from tests.support.bench_runs import run_bench
+
+
+@pytest.mark.slow
+def test_ttft_sim_rounds_are_warmed_rotated_and_reported(tmp_path: Path):
+    small = "--users-per-tenant 2 --tenants 2 --turns 2 --system-words 300 --concurrency 2"
+    args = ["--engine", "sim", "--workers", "2", "--rounds", "2", *small.split()]
+    args += ["--policies", "cache_aware,round_robin", "--log-dir", str(tmp_path)]
+    summary = run_bench("ttft", tmp_path / "ttft.json", *args)
+    rows = summary["results"]
+    assert [(r["round"], r["policy"]) for r in rows] == [
+        (0, "cache_aware"),
+        (0, "round_robin"),
+        (1, "round_robin"),
+        (1, "cache_aware"),
+    ]
+    for r in rows:
+        assert r["failed"] == 0 and r["requests"] == 8 and r["ttft_p50_ms"] > 0
+    middle = {r["policy"]: r for r in summary["medians"]}
+    for policy, row in middle.items():
+        mine = [r["requests_per_s"] for r in rows if r["policy"] == policy]
+        assert row["round"] == -1 and row["requests_per_s"] == statistics.median(mine)
+        assert row["exact"].endswith("/16")
+    assert summary["args"]["sim_preset"] == "h200-llama-1b"
