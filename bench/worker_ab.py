@@ -111,8 +111,8 @@ def main() -> None:
         args.log_dir = logs / "baseline"
         with contextlib.chdir(args.baseline.resolve()):
             clusters[TREES[1]] = stack.enter_context(make_cluster(args, "demo"))
-        for c in clusters.values():
-            warm_up(c.worker_urls)
+        for c in clusters.values():  # every shape the runs take, on each tree
+            warm_up(c.gateway_url, c.worker_urls, workload, max(concurrencies))
         print(
             "tree       conc round   req/s out tok/s  TTFT p50  TTFT p90 wkr cpu/req "
             "gw cpu/req cli cpu/req"
