@@ -9,12 +9,14 @@ snapshot taken between steps knows exactly which seq it reflects. An idle loop s
 `Steps` every `_IDLE_WAIT_S` as its heartbeat.
 
 If anything escapes a step, the core sends `Dead` and exits. It also exits when the API server
-dies: its stdin is a pipe only the API server holds, so end-of-file there means no parent.
+dies: its stdin is a pipe only the API server holds, so end-of-file there means no parent (and
+on Linux the kernel kills it then anyway, should a step hang).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import signal
@@ -37,6 +39,7 @@ logger = logging.getLogger(__name__)
 
 _IDLE_WAIT_S = 0.2
 _STATS_EVERY_S = 0.1
+_PR_SET_PDEATHSIG = 1
 
 
 class ParentGone(Exception):
@@ -229,9 +232,17 @@ def serve(spec: CoreSpec) -> int:
     return 0
 
 
+def _die_with_parent() -> None:
+    """Linux: the kernel kills this process when the API server dies, even while a step hangs
+    in native code and the loop cannot notice stdin's end-of-file."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def main() -> int:
     # Ctrl-C reaches the whole process group: the API server alone decides when to stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent()
     spec = msgspec.json.decode(sys.stdin.buffer.readline(), type=CoreSpec)
     logging.basicConfig(
         level=spec.log_level.upper(),
