@@ -76,7 +76,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2
     try:
-        app = create_app(cores, server_config, on_ready=_ready_line(engine_config, server_config))
+        try:
+            ready = _ready_line(engine_config, server_config)
+            app = create_app(cores, server_config, on_ready=ready)
+        except (ValueError, OSError) as e:
+            print(f"{parser.prog}: error: {e}", file=sys.stderr)
+            return 2
         # Open streams must not hold a SIGTERM'd worker forever.
         uvicorn_config = uvicorn.Config(
             app, log_level=server_config.log_level, access_log=False, timeout_graceful_shutdown=5
