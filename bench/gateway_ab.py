@@ -20,7 +20,8 @@ from pathlib import Path
 from bench.lib.closed_loop import ZERO_COMPUTE, measure
 from bench.lib.proc_stats import cpu_seconds
 from bench.lib.report import write_json
-from harness.cluster import Cluster, ClusterSpec, Proc
+from harness.cluster import Cluster, ClusterSpec
+from harness.proc import Proc
 
 
 def start_baseline(c: Cluster, src: Path) -> Proc:
@@ -33,9 +34,15 @@ def start_baseline(c: Cluster, src: Path) -> Proc:
     return proc
 
 
-def run_round(targets: dict[str, tuple[list[str], Proc | None]], n: int, conc: int) -> dict:
+def run_round(
+    targets: dict[str, tuple[list[str], Proc | None]], n: int, conc: int, k: int = 0
+) -> dict:
+    """One round over every target, starting from the `k`th: rounds rotate the order, so a
+    load that drifts within a round falls on each target alike."""
+    names = list(targets)
     out = {}
-    for name, (urls, proc) in targets.items():
+    for name in names[k % len(names) :] + names[: k % len(names)]:
+        urls, proc = targets[name]
         cpu0 = cpu_seconds(proc.popen.pid) if proc and proc.popen else None
         load = measure(name, urls, n, conc)
         sent = n + min(n, 2 * conc)  # measure() sends a warm-up first
@@ -70,9 +77,9 @@ def main() -> None:
                 "gateway (this tree)": ([c.gateway_url], c.gateways[0]),
                 "gateway (baseline)": ([base.url], base),
             }
-            for _ in range(args.rounds):
-                rounds["1"].append(run_round(targets, args.requests // 4, 1))
-                rounds["64"].append(run_round(targets, args.requests, 64))
+            for k in range(args.rounds):
+                rounds["1"].append(run_round(targets, args.requests // 4, 1, k))
+                rounds["64"].append(run_round(targets, args.requests, 64, k))
         finally:
             base.kill()
     summary = {"args": {k: str(v) for k, v in vars(args).items()}, "rounds": rounds}

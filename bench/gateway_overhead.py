@@ -26,9 +26,9 @@ from bench.lib.report import percentile, write_json
 from cachekey.events import BlockStored
 from cachekey.keys import HashNamespace, block_keys
 from gateway.config import GatewayConfig
-from gateway.fleet.names import ReplicaId
 from gateway.fleet.replica import Replica
 from gateway.index.block_index import BlockIndex
+from gateway.names import ReplicaId
 from gateway.routing.policies import RouteContext
 from gateway.routing.policies.cache_aware import CacheAwarePolicy
 from harness.cluster import Cluster, ClusterSpec
@@ -106,7 +106,7 @@ def routing_decision(sizes: tuple[int, ...], repeats: int) -> list[dict]:
             t0 = time.perf_counter()
             keys = block_keys(tokens, ns)
             t1 = time.perf_counter()
-            matched = index.match(keys, [r.id for r in reps])
+            matched = index.lookup.match(keys, [r.id for r in reps])
             ctx = RouteContext(reps, keys, size, 16, matched, {}, keys[0])
             ranked = policy.rank(ctx)
             t2 = time.perf_counter()

@@ -22,9 +22,10 @@ import httpx
 import uvicorn
 
 from bench.lib.closed_loop import ZERO_COMPUTE
+from gateway.app import create_app
 from gateway.config import GatewayConfig
-from gateway.http.app import create_app
-from harness.cluster import HOST, Cluster, ClusterSpec, free_port
+from harness.cluster import Cluster, ClusterSpec
+from harness.ports import HOST, free_port
 
 CLIENT = """
 import sys

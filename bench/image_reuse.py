@@ -37,8 +37,9 @@ import httpx
 from bench.lib.report import args_dict, col, columns, percentile, print_table, write_json
 from bench.lib.runs import add_workload_args, workload_spec
 from harness import worker_metrics as wm
-from harness.cluster import Cluster, ClusterSpec, metric_total
+from harness.cluster import Cluster, ClusterSpec
 from harness.driver import Result, hit_rate, run_side_by_side
+from harness.prom import metric_total
 from harness.random_llava import SHAPES, write_random_llava
 from harness.workload import Workload, data_url, make_image
 

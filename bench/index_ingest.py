@@ -97,10 +97,11 @@ def match_ms(index_cls, size: int) -> float:
     index.apply("http://w0", NS, [chain(tokens, 1)])
     keys = block_keys(tokens, NS)
     reps = [f"http://w{i}" for i in range(4)]
+    reads = getattr(index, "lookup", index)  # a baseline from before issue 37 reads on itself
     times = []
     for _ in range(30):
         t0 = time.perf_counter()
-        index.match(keys, reps)
+        reads.match(keys, reps)
         times.append(time.perf_counter() - t0)
     return 1000 * statistics.median(times)
 

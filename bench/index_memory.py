@@ -22,8 +22,8 @@ from pathlib import Path
 from bench.lib.report import args_dict, write_json
 from cachekey.events import BlockStored
 from cachekey.keys import HashNamespace, block_keys
-from gateway.fleet.names import ReplicaId
 from gateway.index.block_index import BlockIndex
+from gateway.names import ReplicaId
 
 NS = HashNamespace("demo", 16)
 CHAIN = 64  # blocks per BlockStored

@@ -23,8 +23,9 @@ from pathlib import Path
 from bench.lib.report import args_dict, col, columns, print_table, write_json
 from bench.lib.runs import POLICY_HEADER, add_workload_args
 from harness import worker_metrics as wm
-from harness.cluster import Cluster, ClusterSpec, metric_total
+from harness.cluster import Cluster, ClusterSpec
 from harness.driver import Result, hit_rate, run_workload
+from harness.prom import metric_total
 from harness.workload import Workload, WorkloadSpec
 from worker.demo.lora import write_demo_adapter
 

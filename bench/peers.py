@@ -29,8 +29,10 @@ from bench.lib.closed_loop import ZERO_COMPUTE, Load, measure, print_loads
 from bench.lib.report import args_dict, col, columns, print_table, write_json
 from bench.lib.runs import POLICY_HEADER, drive, reset_caches
 from harness import worker_metrics as wm
-from harness.cluster import HOST, Cluster, ClusterSpec, Proc, free_port
+from harness.cluster import Cluster, ClusterSpec
 from harness.driver import hit_rate
+from harness.ports import HOST, free_port
+from harness.proc import Proc
 from harness.workload import Workload, WorkloadSpec
 
 PEERS = {"sglang-router": "sglang-router", "vllm-router": "vllm-router"}

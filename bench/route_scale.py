@@ -30,26 +30,29 @@ from pathlib import Path
 RUN_FLAG = "--one-tree"  # internal: measure this process's `gateway`, print JSON
 
 
-async def measure(n: int, requests: int, model_dir: str) -> dict:
-    from cachekey.documents import KVEventsEndpoint, WorkerInfo
-    from cachekey.events import BlockStored
-    from cachekey.keys import HashNamespace, block_keys
-    from gateway.config import GatewayConfig
-    from gateway.protocol import ChatCompletionRequest
-    from gateway.state import GatewayState
-
-    try:  # a --baseline tree from before the gateway's packages (issue 31) has them flat
-        from gateway.fleet.names import ReplicaId
+def _tree_names() -> tuple:
+    """(Replica, ReplicaId, ProxyRequest) wherever the measured tree has them: a --baseline tree
+    may be from before issue 37 (names under fleet/) or issue 31 (every module flat)."""
+    try:
         from gateway.fleet.replica import Replica
         from gateway.routing.request import ProxyRequest
+
+        try:
+            from gateway.names import ReplicaId
+        except ModuleNotFoundError:
+            from gateway.fleet.names import ReplicaId  # type: ignore[no-redef]
     except ModuleNotFoundError:
         from gateway.index import ReplicaId  # type: ignore[no-redef]
         from gateway.replica import Replica  # type: ignore[no-redef]
         from gateway.request import ProxyRequest  # type: ignore[no-redef]
-    from harness.workload import Workload, WorkloadSpec
+    return Replica, ReplicaId, ProxyRequest
 
-    state = GatewayState.build(GatewayConfig(model_dir=model_dir, max_inflight_per_replica=None))
-    ns = HashNamespace("demo", 16)
+
+def _fleet(state, n: int, ns) -> list:
+    """`n` healthy replicas of the demo model in `state`, with no events."""
+    from cachekey.documents import KVEventsEndpoint, WorkerInfo
+
+    Replica, ReplicaId, _ = _tree_names()
     info = WorkerInfo(
         model="demo",
         block_size=16,
@@ -66,6 +69,22 @@ async def measure(n: int, requests: int, model_dir: str) -> dict:
         state.replicas.replicas[rid] = rep
         state.index.set_traits(rid, True, 4096)
         reps.append(rep)
+    return reps
+
+
+async def measure(n: int, requests: int, model_dir: str) -> dict:
+    from cachekey.events import BlockStored
+    from cachekey.keys import HashNamespace, block_keys
+    from gateway.config import GatewayConfig
+    from gateway.protocol import ChatCompletionRequest
+    from gateway.state import GatewayState
+
+    ProxyRequest = _tree_names()[2]
+    from harness.workload import Workload, WorkloadSpec
+
+    state = GatewayState.build(GatewayConfig(model_dir=model_dir, max_inflight_per_replica=None))
+    ns = HashNamespace("demo", 16)
+    reps = _fleet(state, n, ns)
     renderer = await state.get_renderer()
     workload = Workload(
         WorkloadSpec(tenants=max(1, n * 3 // 2), users_per_tenant=1, turns=1, image_prob=0.0)

@@ -21,8 +21,10 @@ from pathlib import Path
 
 import httpx
 
-from harness.cluster import Cluster, ClusterSpec, index_mismatches, rss_bytes
+from harness.cluster import Cluster, ClusterSpec
 from harness.load import Tally, make_body, one_request
+from harness.proc import rss_bytes
+from harness.waits import index_mismatches
 
 
 @dataclass(slots=True)

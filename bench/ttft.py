@@ -218,7 +218,7 @@ def ratios(rows: list[Row], base: str = "round_robin") -> dict[str, dict[str, fl
     return out
 
 
-def main() -> None:
+def _arguments() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--policies", default="cache_aware,round_robin,least_loaded")
     ap.add_argument("--engine", choices=("torch", "vllm", "sim"), default="torch")
@@ -268,7 +268,11 @@ def main() -> None:
     )
     ap.add_argument("--log-dir", type=Path, default=Path("bench/results/logs/ttft"))
     ap.add_argument("--out", type=Path, default=Path("bench/results/ttft.json"))
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = _arguments()
     args.num_blocks = args.num_blocks or None
     rows, missed = run(args)
     middle = medians(rows)

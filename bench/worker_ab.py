@@ -20,10 +20,12 @@ import statistics
 import time
 from pathlib import Path
 
+import httpx
+
 from bench.lib.proc_stats import cpu_seconds, tree_cpu_seconds
 from bench.lib.report import write_json
 from bench.lib.runs import add_workload_args, drive_policy, workload_spec
-from bench.ttft import make_cluster, make_row, warm_up
+from bench.ttft import make_cluster, make_row
 from harness.cluster import Cluster
 from harness.workload import Workload
 
@@ -36,6 +38,14 @@ def cpu_of(cluster: Cluster) -> tuple[float, float]:
     workers = sum(tree_cpu_seconds(w.popen.pid) for w in cluster.workers if w.popen)
     gateway = cluster.gateways[0].popen
     return workers, cpu_seconds(gateway.pid) if gateway else 0.0
+
+
+def first_calls(urls: list[str]) -> None:
+    """One short request per worker, so first-call costs (allocator, kernels) are not measured
+    (and the workload's prefixes are not cached before its rounds)."""
+    body = {"model": "demo", "messages": [{"role": "user", "content": "warm up"}], "max_tokens": 2}
+    for u in urls:
+        httpx.post(f"{u}/v1/chat/completions", json=body, timeout=120).raise_for_status()
 
 
 def run_once(cluster: Cluster, workload: Workload, concurrency: int) -> dict:
@@ -111,8 +121,8 @@ def main() -> None:
         args.log_dir = logs / "baseline"
         with contextlib.chdir(args.baseline.resolve()):
             clusters[TREES[1]] = stack.enter_context(make_cluster(args, "demo"))
-        for c in clusters.values():  # every shape the runs take, on each tree
-            warm_up(c.gateway_url, c.worker_urls, workload, max(concurrencies))
+        for c in clusters.values():
+            first_calls(c.worker_urls)
         print(
             "tree       conc round   req/s out tok/s  TTFT p50  TTFT p90 wkr cpu/req "
             "gw cpu/req cli cpu/req"

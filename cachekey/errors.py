@@ -71,6 +71,19 @@ def context_exceeded(
     )
 
 
+def context_exceeded_by_length(
+    limit: int, at_least: int, chars: int, where: str
+) -> PromptTooLongError:
+    """`context_exceeded` for a prompt refused by its length alone (cachekey/token_bound.py),
+    before it was tokenized: the count is the proven least."""
+    return PromptTooLongError(
+        f"This model's maximum context length is {limit} tokens. However, your {where} "
+        f"resulted in at least {at_least} tokens ({chars} characters). Please reduce the "
+        f"length of the {where}.",
+        param=where,
+    )
+
+
 class ImageFetchError(RenderError):
     """A remote image URL that is disabled, refused or could not be fetched."""
 

@@ -21,10 +21,12 @@ from cachekey.errors import (
     RenderError,
     UnsupportedContentError,
     context_exceeded,
+    context_exceeded_by_length,
 )
 from cachekey.images import VERBATIM_UUIDS, ClientUuids, decode_data_url, probe_image
 from cachekey.segment_encoder import SegmentEncoder
 from cachekey.template import RESERVED_NAMES, render_template
+from cachekey.token_bound import chars_per_token_bound, min_tokens
 from cachekey.types import MMItem, Prompt
 
 ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
@@ -94,6 +96,9 @@ class Renderer:
         self.max_model_len = min(assets.max_model_len, limits.max_model_len or assets.max_model_len)
         self._vocab_size = tok.get_vocab_size(with_added_tokens=True)
         self._affixes = _special_affixes(tok)
+        # A text longer than this many characters is proven past the context (token_bound.py).
+        bound = chars_per_token_bound(tok)
+        self._max_chars = None if bound is None else bound * self.max_model_len
 
     # ---- public API -------------------------------------------------------------------------
 
@@ -130,12 +135,14 @@ class Renderer:
             tools=tools,
             extra=kwargs,
         )
+        self._check_length(text, "messages")
         return self._expand(self._encoder.encode(text), call.images, "messages")
 
     def render_completion(self, prompt: str | list[int], field: str = "prompt") -> Prompt:
         """A completion's prompt; `field` is the request field it came from, named in errors
         (`input` for an embeddings input)."""
         if isinstance(prompt, str):
+            self._check_length(prompt, field)
             if self._affixes is None:
                 ids = self.assets.tokenizer.encode(prompt).ids
             else:
@@ -156,6 +163,12 @@ class Renderer:
         )
 
     # ---- internals --------------------------------------------------------------------------
+
+    def _check_length(self, text: str, where: str) -> None:
+        """Refuse a text its length alone proves past the context, before tokenizing it."""
+        if self._max_chars is not None and len(text) > self._max_chars:
+            at_least = min_tokens(len(text), self._max_chars // self.max_model_len)
+            raise context_exceeded_by_length(self.max_model_len, at_least, len(text), where)
 
     def _checked_ids(self, prompt: list[Any], field: str) -> list[int]:
         for i, t in enumerate(prompt):

@@ -9,10 +9,20 @@ recorded only for answers a replica served (2xx): a worker's refusal cached noth
 
 from __future__ import annotations
 
+from typing import Protocol
+
+from gateway.fleet.breaker import CircuitBreaker
 from gateway.fleet.replica import Replica
-from gateway.state import GatewayState
+from gateway.metrics import GatewayMetrics
 
 CLIENT_GONE = "client_gone"  # the client left before the end of its answer
+
+
+class Recorder(Protocol):
+    """Where outcomes go (the app's GatewayState is one): the breaker and the metrics."""
+
+    breaker: CircuitBreaker
+    metrics: GatewayMetrics
 
 
 def served(status: str) -> bool:
@@ -20,18 +30,18 @@ def served(status: str) -> bool:
     return status.startswith("2")
 
 
-def attempt_failed(state: GatewayState, rep: Replica, policy: str, reason: str) -> None:
+def attempt_failed(state: Recorder, rep: Replica, policy: str, reason: str) -> None:
     state.breaker.failure(rep, reason)
     m = state.metrics
-    m.child(m.requests, rep.id, policy, "retried").inc()
+    m.child(m.requests, rep.name, policy, "retried").inc()
     m.retries.inc()
 
 
-def attempt_answered(state: GatewayState, rep: Replica) -> None:
+def attempt_answered(state: Recorder, rep: Replica) -> None:
     state.breaker.success(rep)
 
 
-def answered_here(state: GatewayState, policy: str, status: str) -> None:
+def answered_here(state: Recorder, policy: str, status: str) -> None:
     """A request no replica answered: refused at any stage, overloaded, every replica failed,
     or its client gone before it reached one."""
     m = state.metrics
@@ -39,7 +49,7 @@ def answered_here(state: GatewayState, policy: str, status: str) -> None:
 
 
 def finished(
-    state: GatewayState,
+    state: Recorder,
     rep: Replica,
     policy: str,
     status: str,
@@ -50,13 +60,13 @@ def finished(
     """A request a replica answered: its status and, if served, predicted vs reported cached
     tokens."""
     m = state.metrics
-    m.child(m.requests, rep.id, policy, status).inc()
+    m.child(m.requests, rep.name, policy, status).inc()
     if not served(status):
         return
-    m.child(m.prompt_tokens, rep.id).inc(prompt_tokens)
-    m.child(m.predicted_cached, rep.id).inc(predicted)
+    m.child(m.prompt_tokens, rep.name).inc(prompt_tokens)
+    m.child(m.predicted_cached, rep.name).inc(predicted)
     details = (usage or {}).get("prompt_tokens_details") or {}
     reported = details.get("cached_tokens")
     if reported is not None:
-        m.child(m.reported_cached, rep.id).inc(reported)
+        m.child(m.reported_cached, rep.name).inc(reported)
         m.prediction_error.observe(abs(predicted - reported))

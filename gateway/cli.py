@@ -69,15 +69,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import uvicorn
 
-    from gateway.http.app import create_app
-    from gateway.http.drain import DrainingServer
+    from gateway.app import create_app
+    from gateway.http.drain import draining_server
 
     app = create_app(config)
-    uvicorn_config = uvicorn.Config(
-        app,
-        log_level=config.log_level,
-        access_log=False,
-        timeout_graceful_shutdown=config.drain_timeout,
-    )
-    DrainingServer(uvicorn_config, app).run(sockets=sockets)
+    uvicorn_config = uvicorn.Config(app, log_level=config.log_level, access_log=False)
+    draining_server(uvicorn_config, app, config.drain_timeout).run(sockets=sockets)
     return 0

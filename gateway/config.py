@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from cachekey.headers import SESSION_HEADER
 from gateway.config_checks import DISCOVERY_NAMES, POLICY_NAMES, check_config
-from gateway.http.limits import RequestLimits
+from gateway.limits import RequestLimits
 from kvgate_cli.flags import LOG_LEVELS, flag_group, format_size, option, parse_size
 
 

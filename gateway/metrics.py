@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-
-if TYPE_CHECKING:
-    from gateway.fleet.latency import LatencyModel
 
 _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
 _TOKEN_BUCKETS = (0, 1, 16, 64, 256, 1024, 4096, 16384)
@@ -22,6 +19,13 @@ class GatewayMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
         self._children: dict[tuple[str, tuple[str, ...]], Counter] = {}
+        self._add_request_metrics(r)
+        self._add_routing_metrics(r)
+        self._add_event_metrics(r)
+        self._add_replica_metrics(r)
+
+    def _add_request_metrics(self, r: CollectorRegistry) -> None:
+        """What the request path records: outcomes, predicted and reported cached tokens."""
         self.requests = Counter(
             "kvgate_requests",
             "Requests, each counted once with its outcome (replica none: answered by the gateway)",
@@ -49,6 +53,11 @@ class GatewayMetrics:
             buckets=_TOKEN_BUCKETS,
             registry=r,
         )
+        self.retries = Counter("kvgate_retries", "Attempts retried on another replica", registry=r)
+
+    def _add_routing_metrics(self, r: CollectorRegistry) -> None:
+        """What the routing decision records: its time, its render's, its spills, and how far
+        the latency model it priced replicas by was off."""
         self.ttft_prediction_error = Histogram(
             "kvgate_route_ttft_prediction_error_ratio",
             "|observed - predicted| / observed time to first token per request, as the gateway "
@@ -82,6 +91,9 @@ class GatewayMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+
+    def _add_event_metrics(self, r: CollectorRegistry) -> None:
+        """The index and the KV events that feed it."""
         self.index_blocks = Gauge("kvgate_index_blocks", "Gateway keys in the index", registry=r)
         self.index_bytes = Gauge("kvgate_index_bytes", "Estimated index memory", registry=r)
         self.events_applied = Counter(
@@ -121,6 +133,9 @@ class GatewayMetrics:
             ["reason"],
             registry=r,
         )
+
+    def _add_replica_metrics(self, r: CollectorRegistry) -> None:
+        """The replicas: health, parity, in-flight requests and prefill rate."""
         self.replica_healthy = Gauge(
             "kvgate_replica_healthy", "1 when the replica takes traffic", ["replica"], registry=r
         )
@@ -132,7 +147,6 @@ class GatewayMetrics:
         )
         self.in_flight = _InFlight()
         r.register(self.in_flight)
-        self.retries = Counter("kvgate_retries", "Attempts retried on another replica", registry=r)
 
     def child(self, metric: Counter, *labels: str) -> Counter:
         """`metric.labels(*labels)`, looked up once per label set (it takes a lock and a
@@ -147,16 +161,28 @@ class GatewayMetrics:
         return generate_latest(self.registry)
 
 
+class FittedModel(Protocol):
+    """What the scrape reads of a replica's latency model (gateway/fleet/latency.py
+    `LatencyModel`, on a floor above: the metrics sit at the bottom)."""
+
+    mean_error: float
+
+    @property
+    def fitted(self) -> bool: ...
+
+    def coefficients(self) -> Any: ...  # its terms as attributes: base, per_token, ...
+
+
 class _InFlight(Collector):
     """Per-replica gauges read from the replicas when scraped: kvgate_in_flight_requests,
-    kvgate_replica_prefill_seconds_per_token (the rate cache_aware measured; absent until then)
-    and kvgate_replica_ttft_model_seconds (its fitted latency model's coefficients, once fitted).
-    """
+    kvgate_replica_prefill_seconds_per_token (the rate cache_aware measured; absent until then),
+    kvgate_replica_ttft_model_seconds (its fitted latency model's coefficients, once fitted) and
+    kvgate_replica_info (name and URL, the join between them)."""
 
     def __init__(self) -> None:
-        # (replica id, in-flight requests, measured seconds per prefill token or None, its
+        # (name, replica id, in-flight requests, measured seconds per prefill token or None, its
         # latency model)
-        self.source: Callable[[], Iterable[tuple[str, int, float | None, LatencyModel]]] = tuple
+        self.source: Callable[[], Iterable[tuple[str, str, int, float | None, FittedModel]]] = tuple
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         g = GaugeMetricFamily("kvgate_in_flight_requests", "Requests in flight", labels=["replica"])
@@ -173,15 +199,22 @@ class _InFlight(Collector):
             "smoothed relative error of the predictions its requests were routed by",
             labels=["replica", "term"],
         )
-        for rid, n, seconds, latency in self.source():
-            g.add_metric([rid], n)
+        info = GaugeMetricFamily(
+            "kvgate_replica_info",
+            "1 per replica: its name (the replica label everywhere) and its worker URL, to join",
+            labels=["replica", "url"],
+        )
+        for name, url, n, seconds, latency in self.source():
+            g.add_metric([name], n)
+            info.add_metric([name, url], 1)
             if seconds is not None:
-                rate.add_metric([rid], seconds)
+                rate.add_metric([name], seconds)
             if latency.fitted:
                 c = latency.coefficients()
                 for term in ("base", "per_token", "per_queued", "per_waiting", "per_request"):
-                    model.add_metric([rid, term], getattr(c, term))
-                model.add_metric([rid, "mean_error"], latency.mean_error)
+                    model.add_metric([name, term], getattr(c, term))
+                model.add_metric([name, "mean_error"], latency.mean_error)
         yield g
         yield rate
         yield model
+        yield info

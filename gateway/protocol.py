@@ -1,8 +1,8 @@
 """The gateway's request models: the shared ones (cachekey/openai/protocol.py) on the fields the
 gateway checks before routing. Unknown fields are allowed and forwarded to the worker as sent.
 
-`seed` is an int64 and the penalties lie in [-2, 2], as OpenAI's API bounds them; the worker
-adds what its engine runs (worker/server/protocol.py).
+The sampling fields and their bounds are the worker's too (cachekey/openai/protocol.py
+`SamplingFields`, vLLM's bounds); the worker adds what its engine runs (worker/server/protocol.py).
 """
 
 from __future__ import annotations
@@ -12,35 +12,28 @@ from typing import Any
 from pydantic import ConfigDict, Field, field_validator
 
 from cachekey.openai.protocol import (
-    INT64_MAX,
-    INT64_MIN,
     Bool,
     ChatFields,
     CompletionFields,
     Int,
-    Number,
     OpenAIRequest,
+    SamplingFields,
     Str,
 )
 
 
-class _Request(OpenAIRequest):
+class _Envelope(OpenAIRequest):
+    """What the gateway reads of a request beside its sampling fields."""
+
     model_config = ConfigDict(extra="allow")
 
     model: Str | None = None
     stream: Bool | None = False
     stream_options: dict[str, Any] | None = None
     cache_salt: Str | None = None
-    n: Int | None = Field(None, ge=1)
-    seed: Int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
-    temperature: Number | None = Field(None, ge=0.0)
-    top_p: Number | None = Field(None, gt=0.0, le=1.0)
-    top_k: Int | None = None
-    presence_penalty: Number | None = Field(None, ge=-2.0, le=2.0)
-    frequency_penalty: Number | None = Field(None, ge=-2.0, le=2.0)
-    stop: Str | list[Str] | None = None
-    stop_token_ids: list[Int] | None = None
-    ignore_eos: Bool | None = None
+
+
+class _Request(SamplingFields, _Envelope):
     user: Str | None = None
 
     @field_validator("stream")

@@ -8,13 +8,11 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from cachekey.keys import HashNamespace
 from cachekey.render import Renderer
 from cachekey.worker_auth import bearer
 from gateway.assets import load_assets
 from gateway.config import GatewayConfig
 from gateway.fleet.breaker import CircuitBreaker
-from gateway.fleet.replica import Replica
 from gateway.fleet.replica_set import ReplicaSet
 from gateway.images.fetch import ImageFetcher, RemoteImagesDisabled
 from gateway.images.guard import AllowList, FetchPolicy
@@ -23,6 +21,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.routing.admission import Admission, RenderQueue
 from gateway.routing.policies import POLICIES, Policy
 from gateway.routing.tenants import TenantRegistry
+from kvgate_cli.drain import OpenStreams
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +40,11 @@ class GatewayState:
     render_queue: RenderQueue
     tenants: TenantRegistry | None = None  # None: no API keys, no tenant salts
     renderer: object | None = None
+    streams: OpenStreams = field(default_factory=OpenStreams)  # what a drain cuts
     _assets_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @classmethod
-    def build(cls, config: GatewayConfig) -> GatewayState:
+    def build(cls, config: GatewayConfig, streams: OpenStreams | None = None) -> GatewayState:
         metrics = GatewayMetrics()
         index = BlockIndex(config.index_max_blocks, config.speculative_ttl)
         # Control traffic (polls, snapshots, assets); requests use each replica's own pool.
@@ -56,8 +56,8 @@ class GatewayState:
         )
         replicas = ReplicaSet(config, index, metrics, http)
         metrics.in_flight.source = lambda: (
-            (r.id, r.in_flight, r.prefill_rate.seconds_per_token, r.latency)
-            for r in replicas.replicas.values()
+            (r.name, r.id, r.in_flight, r.prefill_rate.seconds_per_token, r.latency)
+            for r in replicas
         )
         return cls(
             config=config,
@@ -75,6 +75,7 @@ class GatewayState:
                 if config.api_keys_file
                 else None
             ),
+            streams=OpenStreams() if streams is None else streams,
         )
 
     async def get_renderer(self):
@@ -83,7 +84,7 @@ class GatewayState:
             return self.renderer
         async with self._assets_lock:
             if self.renderer is None:
-                urls = [r.url for r in self.replicas.replicas.values() if r.instance_id]
+                urls = [r.url for r in self.replicas if r.instance_id]
                 assets = await load_assets(self.config.model_dir, urls, self.http)
                 limits = self.config.limits.render_limits()
                 self.renderer = Renderer(assets, fetcher=self.fetcher, limits=limits)
@@ -94,7 +95,7 @@ class GatewayState:
         """Local --model-dir assets must be the workers' assets, or no key would ever match."""
         theirs = {
             r.info.fingerprint_parts.assets
-            for r in self.replicas.replicas.values()
+            for r in self.replicas
             if r.info is not None and r.info.fingerprint_parts is not None
         }
         ok = not theirs or fingerprint in theirs
@@ -107,13 +108,6 @@ class GatewayState:
                 fingerprint,
                 sorted(theirs),
             )
-
-    def namespace_for(self, candidates: list[Replica]) -> HashNamespace | None:
-        """The hash namespace of the parity-consistent replicas (they all agree on it)."""
-        for r in candidates:
-            if r.parity_ok and r.namespace is not None:
-                return r.namespace
-        return None
 
     async def close(self) -> None:
         await self.replicas.close()

@@ -12,8 +12,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from harness.cluster import HOST, Cluster, Proc, free_port
-from harness.envoy import Envoy, EnvoySpec
+from harness.cluster import Cluster
+from harness.envoy import Envoy
+from harness.envoy_config import EnvoySpec
+from harness.ports import HOST, free_port
+from harness.proc import Proc
 
 
 class EnvoyFront:

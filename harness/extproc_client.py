@@ -222,3 +222,26 @@ def forward(
         )
     call.close()
     return resp.status_code, chunks, relayed
+
+
+async def exchange(stub: pb_grpc.ExternalProcessorStub, body: bytes | None) -> None:
+    """One request's ext_proc exchange as a proxy has it before forwarding: headers, body and
+    end of stream out; the endpoint (headers response) and the body back in; stream closed."""
+    path, method = ("/v1/chat/completions", "POST") if body is not None else ("/v1/models", "GET")
+    headers = pb.HttpHeaders(
+        headers=header_map({":method": method, ":path": path}), end_of_stream=body is None
+    )
+    call = stub.Process()
+    await call.write(pb.ProcessingRequest(request_headers=headers))
+    if body is not None:
+        await call.write(
+            pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True))
+        )
+    first = await call.read()
+    assert first.HasField("request_headers"), first  # the pick, not a refusal
+    more = body is not None
+    while more:
+        msg = await call.read()
+        more = not msg.request_body.response.body_mutation.streamed_response.end_of_stream
+    await call.done_writing()
+    await call.read()  # the stream's end: the EPP releases the request

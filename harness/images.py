@@ -25,9 +25,9 @@ from pathlib import Path
 
 import httpx
 
-from harness.cluster import free_port
 from harness.image_checks import check_image, cpu_torch_wheel
 from harness.image_pods import Pod, chart_pods
+from harness.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNNERS = ("docker", "podman")

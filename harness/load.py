@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from harness.cluster import metric_total, wait_until
+from harness.prom import metric_total
+from harness.waits import wait_until
 
 _WORDS = (
     "cache block prefix route model token replica gateway worker latency memory tenant answer "

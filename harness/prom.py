@@ -1,13 +1,60 @@
-"""Reading a Prometheus text page as a benchmark needs it: counters summed over their labels,
-histograms by bucket, and quantiles of the difference between two scrapes (what
-`histogram_quantile(rate(...))` shows on a dashboard)."""
+"""Reading a Prometheus text page, the one parser the harness and the benchmarks use: its samples
+(`samples`), one metric summed or by labels at a URL (`metric_total`, `metric_by_labels`),
+counters summed over their labels, histograms by bucket, and quantiles of the difference between
+two scrapes (what `histogram_quantile(rate(...))` shows on a dashboard)."""
 
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+
+import httpx
+
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+_ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+
+
+def samples(text: str) -> Iterator[tuple[str, str, float]]:
+    """(name, its labels as written, value) of every sample of a page (comments skipped)."""
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        head, _, value = line.rpartition(" ")
+        name, _, labels = head.partition("{")
+        try:
+            v = float(value)
+        except ValueError:
+            continue
+        yield name, labels, v
+
+
+def labels_of(written: str) -> dict[str, str]:
+    """A sample's labels as written (`a="x",b="y\\"z"}`), as a dict."""
+    return {
+        k: re.sub(r"\\.", lambda m: _ESCAPES.get(m[0], m[0]), v) for k, v in _LABEL.findall(written)
+    }
+
+
+def metric_total(url: str, name: str, headers: dict[str, str] | None = None) -> float:
+    """Sum of every sample of one metric at `url`/metrics (0 when absent); `headers` for a
+    worker that wants its token."""
+    text = httpx.get(f"{url}/metrics", headers=headers, timeout=10).text
+    return sum(v for n, _, v in samples(text) if n == name)
+
+
+def metric_by_labels(url: str, name: str, *labels: str) -> dict[tuple[str, ...], float]:
+    """One metric's samples at `url`/metrics keyed by the values of `labels` (summed over the
+    rest), e.g. `metric_by_labels(gw, "kvgate_requests_total", "replica", "status")`."""
+    out: dict[tuple[str, ...], float] = {}
+    for n, written, v in samples(httpx.get(f"{url}/metrics", timeout=10).text):
+        if n == name:
+            have = labels_of(written)
+            key = tuple(have.get(label, "") for label in labels)
+            out[key] = out.get(key, 0.0) + v
+    return out
 
 
 @dataclass(slots=True)
@@ -21,15 +68,7 @@ class Scrape:
     @classmethod
     def parse(cls, text: str) -> Scrape:
         out = cls()
-        for line in text.splitlines():
-            if not line or line[0] == "#":
-                continue
-            head, _, value = line.rpartition(" ")
-            name, _, labels = head.partition("{")
-            try:
-                v = float(value)
-            except ValueError:
-                continue
+        for name, labels, v in samples(text):
             out.totals[name] += v
             if name.endswith("_bucket"):
                 le = _label(labels, "le")

@@ -22,7 +22,9 @@ import httpx
 import zmq
 
 from cachekey.events import parse_replay_reply, seq_bytes
-from harness.cluster import HOST, Cluster, ClusterSpec, Proc, free_port, free_port_run
+from harness.cluster import Cluster, ClusterSpec
+from harness.ports import HOST, free_port, free_port_run
+from harness.proc import Proc
 from harness.vllm_cpu import CPU_BLOCK_SIZE, vllm_python
 
 STARTUP_TIMEOUT = 600.0  # several servers starting at once on 2 busy cores

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
+
+from harness.prom import samples
 
 _SAMPLES = {
     "vllm:e2e_request_latency_seconds_count": "requests",
@@ -38,11 +39,10 @@ class WorkerCounters:
 def scrape(url: str, timeout: float = 10.0) -> WorkerCounters:
     text = httpx.get(f"{url}/metrics", timeout=timeout).text
     out = WorkerCounters()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            field = _SAMPLES.get(sample.name)
-            if field is not None:
-                setattr(out, field, getattr(out, field) + sample.value)
+    for name, _, value in samples(text):
+        field = _SAMPLES.get(name)
+        if field is not None:
+            setattr(out, field, getattr(out, field) + value)
     return out
 
 

@@ -1,13 +1,14 @@
 """Render helm/kvgate with Helm's own engine (helm-python-sdk): no `helm` binary needed.
 
-    .venv/bin/python manifests/render.py            # rewrite manifests/ (the chart's defaults)
-    .venv/bin/python manifests/render.py --check    # exit 1 when manifests/ differs from a render
     .venv/bin/python manifests/render.py --values my-values.yaml --namespace inference > kvgate.yaml
+    .venv/bin/python manifests/render.py            # print the chart's defaults, as helm template
+    .venv/bin/python manifests/render.py --write    # rewrite manifests/ (after a chart change)
+    .venv/bin/python manifests/render.py --check    # exit 1 when manifests/ differs from a render
 
-With --values or --set it works like `helm template`: values files merge in the order given
-(maps merge key by key, a later file wins, `null` removes a chart default), --set expressions
-(Helm's syntax) go on top, the chart's values.schema.json is enforced, and the chart is printed
-as one YAML stream for `kubectl apply -n NAMESPACE -f -`. manifests/ is left alone then.
+It works like `helm template` and never writes unless told to (--write): values files merge in
+the order given (maps merge key by key, a later file wins, `null` removes a chart default),
+--set expressions (Helm's syntax) go on top, the chart's values.schema.json is enforced, and the
+chart is printed as one YAML stream for `kubectl apply -n NAMESPACE -f -`.
 """
 
 from __future__ import annotations
@@ -145,7 +146,10 @@ def main(argv: list[str] | None = None) -> int:
         description="Render the kvgate chart with Helm's engine, without a helm binary.",
     )
     parser.add_argument(
-        "--check", action="store_true", help="compare manifests/ instead of writing"
+        "--write", action="store_true", help="rewrite manifests/ (the defaults) instead of printing"
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="exit 1 when manifests/ differs from a fresh render"
     )
     parser.add_argument(
         "-f",
@@ -172,12 +176,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     custom = bool(args.values or args.set)
-    if not custom:
-        if args.release != RELEASE or args.namespace != NAMESPACE:
-            parser.error("--release and --namespace apply to a render with --values or --set")
+    if args.write or args.check:
+        if custom or args.release != RELEASE or args.namespace != NAMESPACE:
+            parser.error("--write and --check are for manifests/ (the defaults): drop the rest")
+        if args.write and args.check:
+            parser.error("--write or --check, not both")
         return write_manifests(args.check)
-    if args.check:
-        parser.error("--check compares manifests/ with the defaults; drop --values and --set")
     for path in args.values:
         if not path.is_file():
             parser.error(f"values file {path} does not exist")

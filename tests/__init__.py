@@ -1,4 +1,4 @@
-"""kvgate's tests, one folder per package under test (a test of gateway/index/subscriber.py is
+"""kvgate's tests, one folder per package under test (a test of gateway/events/subscriber.py is
 tests/gateway/test_subscriber.py, of worker/engine/block_manager.py
 tests/worker/engine/test_block_manager.py):
 

@@ -64,6 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import uvicorn
 
+    from kvgate_cli.drain import DrainingServer
     from worker.server.app import create_app
     from worker.server.launch import start_worker_cores
 
@@ -82,11 +83,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (ValueError, OSError) as e:
             print(f"{parser.prog}: error: {e}", file=sys.stderr)
             return 2
-        # Open streams must not hold a SIGTERM'd worker forever.
-        uvicorn_config = uvicorn.Config(
-            app, log_level=server_config.log_level, access_log=False, timeout_graceful_shutdown=5
+        # SIGTERM drains (kvgate_cli/drain.py): streams in flight get --drain-timeout to finish;
+        # then the lifespan stops the engine cores.
+        uvicorn_config = uvicorn.Config(app, log_level=server_config.log_level, access_log=False)
+        server = DrainingServer(
+            uvicorn_config, streams=app.state.streams, drain_timeout=server_config.drain_timeout
         )
-        uvicorn.Server(uvicorn_config).run(sockets=[sock])
+        server.run(sockets=[sock])
     finally:
         cores.stop()
     return 0

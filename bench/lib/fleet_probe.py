@@ -11,8 +11,9 @@ from dataclasses import dataclass
 import httpx
 
 from bench.lib.proc_stats import cpu_seconds
-from harness.cluster import Proc, rss_bytes, snapshot_digest
+from harness.proc import Proc, rss_bytes
 from harness.prom import Scrape, combined
+from harness.waits import snapshot_digest
 
 SETTLE_S = 2.5  # speculative entries (2 s) expire after a reset
 

@@ -9,7 +9,7 @@ import itertools
 import threading
 from collections.abc import Sequence
 
-from harness.cluster import HOST, free_port
+from harness.ports import HOST, free_port
 
 
 class RoundRobinFront:

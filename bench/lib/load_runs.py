@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from bench.lib.report import Col, percentile
 from bench.lib.runs import Measured, drive, reset_caches
 from cachekey.headers import POLICY_HEADER
-from harness.cluster import metric_total
 from harness.driver import Result, hit_rate, warm_results
+from harness.prom import metric_total
 from harness.workload import Workload, WorkloadSpec
 
 # The workers: 200 us per uncached prompt token, 2 ms per engine step.

@@ -1,8 +1,9 @@
 """The /v1/embeddings request's own fields and rules, which the gateway and the worker share.
 
 OpenAI's `input`, or instead vLLM's chat-style `messages` (for images), never both; never
-streamed. Each side's model (gateway/embeddings.py, worker/server/embedding_protocol.py) adds
-these to its own base, so both refuse the same bodies with the same words.
+streamed. Each side's model (gateway/serving/embeddings.py,
+worker/server/embedding_protocol.py) adds these to its own base, so both refuse the same bodies
+with the same words.
 """
 
 from __future__ import annotations

@@ -6,11 +6,11 @@ a string instead.`, code `invalid_type`; cachekey/openai/validation.py), never c
 checked on integers cannot be passed by sending another type. A number field takes integers and
 decimals, not booleans or strings. `null` is "not set" for every optional field.
 
-Each side subclasses these with its own base (the sampling fields it checks, what it does with
-unknown fields): gateway/protocol.py and worker/server/protocol.py, as
+Each side subclasses these with its own base (its envelope fields, what it does with unknown
+fields) around the one `SamplingFields`: gateway/protocol.py and worker/server/protocol.py, as
 `class ChatCompletionRequest(ChatFields, SideBase)`. Pydantic orders the fields from the last
-base to the first, so the side's sampling fields are validated (and the first error reported)
-before these.
+base to the first, so the side's base fields and the sampling fields are validated (and the
+first error reported) before these.
 """
 
 from __future__ import annotations
@@ -24,12 +24,31 @@ Number = Annotated[float, Strict()]  # strict float still takes a JSON integer
 Bool = Annotated[bool, Strict()]
 Str = Annotated[str, Strict()]
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+MAX_N = 16384  # vLLM's default VLLM_MAX_N_SEQUENCES
 
 
 class OpenAIRequest(BaseModel):
     """Every request model's base: strict, so no field is coerced from another JSON type."""
 
     model_config = ConfigDict(strict=True)
+
+
+class SamplingFields(OpenAIRequest):
+    """The sampling fields chat and completions share, declared once for the gateway and the
+    worker, with the bounds vLLM checks (its protocol and `SamplingParams._verify_args`): `n` in
+    [1, 16384], `seed` an int64, `temperature` in [0, 2], `top_p` in (0, 1], `top_k` -1 or more
+    (0 and -1: off), the penalties in [-2, 2]. The gateway's `--max-n` bounds `n` further."""
+
+    n: Int | None = Field(1, ge=1, le=MAX_N)
+    seed: Int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
+    temperature: Number | None = Field(None, ge=0.0, le=2.0)
+    top_p: Number | None = Field(None, gt=0.0, le=1.0)
+    top_k: Int | None = Field(None, ge=-1)
+    presence_penalty: Number | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: Number | None = Field(None, ge=-2.0, le=2.0)
+    stop: Str | list[Str] | None = None
+    stop_token_ids: list[Int] | None = None
+    ignore_eos: Bool | None = False
 
 
 class ChatFields(OpenAIRequest):

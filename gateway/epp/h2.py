@@ -46,14 +46,13 @@ from .h2_wire import (
     SETTINGS,
     WINDOW_UPDATE,
     H2Error,
-    HeaderBlocks,
     frame,
 )
 
 log = logging.getLogger(__name__)
 
 
-class H2Connection(FramesIn, asyncio.Protocol):
+class H2Connection(asyncio.Protocol):
     """One client connection; `on_stream(stream)` is called for each new request."""
 
     def __init__(self, on_stream: Callable[[Stream], None]) -> None:
@@ -67,15 +66,11 @@ class H2Connection(FramesIn, asyncio.Protocol):
         self.peer_frame_bytes = 16_384
         self.paused = False  # the transport's buffer is full
         self.closing = False  # GOAWAY sent: no new streams
-        self._blocks = HeaderBlocks(MAX_HEADER_LIST)
         self._buf = bytearray()  # a partial frame
         self._preface = False
-        self._header_block: tuple[int, int, bytearray] | None = None  # (stream, flags, block)
-        self._recv_window = CONNECTION_WINDOW
         self._out: list[bytes] = []
         self._closed = asyncio.Event()
-        self._opened = 0  # streams the client opened
-        self._early_resets = 0  # of them, reset by the client before our answer ended
+        self.frames_in = FramesIn(self)  # the frames the client sends (h2_frames.py)
 
     # ---- transport callbacks --------------------------------------------------------------
 
@@ -93,7 +88,7 @@ class H2Connection(FramesIn, asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed.set()
         for s in list(self.streams.values()):
-            self._drop(s)
+            self.drop(s)
 
     def pause_writing(self) -> None:
         self.paused = True
@@ -126,7 +121,7 @@ class H2Connection(FramesIn, asyncio.Protocol):
                     break
                 payload = data[pos + 9 : pos + 9 + length]
                 pos += 9 + length
-                self._on_frame(head & 0xFF, flags, stream_id & MAX_WINDOW, payload)
+                self.frames_in.on_frame(head & 0xFF, flags, stream_id & MAX_WINDOW, payload)
             if pos < n:
                 self._buf += data[pos:]
         except H2Error as e:
@@ -160,7 +155,7 @@ class H2Connection(FramesIn, asyncio.Protocol):
             self.write(frame(RST_STREAM, 0, s.id, NO_ERROR.to_bytes(4, "big")))
         self.streams.pop(s.id, None)
 
-    def _drop(self, s: Stream) -> None:
+    def drop(self, s: Stream) -> None:
         """The stream is gone (reset by the client, or the connection lost)."""
         self.streams.pop(s.id, None)
         s.gone()

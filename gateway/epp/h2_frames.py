@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
+from typing import Protocol
 
-from .h2_stream import Stream
+from .h2_stream import Connection, Stream
 from .h2_wire import (
     ACK,
     COMPRESSION_ERROR,
@@ -50,30 +51,36 @@ MAX_UNREAD = 4 << 20
 RESET_FLOOR = 200
 
 
-class FramesIn:
-    """The frames a client sends, handled (H2Connection in h2.py is the rest: the transport,
-    writes and shutdown)."""
+class FramesHost(Connection, Protocol):
+    """What the frames in read and change of their connection (H2Connection, h2.py), beyond
+    what its streams need of it."""
 
-    # H2Connection's state (h2.py).
     on_stream: Callable[[Stream], None]
     streams: dict[int, Stream]
     last_stream_id: int
-    peer_window: int
-    send_window: int
-    peer_frame_bytes: int
     closing: bool
-    _blocks: HeaderBlocks
-    _header_block: tuple[int, int, bytearray] | None
-    _recv_window: int
-    _opened: int
-    _early_resets: int
 
-    write: Callable[[bytes], None]
-    _drop: Callable[[Stream], None]
+    def drop(self, s: Stream) -> None: ...
+
+
+class FramesIn:
+    """The frames a client sends, handled for one connection, which holds this (H2Connection in
+    h2.py is the rest: the transport, writes and shutdown). It owns the reading side's state:
+    the header block being read, the connection's receive window, the streams opened and reset."""
+
+    __slots__ = ("_blocks", "_early_resets", "_header_block", "_opened", "_recv_window", "conn")
+
+    def __init__(self, conn: FramesHost) -> None:
+        self.conn = conn
+        self._blocks = HeaderBlocks(MAX_HEADER_LIST)
+        self._header_block: tuple[int, int, bytearray] | None = None  # (stream, flags, block)
+        self._recv_window = CONNECTION_WINDOW
+        self._opened = 0  # streams the client opened
+        self._early_resets = 0  # of them, reset by the client before our answer ended
 
     # ---- frames in ------------------------------------------------------------------------
 
-    def _on_frame(self, kind: int, flags: int, stream_id: int, p: bytes) -> None:
+    def on_frame(self, kind: int, flags: int, stream_id: int, p: bytes) -> None:
         if self._header_block is not None and kind != CONTINUATION:
             raise H2Error(PROTOCOL_ERROR, "a header block was interrupted")
         if kind == DATA:
@@ -103,17 +110,17 @@ class FramesIn:
             if len(p) != 8 or stream_id:
                 raise H2Error(FRAME_SIZE_ERROR, "PING is 8 bytes on stream 0")
             if not flags & ACK:
-                self.write(frame(PING, ACK, 0, p))
+                self.conn.write(frame(PING, ACK, 0, p))
         elif kind == RST_STREAM:
             if len(p) != 4 or not stream_id:
                 raise H2Error(FRAME_SIZE_ERROR, "bad RST_STREAM")
-            if (s := self.streams.get(stream_id)) is not None:
-                self._drop(s)
+            if (s := self.conn.streams.get(stream_id)) is not None:
+                self.conn.drop(s)
                 self._early_resets += 1
                 if self._opened >= RESET_FLOOR and 2 * self._early_resets >= self._opened:
                     raise H2Error(ENHANCE_YOUR_CALM, "the client resets most streams it opens")
         elif kind == GOAWAY:
-            self.closing = True  # the client opens no more streams here; those open go on
+            self.conn.closing = True  # the client opens no more streams here; those open go on
         elif kind == PUSH_PROMISE:
             raise H2Error(PROTOCOL_ERROR, "a client sent PUSH_PROMISE")
         # PRIORITY and unknown frame types are ignored (RFC 9113 5.5, 6.3)
@@ -126,11 +133,11 @@ class FramesIn:
             raise H2Error(FLOW_CONTROL_ERROR, "the connection window was overrun")
         if self._recv_window <= CONNECTION_WINDOW // 2:  # given back at once: streams bound it
             grow = CONNECTION_WINDOW - self._recv_window
-            self.write(frame(WINDOW_UPDATE, 0, 0, grow.to_bytes(4, "big")))
+            self.conn.write(frame(WINDOW_UPDATE, 0, 0, grow.to_bytes(4, "big")))
             self._recv_window = CONNECTION_WINDOW
-        s = self.streams.get(stream_id)
+        s = self.conn.streams.get(stream_id)
         if s is None:
-            if stream_id > self.last_stream_id:
+            if stream_id > self.conn.last_stream_id:
                 raise H2Error(PROTOCOL_ERROR, "DATA on an idle stream")
             return  # a stream closed or reset a moment ago
         body = unpad(flags, p)
@@ -141,22 +148,22 @@ class FramesIn:
         stream_id, flags, block = self._header_block
         self._header_block = None
         headers = self._blocks.decode(bytes(block))
-        s = self.streams.get(stream_id)
+        s = self.conn.streams.get(stream_id)
         if s is not None:  # trailers: the client's side ends
             s.end_received()
             return
         if stream_id % 2 == 0:
             raise H2Error(PROTOCOL_ERROR, f"HEADERS on stream {stream_id}")
-        if stream_id <= self.last_stream_id:
+        if stream_id <= self.conn.last_stream_id:
             return  # trailers of a stream that closed a moment ago
-        self.last_stream_id = stream_id
-        if self.closing or len(self.streams) >= MAX_STREAMS:
-            self.write(frame(RST_STREAM, 0, stream_id, REFUSED_STREAM.to_bytes(4, "big")))
+        self.conn.last_stream_id = stream_id
+        if self.conn.closing or len(self.conn.streams) >= MAX_STREAMS:
+            self.conn.write(frame(RST_STREAM, 0, stream_id, REFUSED_STREAM.to_bytes(4, "big")))
             return
         self._opened += 1
-        s = self.streams[stream_id] = Stream(self, stream_id, headers)
+        s = self.conn.streams[stream_id] = Stream(self.conn, stream_id, headers)
         s.ended = bool(flags & END_STREAM)
-        self.on_stream(s)
+        self.conn.on_stream(s)
 
     def _on_settings(self, flags: int, stream_id: int, p: bytes) -> None:
         if stream_id:
@@ -170,16 +177,16 @@ class FramesIn:
             if key == INITIAL_WINDOW_SIZE:
                 if value > MAX_WINDOW:
                     raise H2Error(FLOW_CONTROL_ERROR, "initial window too large")
-                delta, self.peer_window = value - self.peer_window, value
-                for s in self.streams.values():
+                delta, self.conn.peer_window = value - self.conn.peer_window, value
+                for s in self.conn.streams.values():
                     s.window += delta
             elif key == MAX_FRAME_SIZE:
                 if not 16_384 <= value < 1 << 24:
                     raise H2Error(PROTOCOL_ERROR, f"max frame size {value}")
-                self.peer_frame_bytes = value
+                self.conn.peer_frame_bytes = value
             # HEADER_TABLE_SIZE: our answers use no dynamic table; the rest limit the client.
-        self.write(frame(SETTINGS, ACK, 0))
-        for s in list(self.streams.values()):
+        self.conn.write(frame(SETTINGS, ACK, 0))
+        for s in list(self.conn.streams.values()):
             s.pump()
 
     def _on_window_update(self, stream_id: int, p: bytes) -> None:
@@ -187,11 +194,11 @@ class FramesIn:
             raise H2Error(FRAME_SIZE_ERROR, "WINDOW_UPDATE is 4 bytes")
         grow = int.from_bytes(p, "big") & MAX_WINDOW
         if stream_id == 0:
-            self.send_window += grow
-            if grow == 0 or self.send_window > MAX_WINDOW:
+            self.conn.send_window += grow
+            if grow == 0 or self.conn.send_window > MAX_WINDOW:
                 raise H2Error(FLOW_CONTROL_ERROR, "bad connection WINDOW_UPDATE")
-            for s in list(self.streams.values()):
+            for s in list(self.conn.streams.values()):
                 s.pump()
-        elif (s := self.streams.get(stream_id)) is not None:
+        elif (s := self.conn.streams.get(stream_id)) is not None:
             s.window += grow
             s.pump()

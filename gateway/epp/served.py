@@ -57,7 +57,7 @@ def settle(state: GatewayState, px: ProxyRequest, msg, rank: int | None) -> None
 
 def replica_at(state: GatewayState, endpoint: str, rank: int | None) -> Replica | None:
     """The replica behind `endpoint` that takes the X-data-parallel-rank `rank` (None: none)."""
-    for r in state.replicas.replicas.values():
+    for r in state.replicas:
         if wire.endpoint_of(r.url) == endpoint and r.rank_header == rank:
             return r
     return None

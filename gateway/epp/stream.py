@@ -39,13 +39,13 @@ from cachekey.openai.errors import APIError
 from cachekey.openai.sse import SSE_MEDIA_TYPE
 from cachekey.worker_auth import bearer
 from gateway.errors import as_gateway_error
-from gateway.fleet.names import ReplicaId
 from gateway.fleet.replica import Replica
-from gateway.http.serving import end, read_request, read_usage, replica_headers
-from gateway.http.sse_relay import SSERelay
+from gateway.names import ReplicaId
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.routing.policies import RouteContext
 from gateway.routing.request import ProxyRequest
+from gateway.serving.exchange import Exchange
+from gateway.serving.usage import SSERelay, read_usage
 from gateway.state import GatewayState
 
 from . import served, wire
@@ -74,7 +74,7 @@ class ExtProcStream:
         self.state = state
         self.messages = messages
         self.context = context
-        self.px: ProxyRequest | None = None
+        self.exchange: Exchange | None = None  # the request down the shared path, once read
         self.status = "unobserved"  # the answer's status, once the proxy shows the answer
         self.usage: dict | None = None
         self.style = DUPLEX
@@ -84,6 +84,11 @@ class ExtProcStream:
         self._relay: SSERelay | None = None
         self._streaming = False  # the stream's first bytes came back
         self._body = bytearray()
+
+    @property
+    def px(self) -> ProxyRequest | None:
+        """The routed request (None: not routed, or routed by load alone)."""
+        return self.exchange.px if self.exchange is not None else None
 
     async def run(self) -> AsyncIterator:
         try:
@@ -112,8 +117,8 @@ class ExtProcStream:
         except ProtocolError as e:
             await self.context.abort(Status.INVALID_ARGUMENT, str(e))
         finally:
-            if self.px is not None:
-                self.px.release(self.status, self.usage)
+            if self.exchange is not None and self.exchange.px is not None:
+                self.exchange.end(self.status, self.usage)
 
     # ---- request phase ---------------------------------------------------------------------
 
@@ -141,12 +146,15 @@ class ExtProcStream:
                 override = wire.buffered_mode(wire.body_modes(first)[1])
                 yield wire.route_response([wire.endpoint_of(provisional.url)], _to_worker(st),
                                           mode_override=override)  # fmt: skip
-            body, tenant = await read_request(st, source, model_cls)
-            if provisional is not None and source.count > 1:
-                subset = {provisional.id}  # the body came in pieces: the proxy routed already
-                warn_streamed()
-            px = self.px = ProxyRequest.route(st, path, body, headers, tenant=tenant, subset=subset)
-            await px.decide()
+            ex = self.exchange = Exchange(st, headers)
+
+            def read_subset() -> set[ReplicaId] | None:
+                if provisional is not None and source.count > 1:
+                    warn_streamed()  # the body came in pieces: the proxy routed already
+                    return {provisional.id}
+                return subset
+
+            px = await ex.route(source, path, model_cls, read_subset)
         except (ProtocolError, Abort):
             raise
         except Exception as e:
@@ -197,7 +205,7 @@ class ExtProcStream:
         if hint is None:
             return None
         allowed = set(hint)
-        reps = self.state.replicas.replicas.values()
+        reps = self.state.replicas
         return {r.id for r in reps if wire.endpoint_of(r.url) in allowed}
 
     async def _by_load(self, headers: Mapping[str, str], subset: set[ReplicaId] | None) -> Replica:
@@ -214,7 +222,7 @@ class ExtProcStream:
         err = as_gateway_error(exc)  # logs an unexpected one
         self.status = str(err.status)
         if self.px is None:  # refused before it was routed; a routed one ends in run()
-            end(self.state, headers, None, self.status)
+            (self.exchange or Exchange(self.state, headers)).end(self.status)
         if err.status >= 500 and not isinstance(exc, APIError):
             # Not the request's fault: the proxy's failure mode decides, as when the EPP is down.
             await self.context.abort(Status.INTERNAL, err.message)
@@ -275,7 +283,8 @@ class ExtProcStream:
         if px.lease.replica is None:
             return {}
         status = self.status
-        return replica_headers(px, int(status) if status.isdigit() else 200)
+        assert self.exchange is not None
+        return self.exchange.replica_headers(int(status) if status.isdigit() else 200)
 
     def _read_usage(self, chunk: bytes, end: bool) -> None:
         if self.px is None or self.px.lease.replica is None:

@@ -1,1 +1,1 @@
-"""The replicas behind the gateway: their ranks, names, health, load, parity and circuit breaker."""
+"""The replicas behind the gateway: their ranks, health, load, parity and circuit breaker."""

@@ -4,8 +4,8 @@ An ejected replica takes no traffic for `eject_seconds`, and after that only onc
 probe has found it healthy again (the poller sets `healthy`). A success resets the streak.
 
 Each replica has its own `Circuit` (its count of failures in a row and, while it is open, when it
-closes again); only the gateway's `CircuitBreaker` changes it, and the rest of the gateway asks
-it `is_open`.
+closes again), changed only through its verbs (`succeed`, `fail`, `close`), which the gateway's
+`CircuitBreaker` calls; the rest of the gateway asks it `is_open`.
 """
 
 from __future__ import annotations
@@ -37,10 +37,10 @@ class Circuit:
         self.failures = 0
         self.open_until = 0.0
 
-    def _succeed(self) -> None:
+    def succeed(self) -> None:
         self.failures = 0
 
-    def _fail(self, threshold: int, seconds: float, now: float) -> int:
+    def fail(self, threshold: int, seconds: float, now: float) -> int:
         """Count one failure; the streak that opened the circuit (0: it stays closed)."""
         self.failures += 1
         if self.failures < threshold:
@@ -54,9 +54,13 @@ class Breakable(Protocol):
     """What the breaker reads and sets on a replica (gateway.fleet.replica.Replica)."""
 
     id: str
+    name: str
     circuit: Circuit
     healthy: bool
     health: HealthState
+
+    @property
+    def where(self) -> str: ...
 
 
 class CircuitBreaker:
@@ -66,16 +70,16 @@ class CircuitBreaker:
         self.metrics = metrics
 
     def success(self, rep: Breakable) -> None:
-        rep.circuit._succeed()
+        rep.circuit.succeed()
 
     def failure(self, rep: Breakable, reason: str) -> None:
-        streak = rep.circuit._fail(self.threshold, self.eject_seconds, time.monotonic())
+        streak = rep.circuit.fail(self.threshold, self.eject_seconds, time.monotonic())
         if not streak:
             return
         log.warning(
             "ejecting %s for %.1fs after %d failures in a row (last: %s)",
-            rep.id, self.eject_seconds, streak, reason,
+            rep.where, self.eject_seconds, streak, reason,
         )  # fmt: skip
         rep.health.down_reason = f"ejected after {streak} failures in a row (last: {reason})"
         rep.healthy = False  # back only after a good /health probe
-        self.metrics.replica_healthy.labels(rep.id).set(0)
+        self.metrics.replica_healthy.labels(rep.name).set(0)

@@ -16,9 +16,9 @@ from collections.abc import Awaitable, Callable
 
 from gateway.config import GatewayConfig
 from gateway.fleet.replica import Replica
-from gateway.http.upstream import Fetched
 from gateway.index.block_index import BlockIndex
 from gateway.metrics import GatewayMetrics
+from gateway.upstream.pool import Fetched
 
 log = logging.getLogger("gateway.fleet.replica_set")  # one logger for the replica set's story
 
@@ -46,24 +46,33 @@ def _cause(reason: str | None) -> str | None:
 
 
 class ReplicaHealth:
-    # What ReplicaSet (replica_set.py) has.
-    config: GatewayConfig
-    metrics: GatewayMetrics
-    index: BlockIndex
-    changed: asyncio.Event
+    """What the replica set (replica_set.py, which holds this) does with its polls' health
+    answers: marks replicas up and down, logs why, and tells the set's waiters (`changed`)."""
 
-    _stop_subscriber: Callable[[Replica], Awaitable[None]]
+    def __init__(
+        self,
+        config: GatewayConfig,
+        metrics: GatewayMetrics,
+        index: BlockIndex,
+        changed: asyncio.Event,
+        stop_following: Callable[[Replica], Awaitable[None]],
+    ) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.index = index
+        self.changed = changed  # set when a replica turns healthy or unhealthy
+        self._stop_following = stop_following  # its KV events (gateway/events/followers.py)
 
-    def _set_health(self, rep: Replica, health_r: Fetched) -> None:
+    def set_health(self, rep: Replica, health_r: Fetched) -> None:
         ejected = rep.circuit.is_open(time.monotonic())
         healthy = health_r.status == 200 and not ejected
         if not healthy and not ejected:
             rep.health.down_reason = f"/health {health_r.status}: {_reason(health_r)}"
         if healthy != rep.healthy:
             if healthy:
-                log.info("replica %s healthy", rep.id)
+                log.info("replica %s healthy", rep.where)
             else:
-                log.warning("replica %s unhealthy: %s", rep.id, rep.health.down_reason)
+                log.warning("replica %s unhealthy: %s", rep.where, rep.health.down_reason)
             rep.healthy = healthy
             rep.health.down_reason = None if healthy else rep.health.down_reason
             rep.health.warned_at, rep.health.warned_reason = (
@@ -73,9 +82,9 @@ class ReplicaHealth:
             self.changed.set()
         elif not healthy:
             self._warn_down(rep)
-        self.metrics.replica_healthy.labels(rep.id).set(1 if healthy else 0)
+        self.metrics.replica_healthy.labels(rep.name).set(1 if healthy else 0)
 
-    async def _unreachable(self, head: Replica, why: str) -> None:
+    async def unreachable(self, head: Replica, why: str) -> None:
         """A poll got no answer. A healthy worker is marked down (its index entries dropped)
         only after --down-after-failed-polls in a row: one poll too slow on an overloaded host
         would otherwise drop the index of every worker it fronts, and rebuilding them all at
@@ -91,21 +100,21 @@ class ReplicaHealth:
                 limit,
             )
             return
-        await self._mark_down(head, f"unreachable: {why}")
+        await self.mark_down(head, f"unreachable: {why}")
 
-    async def _mark_down(self, head: Replica, reason: str) -> None:
+    async def mark_down(self, head: Replica, reason: str) -> None:
         for rep in head.ranks:
             was_up = rep.healthy or rep.instance_id is not None
             rep.health.down_reason = reason
             if was_up:
-                log.warning("replica %s %s; dropping its index entries", rep.id, reason)
+                log.warning("replica %s %s; dropping its index entries", rep.where, reason)
                 rep.health.warned_at, rep.health.warned_reason = time.monotonic(), reason
             else:
                 self._warn_down(rep)
             rep.healthy = False
             rep.instance_id = None
-            self.metrics.replica_healthy.labels(rep.id).set(0)
-            await self._stop_subscriber(rep)
+            self.metrics.replica_healthy.labels(rep.name).set(0)
+            await self._stop_following(rep)
             self.index.drop_replica(rep.id)
 
     def _warn_down(self, rep: Replica) -> None:
@@ -116,4 +125,4 @@ class ReplicaHealth:
         new = _cause(rep.health.down_reason) != _cause(rep.health.warned_reason)
         if new or rep.health.warned_at is None or now - rep.health.warned_at >= _REWARN_SECONDS:
             rep.health.warned_at, rep.health.warned_reason = now, rep.health.down_reason
-            log.warning("worker %s takes no traffic: %s", rep.url, rep.health.down_reason)
+            log.warning("worker %s takes no traffic: %s", rep.where, rep.health.down_reason)

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+NOT_POLLED = "not polled yet"
+
 
 @dataclass(slots=True)
 class HealthState:
-    down_reason: str | None = "not polled yet"  # why it is not healthy (None when it is)
+    down_reason: str | None = NOT_POLLED  # why it is not healthy (None when it is)
     warned_at: float | None = None  # last time its being down was logged
     warned_reason: str | None = None  # the reason logged then
     failed_polls: int = 0  # in a row, on the head replica (replica_set.py)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from gateway.http.upstream import UpstreamPool
-from gateway.index.subscriber import KVEventSubscriber
+from gateway.events.subscriber import KVEventSubscriber
+from gateway.upstream.pool import UpstreamPool
 
 
 @dataclass(slots=True)

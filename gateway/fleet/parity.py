@@ -35,10 +35,10 @@ def check_parity(replicas: Iterable[Checked], metrics: GatewayMetrics) -> None:
             log.error(
                 "replica %s fingerprint %s differs from model %s majority %s: "
                 "its index is ignored (routed by load only)",
-                r.id,
+                r.where,
                 r.fingerprint,
                 r.model,
                 majority,
             )
         r.parity_ok = ok
-        metrics.parity_mismatch.labels(r.id).set(0 if ok else 1)
+        metrics.parity_mismatch.labels(r.name).set(0 if ok else 1)

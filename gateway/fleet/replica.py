@@ -18,15 +18,15 @@ from gateway.fleet.breaker import Circuit
 from gateway.fleet.health_state import HealthState
 from gateway.fleet.link import ReplicaLink
 from gateway.fleet.load import ReplicaLoad
-from gateway.fleet.names import ReplicaId, replica_name
 from gateway.fleet.ranks import RankSlot
+from gateway.names import ReplicaId, replica_name
 
 
 @dataclass(slots=True)
 class Replica(ReplicaLoad):
     id: ReplicaId
     url: str
-    name: str = ""  # what clients see (x-kvgate-replica): never the URL (names.py)
+    name: str = ""  # what clients see (x-kvgate-replica): never the URL (gateway/names.py)
     dp_rank: int | None = None  # its global data-parallel rank (None: not data parallel)
     rank_header: int | None = None  # the X-data-parallel-rank a request sends (None: none)
     endpoint: WorkerEndpoint | None = None  # what discovery says about its URL
@@ -58,6 +58,11 @@ class Replica(ReplicaLoad):
     def __post_init__(self) -> None:
         if not self.name:  # ReplicaSet names its replicas with the worker token as key
             self.name = replica_name(self.id, None)
+
+    @property
+    def where(self) -> str:
+        """`name (url)`, for operators' logs: the name, and the URL to join it with."""
+        return f"{self.name} ({self.id})"
 
     def available(self, now: float) -> bool:
         return self.healthy and now >= self.circuit.open_until

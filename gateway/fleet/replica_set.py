@@ -4,7 +4,7 @@ A replica is one data-parallel rank of one worker base URL (gateway/fleet/ranks.
 serving one rank is one replica whose id is its URL; one serving several is one replica per rank,
 the first keeping the URL as its id and rank r being `URL#dp<r>`. Each URL has one poller task (on
 its first replica, the "head") reading /kvgate/info, /health and /metrics every `poll_interval`
-(longer past `max_polls_per_second` workers per second, gateway/fleet/pace.py):
+(longer past `max_polls_per_second` workers per second, gateway/pace.py):
 the info gives the instance id and the ranks (a change means a restarted worker: its index
 entries are dropped and new event subscribers, one per rank, reload them), /metrics gives each
 rank's queue and KV usage (vLLM's `engine` label). The gateway's own in-flight count
@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Iterator
 
 import httpx
 
@@ -26,25 +27,26 @@ from cachekey.documents import DocumentError, WorkerInfo, decode_document
 from cachekey.worker_auth import CurveKeys, bearer
 from gateway.config import GatewayConfig
 from gateway.discovery.endpoints import WorkerEndpoint
+from gateway.events.followers import EventFollowers, event_context
 from gateway.fleet.health import ReplicaHealth, refusal
+from gateway.fleet.health_state import NOT_POLLED
 from gateway.fleet.link import ReplicaLink
-from gateway.fleet.names import ReplicaId, replica_name
-from gateway.fleet.pace import Pace
 from gateway.fleet.parity import check_parity
 from gateway.fleet.prefill_rate import parse_prefill_sums
 from gateway.fleet.ranks import RankSlot, parse_engine_load, rank_loras, rank_slots, worker_layout
 from gateway.fleet.replica import Replica
 from gateway.fleet.vllm_compat import vllm_info
-from gateway.http.upstream import Fetched, UpstreamError, UpstreamPool
 from gateway.index.block_index import BlockIndex
-from gateway.index.followers import EventFollowers, event_context
 from gateway.metrics import GatewayMetrics
+from gateway.names import ReplicaId, replica_name
+from gateway.pace import Pace
 from gateway.tasks import cancel_and_wait
+from gateway.upstream.pool import Fetched, UpstreamError, UpstreamPool
 
 log = logging.getLogger(__name__)
 
 
-class ReplicaSet(ReplicaHealth):
+class ReplicaSet:
     """Registry of replicas; keeps pollers and event subscribers in step with the worker set."""
 
     def __init__(
@@ -64,14 +66,25 @@ class ReplicaSet(ReplicaHealth):
         self._curve = CurveKeys.from_token(token) if token else None
         self.replicas: dict[ReplicaId, Replica] = {}
         self._heads: dict[str, Replica] = {}  # URL -> the replica polling it
+        self.discovered = False  # set by discovery's first answer
         self._poll_pace = Pace(config.poll_interval, config.max_polls_per_second)
         self.changed = asyncio.Event()
         self.events = EventFollowers(config, index, metrics, http, self._zmq, self._curve)
+        self.health = ReplicaHealth(config, metrics, index, self.changed, self.events.stop)
 
     # ---- membership ------------------------------------------------------------------------
 
+    @property
+    def known(self) -> bool:
+        """Whether the gateway knows its workers' state, good or bad: discovery has answered and
+        each worker has been polled once (the gateway's readiness, `/ready`)."""
+        return self.discovered and all(
+            r.healthy or r.health.down_reason != NOT_POLLED for r in self._heads.values()
+        )
+
     async def set_workers(self, workers: frozenset[WorkerEndpoint]) -> None:
         """Discovery callback: the full current set of workers."""
+        self.discovered = True
         wanted = {w.url.rstrip("/"): w for w in workers}
         for url in [u for u in self._heads if u not in wanted]:
             await self._remove(self._heads[url])
@@ -86,7 +99,7 @@ class ReplicaSet(ReplicaHealth):
                 self.replicas[rid] = self._heads[url] = rep
                 self._poll_pace.join()
                 rep.link.poll_task = asyncio.create_task(self._poll_loop(rep))
-                self.metrics.replica_healthy.labels(rid).set(0)
+                self.metrics.replica_healthy.labels(rep.name).set(0)
 
     async def _remove(self, head: Replica) -> None:
         if self._heads.get(head.url) is head:
@@ -102,11 +115,11 @@ class ReplicaSet(ReplicaHealth):
         """Take one replica out: its subscriber, index entries and metrics."""
         if self.replicas.get(rep.id) is rep:
             del self.replicas[rep.id]
-        await self._stop_subscriber(rep)
+        await self.events.stop(rep)
         self.index.drop_replica(rep.id)
         for g in (self.metrics.replica_healthy, self.metrics.parity_mismatch):
             with contextlib.suppress(KeyError):
-                g.remove(rep.id)
+                g.remove(rep.name)
 
     async def close(self) -> None:
         siblings = {id(s) for r in self.replicas.values() for s in r.siblings}
@@ -126,6 +139,10 @@ class ReplicaSet(ReplicaHealth):
         )
 
     # ---- views -----------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Replica]:
+        """Every replica, available or not."""
+        return iter(self.replicas.values())
 
     def available(self) -> list[Replica]:
         now = time.monotonic()
@@ -148,7 +165,7 @@ class ReplicaSet(ReplicaHealth):
     # ---- polling ---------------------------------------------------------------------------
 
     async def _poll_loop(self, rep: Replica) -> None:
-        """Poll at once, then every poll period (gateway/fleet/pace.py: --poll-interval, stretched
+        """Poll at once, then every poll period (gateway/pace.py: --poll-interval, stretched
         past --max-polls-per-second), from a random phase."""
         delay = self._poll_pace.first_delay
         while True:
@@ -157,7 +174,7 @@ class ReplicaSet(ReplicaHealth):
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # a poll must never kill the loop
-                log.warning("poll %s failed: %s", rep.id, e)
+                log.warning("poll %s failed: %s", rep.where, e)
             await asyncio.sleep(delay())
             delay = self._poll_pace.delay
 
@@ -174,10 +191,10 @@ class ReplicaSet(ReplicaHealth):
                 health_r = await pool.fetch("/health")
                 metrics_r = await pool.fetch("/metrics")
         except TimeoutError:
-            await self._unreachable(rep, f"no answer in {2 * self.config.connect_timeout:g}s")
+            await self.health.unreachable(rep, f"no answer in {2 * self.config.connect_timeout:g}s")
             return
         except UpstreamError as e:  # the cause's type only: clients see it, never the address
-            await self._unreachable(rep, type(e.__cause__ or e).__name__)
+            await self.health.unreachable(rep, type(e.__cause__ or e).__name__)
             return
         rep.health.failed_polls = 0
         info = self._read_info(rep, info_r)
@@ -185,7 +202,7 @@ class ReplicaSet(ReplicaHealth):
             info = await vllm_info(self._http, rep.url, metrics_r.text, self.config, rep.endpoint)
         if info is None:
             reason = rep.health.info_error or refusal(info_r)
-            await self._mark_down(rep, reason)
+            await self.health.mark_down(rep, reason)
             return
         if info.instance_id != rep.instance_id or worker_layout(info) != worker_layout(rep.info):
             await self._new_instance(rep, info)
@@ -197,7 +214,7 @@ class ReplicaSet(ReplicaHealth):
             for r in rep.ranks:
                 r.prefill_rate.observe(sums)
         for r in rep.ranks:
-            self._set_health(r, health_r)
+            self.health.set_health(r, health_r)
 
     def _set_load(self, head: Replica, loads: dict[str | None, dict[str, float]]) -> None:
         """Each rank's gauges (its `engine` label); one rank alone takes the sum if unlabelled."""
@@ -214,7 +231,7 @@ class ReplicaSet(ReplicaHealth):
             info = decode_document(resp.body, WorkerInfo)
         except DocumentError as e:
             if str(e) != rep.health.info_error:
-                log.error("replica %s is not usable: %s", rep.id, e)
+                log.error("replica %s is not usable: %s", rep.where, e)
             rep.health.info_error = str(e)
             return None
         rep.health.info_error = None
@@ -223,7 +240,7 @@ class ReplicaSet(ReplicaHealth):
     async def _new_instance(self, head: Replica, info: WorkerInfo) -> None:
         """A (re)started worker: one replica per rank, each with a new event subscriber."""
         if head.instance_id is not None:
-            log.info("replica %s restarted (new instance %s)", head.id, info.instance_id)
+            log.info("replica %s restarted (new instance %s)", head.where, info.instance_id)
         slots = rank_slots(info)
         reps = [head, *(self._sibling(head, slot) for slot in slots[1:])]
         for old in head.siblings:
@@ -231,7 +248,7 @@ class ReplicaSet(ReplicaHealth):
                 await self._forget(old)
         head.siblings = reps[1:]
         for rep, slot in zip(reps, slots, strict=True):
-            await self._stop_subscriber(rep)
+            await self.events.stop(rep)
             self.index.drop_replica(rep.id)
             rep.info, rep.slot = info, slot
             rep.instance_id = info.instance_id
@@ -248,7 +265,8 @@ class ReplicaSet(ReplicaHealth):
     def _new_replica(
         self, rid: ReplicaId, url: str, endpoint: WorkerEndpoint | None, pool: UpstreamPool | None
     ) -> Replica:
-        name = replica_name(rid, self.config.worker_token)  # each rank has a name of its own
+        pod = endpoint.pod if endpoint is not None else None
+        name = replica_name(rid, self.config.worker_token, pod)  # each rank has its own
         return Replica(id=rid, url=url, name=name, endpoint=endpoint, link=ReplicaLink(pool=pool))
 
     def _sibling(self, head: Replica, slot: RankSlot) -> Replica:
@@ -257,9 +275,6 @@ class ReplicaSet(ReplicaHealth):
         if rep is None:
             rep = self._new_replica(rid, head.url, head.endpoint, head.link.pool)
             rep.healthy, rep.health.down_reason = head.healthy, head.health.down_reason
-            self.metrics.replica_healthy.labels(rid).set(1 if rep.healthy else 0)
+            self.metrics.replica_healthy.labels(rep.name).set(1 if rep.healthy else 0)
         self.replicas[rid] = rep
         return rep
-
-    async def _stop_subscriber(self, rep: Replica) -> None:
-        await self.events.stop(rep)

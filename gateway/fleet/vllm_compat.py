@@ -25,11 +25,11 @@ from cachekey.keys import DEFAULT_HASH_SEED
 from gateway.config import GatewayConfig
 from gateway.discovery.endpoints import WorkerEndpoint
 from gateway.fleet.ranks import metrics_ranks, vllm_ranks
+from gateway.names import VLLM_INSTANCE
 
 _BLOCK_SIZE = re.compile(r'^vllm:cache_config_info\{[^}]*block_size="(\d+)"', re.MULTILINE)
 _LORA_INFO = re.compile(r"^vllm:lora_requests_info\{([^}]*)\}\s+(\S+)", re.MULTILINE)
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
-INSTANCE = "vllm"
 
 
 def parse_block_size(metrics_text: str) -> int | None:
@@ -128,7 +128,7 @@ async def vllm_info(
         model=model,
         block_size=parse_block_size(metrics_text) or 16,
         hash_seed=DEFAULT_HASH_SEED,  # the index re-keys vLLM's blocks: any shared seed works
-        instance_id=INSTANCE,
+        instance_id=VLLM_INSTANCE,
         has_snapshot=False,
         engine="vllm",
         # vLLM v1 keeps a match that ends inside an image (its encoder cache supplies the

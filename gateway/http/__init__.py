@@ -1,2 +1,2 @@
-"""The HTTP side of the request path: the app, its routes, serving, the upstream client,
-retries, the SSE relay."""
+"""The HTTP entry point: the FastAPI routes and the SSE relay (the request path they call is
+gateway/serving/; the app that composes them, gateway/app.py)."""

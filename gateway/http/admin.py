@@ -16,7 +16,7 @@ from cachekey.openai.errors import APIError
 from gateway.errors import error_response
 
 ADMIN_PATHS = frozenset({"/metrics", "/kvgate/index"})
-_ADMIN_PORT_PATHS = ADMIN_PATHS | {"/health"}
+_ADMIN_PORT_PATHS = ADMIN_PATHS | {"/health", "/ready"}
 
 
 def misrouted(scope: Scope, admin_port: int) -> bool:

@@ -2,7 +2,7 @@
 
 Once a stream has started it is passed through chunk by chunk; if it breaks, the client gets an
 SSE error event and `data: [DONE]`, never a hang. Retries before the first byte:
-gateway/http/retry.py.
+gateway/serving/retry.py.
 """
 
 from __future__ import annotations
@@ -15,53 +15,13 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from cachekey.openai.errors import error_body
-from cachekey.openai.sse import DONE, DONE_EVENT, sse_event
+from cachekey.openai.sse import DONE, sse_event
 from gateway.accounting import CLIENT_GONE
-from gateway.http.upstream import UpstreamError, UpstreamResponse
+from gateway.serving.usage import SSERelay
+from gateway.upstream.pool import UpstreamError, UpstreamResponse
+from kvgate_cli.drain import SHUTTING_DOWN, OpenStreams
 
 log = logging.getLogger(__name__)
-
-
-class SSERelay:
-    """Relays a worker's SSE stream, reading the usage chunk and hiding it if unasked for."""
-
-    def __init__(self, strip_usage: bool) -> None:
-        self.strip_usage = strip_usage
-        self.usage: dict | None = None
-        self.saw_done = False
-        self._buf = b""
-
-    def feed(self, chunk: bytes) -> bytes:
-        self._buf += chunk
-        if b"\n\n" not in self._buf:
-            return b""
-        head, _, self._buf = self._buf.rpartition(b"\n\n")
-        out = []
-        for event in head.split(b"\n\n"):
-            if self._keep(event):
-                out.append(event + b"\n\n")
-        return b"".join(out)
-
-    def flush(self) -> bytes:
-        rest, self._buf = self._buf, b""
-        return rest
-
-    def _keep(self, event: bytes) -> bool:
-        if event.startswith(DONE_EVENT):
-            self.saw_done = True
-            return True
-        if b'"usage"' not in event or b'"usage":null' in event or b'"usage": null' in event:
-            return True
-        try:
-            data = json.loads(event[event.index(b"{") :])
-        except ValueError:
-            return True
-        usage = data.get("usage") if isinstance(data, dict) else None
-        if usage:
-            self.usage = usage
-            if self.strip_usage and not data.get("choices"):
-                return False
-        return True
 
 
 class RelayResponse(StreamingResponse):
@@ -93,15 +53,18 @@ async def relay_stream(
     relay: SSERelay,
     on_end: Callable[[str], None],
     on_first: Callable[[], None] = lambda: None,
+    streams: OpenStreams | None = None,
 ) -> AsyncIterator[bytes]:
     """Yield the worker's stream; on a break after the first byte, end with an error + DONE.
 
     `on_first` runs at the stream's first bytes: a worker sends them with the first token.
     `on_end` gets "200" for a stream relayed to its end, `client_gone` for one closed or
     cancelled before that (the client left; the worker's connection is dropped, which stops
-    it), `stream_error` for one the worker broke."""
+    it), `stream_error` for one the worker broke or ended with an error event (a worker's own
+    drain cuts its streams so), `stream_cut` for one this gateway's drain cut (`streams`)."""
     status = CLIENT_GONE
     first = True
+    handle = streams.add(lambda why: resp.abort(StreamCut(why))) if streams is not None else 0
     try:
         async for chunk in resp.iter_raw():
             if first:
@@ -113,7 +76,12 @@ async def relay_stream(
         rest = relay.flush()
         if rest:
             yield rest
-        status = "200"
+        status = "stream_error" if relay.saw_error else "200"
+    except StreamCut as e:
+        status = "stream_cut"
+        yield sse_event(json.dumps(error_body(503, str(e), code=SHUTTING_DOWN)).encode())
+        if not relay.saw_done:
+            yield DONE
     except UpstreamError as e:
         status = "stream_error"
         log.warning("stream from %s broke: %s", resp.origin, e)
@@ -122,5 +90,11 @@ async def relay_stream(
         if not relay.saw_done:
             yield DONE
     finally:
+        if streams is not None:
+            streams.discard(handle)
         resp.close()
         on_end(status)
+
+
+class StreamCut(UpstreamError):
+    """A drain's deadline passed with this stream still open (kvgate_cli/drain.py)."""

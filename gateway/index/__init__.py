@@ -1,1 +1,1 @@
-"""The prefix-cache index: which replicas hold which blocks, fed by each replica's KV events."""
+"""The prefix-cache index: which replicas hold which blocks (fed by gateway/events/)."""

@@ -32,35 +32,28 @@ from itertools import islice
 from cachekey.events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from cachekey.keys import HashNamespace
 from cachekey.types import BlockKey
-from gateway.fleet.names import ReplicaId
-from gateway.index.lookup import IndexLookup
+from gateway.index.lookup import IndexLookup, IndexStats, IndexTables
 from gateway.index.replica_blocks import ReplicaBlocks, is_sparse, stored_keys
 from gateway.index.speculative import Guess, SpeculativeEntries
+from gateway.names import ReplicaId
 
 
-class BlockIndex(IndexLookup):
-    """Gateway key -> slots holding it, with per-copy counts and TTL'd speculative entries.
-
-    Here: its state and every change to it (events, speculative entries); its reads (match,
-    hits, stats) are `IndexLookup`'s (lookup.py)."""
+class BlockIndex:
+    """Gateway key -> slots holding it, with per-copy counts and TTL'd speculative entries: its
+    state (`IndexTables`) and every change to it; its reads are `lookup` (lookup.py)."""
 
     def __init__(self, max_blocks: int = 1_000_000, speculative_ttl: float = 2.0) -> None:
         if max_blocks <= 0:
             raise ValueError("max_blocks must be positive")
         self.max_blocks = max_blocks
         self.speculative_ttl = speculative_ttl
-        self._held: dict[BlockKey, int] = {}
         self._extra: dict[tuple[BlockKey, int], int] = {}  # (key, slot bit) -> copies beyond 1
-        self._replicas: dict[ReplicaId, ReplicaBlocks] = {}
-        # Slot bit -> its replica, and the replicas with lookahead keys (replaced whole): a match
-        # looks only at the replicas holding a request's block 0, and at those.
-        self._by_bit: dict[int, ReplicaBlocks] = {}
-        self._lookahead: tuple[ReplicaBlocks, ...] = ()
         self._reannouncing: set[ReplicaId] = set()
         self._free_slots: list[int] = []
         self._next_slot = 0
-        self._lock = threading.Lock()
-        self._spec = SpeculativeEntries(speculative_ttl, self._lock)  # gateway/index/speculative.py
+        lock = threading.Lock()
+        self._t = IndexTables(lock, SpeculativeEntries(speculative_ttl, lock))
+        self.lookup = IndexLookup(self._t)
         self._traits: dict[ReplicaId, tuple[bool, int | None]] = {}  # (defers, num_blocks)
         self._copies = 0
         self.skipped_unknown_parent = 0
@@ -118,7 +111,7 @@ class BlockIndex(IndexLookup):
         if bs != ns.block_size or len(ev.token_ids) != bs * len(ev.block_hashes):
             self.errors["length_mismatch" if bs == ns.block_size else "block_size"] += 1
             return False
-        rep = self._replicas.get(replica) or self._add_replica(replica)
+        rep = self._t.replicas.get(replica) or self._add_replica(replica)
         if ev.parent_block_hash is None:
             parent = ns.root()
         else:
@@ -138,13 +131,13 @@ class BlockIndex(IndexLookup):
         hashes = ev.block_hashes
         if hashes and type(hashes[0]) is bytes:  # a kvgate worker: its hashes are our keys
             hashes = [k if h == k else h for h, k in zip(hashes, keys, strict=True)]
-        with self._lock:
-            if self._replicas.get(replica) is not rep:
+        with self._t.lock:
+            if self._t.replicas.get(replica) is not rep:
                 return False  # dropped while we hashed
             if held_as is not None:
                 rep.lookahead = len(ev.lookahead_token_ids[0]) if ev.lookahead_token_ids else 0
-                if rep.lookahead and rep not in self._lookahead:
-                    self._lookahead = (*self._lookahead, rep)
+                if rep.lookahead and rep not in self._t.lookahead:
+                    self._t.lookahead = (*self._t.lookahead, rep)
             self._add_copies(rep, ev, hashes, hkeys, values)
             self._evict_over_cap()
         return True
@@ -157,7 +150,7 @@ class BlockIndex(IndexLookup):
         if ev.medium not in (None, MEDIUM_GPU):
             self.other_tier_events += 1
             return True
-        rep = self._replicas.get(replica) or self._add_replica(replica)
+        rep = self._t.replicas.get(replica) or self._add_replica(replica)
         engine = rep.engine
         values = [engine.get(h) for h in ev.block_hashes]
         if None in values:
@@ -166,8 +159,8 @@ class BlockIndex(IndexLookup):
             self.skipped_unknown_parent += values.count(None)
         known = [(h, v) for h, v in zip(ev.block_hashes, values, strict=True) if v is not None]
         hkeys = [v if type(v) is bytes else v[1] for _, v in known]
-        with self._lock:
-            if self._replicas.get(replica) is rep:
+        with self._t.lock:
+            if self._t.replicas.get(replica) is rep:
                 self._add_copies(rep, ev, [h for h, _ in known], hkeys, [v for _, v in known])
         return True
 
@@ -183,10 +176,10 @@ class BlockIndex(IndexLookup):
         (key, lookahead key)), held in the index as `hkeys`."""
         rep.block_size = ev.block_size
         group = rep.group(ev.group_idx, ev.kv_cache_spec_kind, ev.kv_cache_spec_sliding_window)
-        self._by_bit[group.bit] = rep
+        self._t.by_bit[group.bit] = rep
         bit = group.bit
         reannounce = ev.parent_block_hash is None and rep.id in self._reannouncing
-        held, engine, spec, extra = self._held, rep.engine, self._spec.mask, self._extra
+        held, engine, spec, extra = self._t.held, rep.engine, self._t.spec.mask, self._extra
         new = dup = 0
         for engine_hash, hkey, value in zip(hashes, hkeys, values, strict=True):
             mask = held.pop(hkey, 0)  # pop + insert: the key becomes the newest
@@ -200,7 +193,7 @@ class BlockIndex(IndexLookup):
                     dup += 1
             engine[engine_hash] = value
             if spec and hkey in spec:
-                self._spec.confirm(hkey, rep.home_bit)  # the real event replaces the guess
+                self._t.spec.confirm(hkey, rep.home_bit)  # the real event replaces the guess
         group.blocks += new
         self._copies += new + dup
         if len(engine) > 2 * rep.blocks() + 1024:
@@ -216,12 +209,12 @@ class BlockIndex(IndexLookup):
         if medium not in (None, MEDIUM_GPU):
             self.other_tier_events += 1
             return False
-        rep = self._replicas.get(replica)
+        rep = self._t.replicas.get(replica)
         group = rep.groups.get(group_idx or 0) if rep is not None else None
         if group is None:
             return True  # nothing held there
-        bit, held, engine = group.bit, self._held, rep.engine
-        with self._lock:
+        bit, held, engine = group.bit, self._t.held, rep.engine
+        with self._t.lock:
             for engine_hash in engine_hashes:
                 value = engine.get(engine_hash)
                 if value is None:
@@ -248,11 +241,11 @@ class BlockIndex(IndexLookup):
 
     def drop_replica(self, replica: ReplicaId) -> None:
         """Forget everything a replica holds (AllBlocksCleared, resync, removal, death)."""
-        with self._lock:
-            rep = self._replicas.pop(replica, None)
+        with self._t.lock:
+            rep = self._t.replicas.pop(replica, None)
             if rep is None:
                 return
-            held, bits = self._held, rep.all_bits
+            held, bits = self._t.held, rep.all_bits
             for value in rep.engine.values():
                 hkey = value if type(value) is bytes else value[1]
                 mask = held.get(hkey, 0)
@@ -265,19 +258,19 @@ class BlockIndex(IndexLookup):
                 else:
                     del held[hkey]
             self._copies -= rep.blocks()
-            self._spec.drop(rep.home_bit)
+            self._t.spec.drop(rep.home_bit)
             self._free_slots.extend(rep.slots())
             for group in rep.groups.values():
-                self._by_bit.pop(group.bit, None)
-            if rep in self._lookahead:
-                self._lookahead = tuple(r for r in self._lookahead if r is not rep)
+                self._t.by_bit.pop(group.bit, None)
+            if rep in self._t.lookahead:
+                self._t.lookahead = tuple(r for r in self._t.lookahead if r is not rep)
 
     def _add_replica(self, replica: ReplicaId) -> ReplicaBlocks:
-        with self._lock:
-            rep = self._replicas.get(replica)
+        with self._t.lock:
+            rep = self._t.replicas.get(replica)
             if rep is None:
-                rep = self._replicas[replica] = ReplicaBlocks(replica, self._take_slot)
-                self._by_bit[rep.home_bit] = rep
+                rep = self._t.replicas[replica] = ReplicaBlocks(replica, self._take_slot)
+                self._t.by_bit[rep.home_bit] = rep
             return rep
 
     def _take_slot(self) -> int:
@@ -287,14 +280,14 @@ class BlockIndex(IndexLookup):
         return self._next_slot - 1
 
     def _evict_over_cap(self) -> None:
-        excess = len(self._held) - self.max_blocks
+        excess = len(self._t.held) - self.max_blocks
         if excess <= 0:
             return
         # In batches: finding the oldest keys walks past the dict's deleted slots each time.
         n = excess + self.max_blocks // 64
-        by_bit = {g.bit: g for r in self._replicas.values() for g in r.groups.values()}
-        for key in list(islice(self._held, n)):
-            mask = self._held.pop(key)
+        by_bit = {g.bit: g for r in self._t.replicas.values() for g in r.groups.values()}
+        for key in list(islice(self._t.held, n)):
+            mask = self._t.held.pop(key)
             while mask:
                 bit = mask & -mask
                 mask ^= bit
@@ -310,7 +303,17 @@ class BlockIndex(IndexLookup):
         """Guess that `replica` will hold `keys` soon (a request was just routed there). The
         returned `Guess` is the request's handle: `show`, `release` or `discard` it."""
         now = time.monotonic() if now is None else now
-        rep = self._replicas.get(replica) or self._add_replica(replica)
+        rep = self._t.replicas.get(replica) or self._add_replica(replica)
         defers, capacity = self._traits.get(replica, (True, None))
-        with self._lock:
-            return self._spec.add(rep.home_bit, keys, self._held, defers, capacity, now)
+        with self._t.lock:
+            return self._t.spec.add(rep.home_bit, keys, self._t.held, defers, capacity, now)
+
+    def __len__(self) -> int:
+        return len(self._t.held)
+
+    @property
+    def skipped_bad_event(self) -> int:
+        return sum(self.errors.values())
+
+    def stats(self) -> IndexStats:
+        return self.lookup.stats(self._copies, self.skipped_unknown_parent, self.skipped_bad_event)

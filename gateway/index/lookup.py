@@ -1,6 +1,7 @@
-"""IndexLookup: the BlockIndex's reads, on the request path (`match`, `hits`) and for operators
-(`stats`, per-replica counts and digests). BlockIndex (block_index.py) holds the state and every
-change to it; the reads run on the event loop without its lock (see its docstring).
+"""IndexLookup: the index's reads, on the request path (`match`, `hits`) and for operators
+(per-replica counts and digests), over `IndexTables`, the index's state. BlockIndex
+(block_index.py) owns the tables and every change to them, and holds its IndexLookup; the reads
+run on the event loop without the lock (see its docstring).
 """
 
 from __future__ import annotations
@@ -8,14 +9,13 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cachekey.types import BlockKey, MMItem
-from gateway.fleet.names import ReplicaId
 from gateway.index.replica_blocks import ReplicaBlocks
 from gateway.index.speculative import SpeculativeEntries
+from gateway.names import ReplicaId
 
 # CPython bytes per indexed block, measured with tracemalloc by bench/index_ingest.py on 64-bit
 # CPython 3.11 (int engine hashes, one replica): the key dict entry with its 16-byte key, and
@@ -33,21 +33,27 @@ class IndexStats:
     skipped_bad_event: int
 
 
-class IndexLookup:
-    # The state BlockIndex keeps (block_index.py).
-    _held: dict[BlockKey, int]
-    _replicas: dict[ReplicaId, ReplicaBlocks]
-    _by_bit: dict[int, ReplicaBlocks]
-    _lookahead: tuple[ReplicaBlocks, ...]
-    _lock: threading.Lock
-    _copies: int
-    _spec: SpeculativeEntries
-    skipped_unknown_parent: int
-    errors: Counter[str]
+@dataclass(slots=True, eq=False)
+class IndexTables:
+    """The index's state: BlockIndex changes it under `lock`; IndexLookup reads it."""
 
-    @property
-    def skipped_bad_event(self) -> int:
-        return sum(self.errors.values())
+    lock: threading.Lock
+    spec: SpeculativeEntries  # gateway/index/speculative.py
+    held: dict[BlockKey, int] = field(default_factory=dict)  # key -> the slots holding it
+    replicas: dict[ReplicaId, ReplicaBlocks] = field(default_factory=dict)
+    # Slot bit -> its replica, and the replicas with lookahead keys (replaced whole): a match
+    # looks only at the replicas holding a request's block 0, and at those.
+    by_bit: dict[int, ReplicaBlocks] = field(default_factory=dict)
+    lookahead: tuple[ReplicaBlocks, ...] = ()
+
+
+class IndexLookup:
+    """The reads of one index's tables."""
+
+    __slots__ = ("_t",)
+
+    def __init__(self, tables: IndexTables) -> None:
+        self._t = tables
 
     # ---- lookup ----------------------------------------------------------------------------
 
@@ -84,18 +90,20 @@ class IndexLookup:
         where it applies, the sliding-window rule of a hybrid model.
         """
         now = time.monotonic() if now is None else now
-        if speculative and self._spec.due(now):
-            with self._lock:
-                self._spec.expire(now)
-        spec = self._spec.mask if speculative else None
-        held = self._held
-        reps: dict[ReplicaId, ReplicaBlocks] = {r.id: r for r in self._lookahead}
+        t = self._t
+        if speculative and t.spec.due(now):
+            with t.lock:
+                t.spec.expire(now)
+        spec = t.spec.mask if speculative else None
+        held = t.held
+        by_bit = t.by_bit
+        reps: dict[ReplicaId, ReplicaBlocks] = {r.id: r for r in t.lookahead}
         first = (held.get(keys[0], 0) | (spec.get(keys[0], 0) if spec else 0)) if keys else 0
         alive = 0
         while first:
             bit = first & -first
             first ^= bit
-            rep = self._by_bit.get(bit)
+            rep = by_bit.get(bit)
             if rep is not None and rep.id not in reps:
                 reps[rep.id] = rep
                 alive |= rep.full_bits
@@ -121,42 +129,43 @@ class IndexLookup:
         return found
 
     def holds(self, replica: ReplicaId, key: BlockKey) -> bool:
-        rep = self._replicas.get(replica)
-        return rep is not None and bool(self._held.get(key, 0) & rep.all_bits)
+        rep = self._t.replicas.get(replica)
+        return rep is not None and bool(self._t.held.get(key, 0) & rep.all_bits)
 
     # ---- introspection ---------------------------------------------------------------------
 
     def replica_blocks(self, replica: ReplicaId) -> int:
-        rep = self._replicas.get(replica)
+        rep = self._t.replicas.get(replica)
         return max((g.blocks for g in rep.groups.values()), default=0) if rep else 0
 
     def replica_digest(self, replica: ReplicaId) -> str:
         """Order-independent digest of the gateway keys a replica holds (for comparing indexes)."""
-        rep = self._replicas.get(replica)
+        rep = self._t.replicas.get(replica)
         h = hashlib.sha256()
         if rep is not None:
-            held = self._held
+            held = self._t.held
             values = list(rep.engine.values())
             keys = {v if type(v) is bytes else v[1] for v in values}
             for key in sorted(k for k in keys if held.get(k, 0) & rep.all_bits):
                 h.update(key)
         return h.hexdigest()
 
-    def stats(self) -> IndexStats:
-        engine_entries = sum(len(r.engine) for r in list(self._replicas.values()))
-        n = len(self._held)
+    def stats(self, copies: int, skipped_unknown_parent: int, skipped_bad_event: int) -> IndexStats:
+        """The index's size and its estimated memory, with BlockIndex's counts."""
+        engine_entries = sum(len(r.engine) for r in list(self._t.replicas.values()))
+        n = len(self._t.held)
         return IndexStats(
             blocks=n,
-            copies=self._copies,
+            copies=copies,
             bytes=n * _BYTES_PER_KEY + engine_entries * _BYTES_PER_ENGINE_ENTRY,
-            skipped_unknown_parent=self.skipped_unknown_parent,
-            skipped_bad_event=self.skipped_bad_event,
+            skipped_unknown_parent=skipped_unknown_parent,
+            skipped_bad_event=skipped_bad_event,
         )
 
     def speculated(self) -> frozenset[BlockKey]:
         """The keys some replica is guessed to hold (speculative entries not yet expired or
         confirmed by an event): what a test or an operator may check is left behind."""
-        return frozenset(self._spec.mask)
+        return frozenset(self._t.spec.mask)
 
     def __len__(self) -> int:
-        return len(self._held)
+        return len(self._t.held)

@@ -8,13 +8,13 @@ from collections.abc import Collection
 from cachekey.keys import HashNamespace
 from cachekey.openai.errors import APIError
 from cachekey.openai.validation import MISSING_PARAMETER
-from gateway.fleet.names import ReplicaId
 from gateway.fleet.replica import Replica
+from gateway.names import ReplicaId
 from gateway.routing.adapters import serves_adapter
-from gateway.state import GatewayState
+from gateway.routing.services import RouteServices
 
 
-def candidates_for(state: GatewayState, model: str | None) -> tuple[list[Replica], str | None]:
+def candidates_for(state: RouteServices, model: str | None) -> tuple[list[Replica], str | None]:
     """The available replicas serving `model`, and the LoRA adapter it names if it names one
     (404 for a model no known worker serves)."""
     candidates = state.replicas.available()
@@ -25,7 +25,7 @@ def candidates_for(state: GatewayState, model: str | None) -> tuple[list[Replica
         adapter = [r for r in candidates if serves_adapter(r, model)]
         if adapter:
             return adapter, model
-        everyone = state.replicas.replicas.values()
+        everyone = state.replicas
         known = sorted({r.model for r in everyone if r.model})
         adapters = sorted({a for r in everyone if r.lora is not None for a in r.lora.adapters})
         if model not in known and model not in adapters:
@@ -50,14 +50,14 @@ def candidates_for(state: GatewayState, model: str | None) -> tuple[list[Replica
 
 
 def routable(
-    state: GatewayState, model: str | None, subset: Collection[ReplicaId] | None
+    state: RouteServices, model: str | None, subset: Collection[ReplicaId] | None
 ) -> tuple[list[Replica], str | None, HashNamespace]:
     """`candidates_for`, within `subset` when one is given, and the hash namespace they share
     (503 when none is available)."""
     candidates, lora_name = candidates_for(state, model)
     if subset is not None:
         candidates = [r for r in candidates if r.id in subset]
-    ns = state.namespace_for(candidates)
+    ns = namespace_for(candidates)
     if not candidates or ns is None:
         within = " in the proxy's endpoint subset" if subset is not None else ""
         raise APIError(
@@ -67,3 +67,11 @@ def routable(
             code="no_healthy_worker",
         )
     return candidates, lora_name, ns
+
+
+def namespace_for(candidates: list[Replica]) -> HashNamespace | None:
+    """The hash namespace of the parity-consistent replicas (they all agree on it)."""
+    for r in candidates:
+        if r.parity_ok and r.namespace is not None:
+            return r.namespace
+    return None

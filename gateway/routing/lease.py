@@ -4,7 +4,7 @@ What routing charges to that replica until the request no longer needs it: its a
 its uncached prompt tokens as queued prefill (until its first token), its decayed recent
 prefill, its LoRA adapter's last use, and its speculative entry in the index (a `Guess`,
 gateway/index/speculative.py). The routing decision (routing/request.py) picks the replica and
-takes the lease there; the retry path (http/retry.py) and the EPP (epp/served.py) move it to
+takes the lease there; the retry path (serving/retry.py) and the EPP (epp/served.py) move it to
 another replica or drop it; the request's release ends it, once.
 """
 
@@ -15,16 +15,22 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from cachekey.types import BlockKey
+from gateway.config import GatewayConfig
 from gateway.fleet.latency import Sample
 from gateway.fleet.replica import Replica
+from gateway.index.block_index import BlockIndex
 from gateway.index.speculative import Guess
+from gateway.metrics import GatewayMetrics
 from gateway.routing.adapters import note_routed
-from gateway.state import GatewayState
+from gateway.routing.admission import Admission
 
 
 @dataclass(slots=True, eq=False)
 class Lease:
-    state: GatewayState
+    admission: Admission
+    index: BlockIndex
+    config: GatewayConfig  # the half-life of recent prefill, the speculative TTL
+    metrics: GatewayMetrics  # the error of the time to first token its replica predicted
     replica: Replica | None = None  # holds the request's slot (None: none yet, or given back)
     predicted: int = 0  # cached tokens expected on `replica`
     uncached: int = 0  # prompt tokens it computes there: charged as queued prefill
@@ -53,7 +59,7 @@ class Lease:
         room, which `predict` tells the expected hit of (None: no room, or `ranked` empty,
         and the slot is given back)."""
         rep = self._leave()
-        nxt = self.state.admission.move(rep, ranked)
+        nxt = self.admission.move(rep, ranked)
         if nxt is not None:
             self._charge(nxt, predict(nxt))
         return nxt
@@ -62,13 +68,13 @@ class Lease:
         """EPP mode: the proxy sent the request to `target`, not to the replica holding the
         slot. The slot and the load move there even over its cap: it is running there."""
         rep = self._leave()
-        self.state.admission.transfer(rep, target)
+        self.admission.transfer(rep, target)
         self._charge(target, predicted)
 
     def drop(self) -> None:
         """Nothing reached a worker (EPP mode: the proxy answered the client itself): the slot
         is given back and nothing stays charged or predicted anywhere."""
-        self.state.admission.release(self._leave())
+        self.admission.release(self._leave())
 
     def first_token(self) -> None:
         """Its prefill finished: no queued prefill any more, and its keys are a hit anywhere;
@@ -76,7 +82,7 @@ class Lease:
         if self.prefilling and self.sample is not None and self.replica is not None:
             error = self.replica.latency.finish(self.sample)
             if error is not None:
-                self.state.metrics.ttft_prediction_error.observe(error)
+                self.metrics.ttft_prediction_error.observe(error)
         self._uncharge()
         if self.guess is not None:
             self.guess.show()
@@ -94,10 +100,9 @@ class Lease:
                 self.guess.discard()
             else:
                 self.guess.release()
-        self.state.admission.release(rep)
+        self.admission.release(rep)
 
     def _charge(self, rep: Replica, predicted: int) -> None:
-        st = self.state
         self.replica = rep
         self.predicted = predicted
         self.uncached = uncached = self.prompt_tokens - predicted
@@ -109,11 +114,11 @@ class Lease:
         rep.in_flight_prefills += 1
         self.prefilling = True
         now = time.monotonic()
-        rep.add_recent_prefill(uncached, now, st.config.recent_half_life)
+        rep.add_recent_prefill(uncached, now, self.config.recent_half_life)
         if rep.parity_ok:
-            self.guess = st.index.speculate(rep.id, self.keys)
+            self.guess = self.index.speculate(rep.id, self.keys)
         if self.lora_name is not None:
-            note_routed(rep, self.lora_name, now, st.config.speculative_ttl)
+            note_routed(rep, self.lora_name, now, self.config.speculative_ttl)
 
     def _leave(self) -> Replica:
         """Undo the charge on the replica holding the slot (the request never reached it) and

@@ -8,10 +8,10 @@ from collections.abc import Mapping
 from cachekey.headers import POLICY_HEADER
 from cachekey.openai.errors import INVALID_VALUE, APIError
 from gateway.routing.policies import Policy
-from gateway.state import GatewayState
+from gateway.routing.services import RouteServices
 
 
-def choose_policy(state: GatewayState, headers: Mapping[str, str]) -> tuple[str, Policy]:
+def choose_policy(state: RouteServices, headers: Mapping[str, str]) -> tuple[str, Policy]:
     """The policy's name and the policy (400 for a name that is no policy)."""
     name = headers.get(POLICY_HEADER) or state.config.policy
     policy = state.policies.get(name)
@@ -26,7 +26,7 @@ def choose_policy(state: GatewayState, headers: Mapping[str, str]) -> tuple[str,
     return name, policy
 
 
-def policy_label(state: GatewayState, headers: Mapping[str, str]) -> str:
+def policy_label(state: RouteServices, headers: Mapping[str, str]) -> str:
     """The `policy` label of a request refused before routing: the one it asked for, if that
     is a policy (an unknown name must not become a label), else the default."""
     name = headers.get(POLICY_HEADER)

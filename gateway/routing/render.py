@@ -7,7 +7,7 @@ from cachekey.render import ImageOptions
 from cachekey.types import Prompt
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
 
-OpenAIRequest = ChatCompletionRequest | CompletionRequest
+PromptRequest = ChatCompletionRequest | CompletionRequest  # what render_request renders
 
 # A text-only request up to this many characters (or token ids) renders on the event loop: it
 # costs less than the hop to a render thread and back (docs/benchmarks.md, Gateway overhead).
@@ -16,7 +16,7 @@ INLINE_RENDER_CHARS = 4096
 
 def render_request(
     renderer,
-    req: OpenAIRequest,
+    req: PromptRequest,
     ns: HashNamespace,
     images: ImageOptions,
     lora_name: str | None = None,
@@ -39,7 +39,7 @@ def render_request(
     return prompt, block_keys(prompt.token_ids, ns, prompt.mm_items, lora_name, req.cache_salt)
 
 
-def is_small_text(req: OpenAIRequest) -> bool:
+def is_small_text(req: PromptRequest) -> bool:
     """Text only (no images, no tools) and at most INLINE_RENDER_CHARS characters in all."""
     budget = INLINE_RENDER_CHARS
     if isinstance(req, CompletionRequest):

@@ -15,28 +15,29 @@ from dataclasses import dataclass, field
 
 import xxhash
 
-from cachekey.headers import PREFIX_HEADER
+from cachekey.errors import RenderError
 from cachekey.keys import HashNamespace, usable_match
 from cachekey.openai.errors import APIError
+from cachekey.openai.protocol import OpenAIRequest
 from cachekey.types import BlockKey, Prompt
 from gateway import accounting
-from gateway.fleet.names import ReplicaId
 from gateway.fleet.replica import Replica
-from gateway.http.limits import default_max_tokens
 from gateway.images.fetch import image_options
 from gateway.images.parts import pin_images
+from gateway.limits import default_max_tokens, render_refusal
+from gateway.names import ReplicaId
 from gateway.protocol import ChatCompletionRequest
 from gateway.routing.candidates import routable
 from gateway.routing.lease import Lease
 from gateway.routing.policies import Policy, RouteContext
 from gateway.routing.policy_choice import choose_policy
-from gateway.routing.render import OpenAIRequest, is_small_text, render_request
-from gateway.state import GatewayState
+from gateway.routing.render import is_small_text, render_request
+from gateway.routing.services import RouteServices
 
 
 @dataclass(slots=True, eq=False)
 class ProxyRequest:
-    state: GatewayState
+    state: RouteServices
     endpoint: str
     body: OpenAIRequest
     headers: Mapping[str, str]
@@ -56,12 +57,13 @@ class ProxyRequest:
     released: bool = False
 
     def __post_init__(self) -> None:
-        self.lease = Lease(self.state)
+        st = self.state
+        self.lease = Lease(st.admission, st.index, st.config, st.metrics)
 
     @classmethod
     def route(
         cls,
-        state: GatewayState,
+        state: RouteServices,
         endpoint: str,
         body: OpenAIRequest,
         headers: Mapping[str, str],
@@ -101,7 +103,10 @@ class ProxyRequest:
         """admit -> render + keys -> rank: the routing decision, shared by the HTTP proxy and
         the EPP. The chosen replica holds the lease; `ranked` is set."""
         await self.admit()
-        await self.render()
+        try:
+            await self.render()
+        except RenderError as e:  # the one place a render refusal becomes the client's error
+            raise render_refusal(e) from e
         await self.rank()
         assert self.lease.replica is not None
         return self.lease.replica
@@ -152,7 +157,7 @@ class ProxyRequest:
         prompt = self.prompt  # its tokens: lookahead (EAGLE/MTP) and sliding-window replicas
         # Only replicas holding a prefix: those holding none cost nothing
         # (gateway/index/lookup.py, `hits`).
-        hits = st.index.hits(keys, tokens=prompt.token_ids, mm_items=prompt.mm_items)
+        hits = st.index.lookup.hits(keys, tokens=prompt.token_ids, mm_items=prompt.mm_items)
         if hits:
             allowed = {r.id for r in self.candidates if r.parity_ok}
             hits = {rid: n for rid, n in hits.items() if rid in allowed}
@@ -254,8 +259,3 @@ class ProxyRequest:
         if n == 0 or n > len(self.keys) or info is None or info.engine == "vllm":
             return None
         return self.keys[n - 1].hex()
-
-    def prefix_header(self) -> bytes:
-        """`prefix_hint` as a raw header line for the HTTP proxy; empty when there is none."""
-        hint = self.prefix_hint()
-        return b"" if hint is None else b"%s: %s\r\n" % (PREFIX_HEADER.encode(), hint.encode())

@@ -22,13 +22,18 @@ from pathlib import Path
 
 import yaml
 
+from cachekey.openai.errors import INVALID_API_KEY, APIError
+
 log = logging.getLogger(__name__)
 
 SECRET_ENV = "KVGATE_TENANT_SALT_SECRET"
 
 
-class AuthError(Exception):
-    """A missing or unknown API key (the message never contains the key)."""
+class AuthError(APIError):
+    """A missing or unknown API key (the message never contains the key): 401."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(401, message, code=INVALID_API_KEY, headers={"www-authenticate": "Bearer"})
 
 
 def _digest(key: str) -> bytes:

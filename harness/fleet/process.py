@@ -13,8 +13,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.cluster import Cluster, ClusterSpec, Proc
+from harness.cluster import Cluster, ClusterSpec
 from harness.fleet.engine import Timing
+from harness.proc import Proc
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,14 +28,14 @@ from cachekey.documents import (
 )
 from cachekey.keys import block_extra_keys
 from gateway.config import GatewayConfig
-from gateway.fleet.names import ReplicaId
+from gateway.events.event_source import EventSource
+from gateway.events.subscriber import KVEventSubscriber
 from gateway.fleet.replica import Replica
 from gateway.fleet.replica_set import ReplicaSet
 from gateway.index.block_index import BlockIndex
-from gateway.index.event_source import EventSource
-from gateway.index.subscriber import KVEventSubscriber
 from gateway.metrics import GatewayMetrics
-from harness.cluster import free_port
+from gateway.names import ReplicaId
+from harness.ports import free_port
 
 INFO = {
     "model": "demo",
@@ -90,7 +90,7 @@ def test_snapshot_blocks_index_to_the_keys_the_gateway_computes() -> None:
     snap = decode_document(wire, Snapshot)
     index, replica = BlockIndex(), ReplicaId("w")
     assert all(index.store(replica, ns, ev) for ev in snap.stored_events())
-    assert index.match(keys, [replica])[replica] == 3
+    assert index.lookup.match(keys, [replica])[replica] == 3
 
 
 def test_malformed_snapshot_and_assets_name_the_field() -> None:
@@ -207,7 +207,7 @@ def _vllm_info(models: dict, metrics: str, config: GatewayConfig) -> WorkerInfo 
 
 
 def test_plain_vllm_info_is_a_worker_info_without_snapshot() -> None:
-    from gateway.fleet.vllm_compat import INSTANCE
+    from gateway.names import VLLM_INSTANCE
 
     models = {"data": [{"id": "llava", "max_model_len": 4096}]}
     metrics = 'vllm:cache_config_info{block_size="32",num_gpu_blocks="9"} 1.0\n'
@@ -217,7 +217,7 @@ def test_plain_vllm_info_is_a_worker_info_without_snapshot() -> None:
         model="llava",
         block_size=32,
         hash_seed=DEFAULT_HASH_SEED,
-        instance_id=INSTANCE,
+        instance_id=VLLM_INSTANCE,
         has_snapshot=False,
         engine="vllm",
         mm_match_rule="partial",  # vLLM keeps a match that ends inside an image

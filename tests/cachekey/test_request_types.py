@@ -11,8 +11,8 @@ from pydantic import ValidationError
 
 from cachekey.openai.errors import APIError
 from cachekey.openai.validation import invalid_request, validation_error
-from gateway.embeddings import EmbeddingRequest as GatewayEmbedding
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
+from gateway.serving.embeddings import EmbeddingRequest as GatewayEmbedding
 from worker.server.embedding_protocol import EmbeddingRequest as WorkerEmbedding
 from worker.server.protocol import ChatCompletionRequest as WorkerChat
 from worker.server.protocol import CompletionRequest as WorkerCompletion
@@ -112,3 +112,35 @@ def test_both_sides_answer_a_shared_field_with_the_same_error(models, body: dict
         bodies.append(err.body())
     assert bodies[0] == bodies[1]
     assert bodies[0]["error"]["type"] == "invalid_request_error"
+
+
+# vLLM's bounds on the sampling fields, declared once (cachekey/openai/protocol.py SamplingFields):
+# each value on a bound is taken by both sides, each one past it refused by both with one error.
+BOUNDS = [
+    ("n", 16384, 16385), ("n", 1, 0),
+    ("seed", 2**63 - 1, 2**63), ("seed", -(2**63), -(2**63) - 1),
+    ("temperature", 2, 2.001), ("temperature", 0, -0.001),
+    ("top_p", 1, 1.001), ("top_k", -1, -2),
+    ("presence_penalty", 2, 2.5), ("frequency_penalty", -2, -2.5),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("field", "inside", "outside"), BOUNDS)
+def test_both_sides_hold_the_sampling_fields_to_vllms_bounds(field, inside, outside) -> None:
+    for model in (ChatCompletionRequest, WorkerChat):
+        model.model_validate({"messages": MSG, field: inside})
+    bodies = []
+    for model in (ChatCompletionRequest, WorkerChat):
+        with pytest.raises(ValidationError) as info:
+            model.model_validate({"messages": MSG, field: outside})
+        bodies.append(validation_error(info.value.errors()).body())
+    assert bodies[0] == bodies[1] and bodies[0]["error"]["param"] == field
+
+
+def test_one_declaration_of_the_sampling_fields() -> None:
+    """Neither side declares a sampling field of its own: both take the shared one."""
+    from cachekey.openai.protocol import SamplingFields
+
+    for model in (ChatCompletionRequest, CompletionRequest, WorkerChat, WorkerCompletion):
+        for name, shared in SamplingFields.model_fields.items():
+            assert repr(model.model_fields[name]) == repr(shared), (model, name)

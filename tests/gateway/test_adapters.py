@@ -6,9 +6,9 @@ from __future__ import annotations
 from cachekey.documents import LoRAAdapters
 from cachekey.keys import HashNamespace, block_keys
 from gateway.config import GatewayConfig
-from gateway.fleet.names import ReplicaId
 from gateway.fleet.replica import Replica
 from gateway.fleet.vllm_compat import lora_adapters, parse_lora_info, parse_models
+from gateway.names import ReplicaId
 from gateway.routing.adapters import FULL, RESIDENT, ROOM, adapter_miss, note_routed
 from gateway.routing.policies import POLICIES, RouteContext
 

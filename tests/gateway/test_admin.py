@@ -13,8 +13,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.fleet.names import replica_name
-from harness.cluster import HOST, Cluster, ClusterSpec, Proc, free_port, wait_until
+from gateway.names import replica_name
+from harness.cluster import Cluster, ClusterSpec
+from harness.ports import HOST, free_port
+from harness.proc import Proc
+from harness.waits import wait_until
 from tests.support.chat import chat, user
 from tests.support.waits import try_get
 

@@ -11,12 +11,15 @@ import httpx
 import pytest
 
 from gateway.config import GatewayConfig
-from gateway.fleet.names import replica_name
 from gateway.fleet.replica import Replica
 from gateway.fleet.replica_set import ReplicaSet
 from gateway.index.block_index import BlockIndex
 from gateway.metrics import GatewayMetrics
-from harness.cluster import HOST, Cluster, ClusterSpec, Proc, free_port, wait_until
+from gateway.names import replica_name
+from harness.cluster import Cluster, ClusterSpec
+from harness.ports import HOST, free_port
+from harness.proc import Proc
+from harness.waits import wait_until
 from tests.support.waits import try_get
 
 
@@ -58,12 +61,13 @@ def test_unreachable_worker_named_until_it_comes_up(tmp_path) -> None:
             assert f"{name} (unreachable: ConnectionRefusedError)" in err["message"], err["message"]
             assert worker.url not in err["message"]
         log = gw.log_path.read_text()
-        line = f"worker {worker.url} takes no traffic: unreachable: ConnectionRefusedError"
+        where = f"{name} ({worker.url})"  # the name, and the URL to join it with
+        line = f"worker {where} takes no traffic: unreachable: ConnectionRefusedError"
         assert log.count(line) == 1, log  # logged at once, then only every 30 s
         worker.start()
         worker.wait_healthy(60)
         wait_until(lambda: (r := try_get(f"{gw.url}/health")) and r.status_code == 200, 30, "up")
-        assert f"replica {worker.url} healthy" in gw.log_path.read_text()
+        assert f"replica {where} healthy" in gw.log_path.read_text()
         ok = httpx.post(
             f"{gw.url}/v1/chat/completions",
             json={
@@ -93,10 +97,11 @@ def test_down_worker_is_logged_again_only_after_the_rate_limit(caplog) -> None:
             for _ in range(3):
                 await replicas.poll_once(rep)
             assert rep.health.down_reason == "unreachable: ConnectionRefusedError"
-            assert caplog.text.count(f"worker {url} takes no traffic") == 1
+            where = f"{rep.name} ({url})"
+            assert caplog.text.count(f"worker {where} takes no traffic") == 1
             rep.health.warned_at -= 31.0  # as if the rate limit's 30 s had passed
             await replicas.poll_once(rep)
-            assert caplog.text.count(f"worker {url} takes no traffic") == 2
+            assert caplog.text.count(f"worker {where} takes no traffic") == 2
         finally:
             await replicas.close()
             await http.aclose()
@@ -106,9 +111,9 @@ def test_down_worker_is_logged_again_only_after_the_rate_limit(caplog) -> None:
 
 
 def test_no_workers_at_all_is_a_warning(caplog) -> None:
-    from gateway.http.app import create_app
+    from gateway.app import create_app
 
-    with caplog.at_level(logging.WARNING, logger="gateway.http.app"):
+    with caplog.at_level(logging.WARNING, logger="gateway.app"):
         create_app(GatewayConfig())
     assert "no workers: start the gateway with --workers" in caplog.text
 

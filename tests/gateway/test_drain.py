@@ -23,8 +23,12 @@ import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from harness.cluster import HOST, Cluster, ClusterSpec, Proc, free_port, metric_total, wait_until
+from harness.cluster import Cluster, ClusterSpec
 from harness.extproc_client import ExtProcClient, forward
+from harness.ports import HOST, free_port
+from harness.proc import Proc
+from harness.prom import metric_total
+from harness.waits import wait_until
 from tests.support.service_front import ServiceFront
 
 pytestmark = pytest.mark.slow
@@ -191,7 +195,8 @@ def test_rolling_the_gateway_under_16_streaming_clients_loses_nothing(cluster) -
 
 
 def test_drain_is_bounded_by_drain_timeout(cluster) -> None:
-    """A stream longer than --drain-timeout is cut when the bound passes; the process exits."""
+    """A stream longer than --drain-timeout is cut when the bound passes, with an SSE error
+    event the client can read and one log line saying how many; the process exits."""
     c = cluster
     g = start_gateway(c, 2, "--drain-timeout", "2")
     long = body(0, 0, tokens=2000)  # 40 s on the sim worker
@@ -202,14 +207,19 @@ def test_drain_is_bounded_by_drain_timeout(cluster) -> None:
         assert g.popen is not None
         g.popen.send_signal(signal.SIGTERM)
         wait_until(lambda: refused(g.port), 2, "the listener to close")
+        rest = list(lines)  # the stream ends cleanly, with an error event and [DONE]
+        cut_after = time.monotonic() - t0
         assert g.popen.wait(15) in STOPPED
         took = time.monotonic() - t0
-        with pytest.raises(httpx.HTTPError):  # cut: the connection closes mid-stream
-            for _ in lines:
-                pass
-    print(f"drain bound 2 s: exited {took:.2f} s after SIGTERM")
-    assert 2 <= took < 8, took
-    assert "timeout graceful shutdown exceeded" in g.log_path.read_text()
+    data = [ln[6:] for ln in rest if ln.startswith("data: ")]
+    assert data[-1] == "[DONE]", data[-3:]
+    error = json.loads(data[-2])["error"]
+    print(f"drain bound 2 s: cut after {cut_after:.2f} s, exited {took:.2f} s after SIGTERM")
+    assert error["code"] == "server_shutting_down" and "--drain-timeout 2s" in error["message"]
+    assert 2 <= cut_after < 4 and took < 8, (cut_after, took)
+    log = g.log_path.read_text()
+    assert "drain: --drain-timeout 2s passed: cut 1 open stream(s)" in log
+    assert "timeout graceful shutdown exceeded" not in log and "Traceback" not in log
     c.gateways.clear()
 
 

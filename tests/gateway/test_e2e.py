@@ -9,7 +9,8 @@ import sys
 import httpx
 import pytest
 
-from harness.cluster import Cluster, ClusterSpec, wait_index_converged
+from harness.cluster import Cluster, ClusterSpec
+from harness.waits import wait_index_converged
 from harness.workload import Workload, WorkloadSpec
 from tests.support.chat import chat, image_message, user
 from tests.support.paths import REPO
@@ -109,6 +110,7 @@ def test_completions_policy_override_and_models(cluster):
     assert seen == set(cluster.worker_urls)
     models = httpx.get(f"{gw}/v1/models").json()
     assert [m["id"] for m in models["data"]] == ["demo"]
+    assert models["data"][0]["root"] == "demo"  # not the model's path on the worker
     assert httpx.get(f"{gw}/health").status_code == 200
 
 
@@ -173,7 +175,7 @@ def test_bad_requests_get_openai_errors(cluster, path, body, headers, status, pa
 
 
 def test_gateway_import_leaves_torch_out():
-    code = "import sys, gateway, gateway.http.app, gateway.cli; assert 'torch' not in sys.modules"
+    code = "import sys, gateway, gateway.app, gateway.cli; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
 
 

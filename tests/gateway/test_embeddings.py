@@ -9,7 +9,8 @@ import random
 import httpx
 import pytest
 
-from harness.cluster import Cluster, ClusterSpec, wait_index_converged
+from harness.cluster import Cluster, ClusterSpec
+from harness.waits import wait_index_converged
 from harness.workload import data_url, make_image
 from tests.support.chat import post
 

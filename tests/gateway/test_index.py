@@ -7,8 +7,8 @@ import msgspec
 from cachekey.events import AllBlocksCleared, BlockRemoved, BlockStored, decode_batch
 from cachekey.keys import HashNamespace, block_extra_keys, block_keys
 from cachekey.types import MMItem
-from gateway.fleet.names import ReplicaId
 from gateway.index.block_index import BlockIndex
+from gateway.names import ReplicaId
 
 NS = HashNamespace("demo", block_size=4)
 A, B = ReplicaId("http://a"), ReplicaId("http://b")
@@ -37,12 +37,12 @@ def test_dual_keys_equal_request_keys_for_any_engine_hash():
     # Engine hashes are opaque: ints (vLLM's default wire form) chained via the parent field.
     idx.apply(A, NS, [_stored(tokens, [11, 12], None, mm, 0, "salt")])
     idx.apply(A, NS, [_stored(tokens, [13, 14], 12, mm, 2, "salt")])
-    assert idx.match(keys, [A, B]) == {A: 4, B: 0}
+    assert idx.lookup.match(keys, [A, B]) == {A: 4, B: 0}
     # Without the salt (another tenant) nothing matches: the salt is in block 0's key.
-    assert idx.match(block_keys(tokens, NS, mm), [A]) == {A: 0}
+    assert idx.lookup.match(block_keys(tokens, NS, mm), [A]) == {A: 0}
     # A different image at the same placeholder positions gives different keys after block 0.
     other = block_keys(tokens, NS, (MMItem("img-2", "image", 3, 6),), None, "salt")
-    assert idx.match(other, [A]) == {A: 0}
+    assert idx.lookup.match(other, [A]) == {A: 0}
 
 
 def test_unknown_parent_is_skipped_not_reanchored():
@@ -50,7 +50,7 @@ def test_unknown_parent_is_skipped_not_reanchored():
     idx = BlockIndex()
     idx.apply(A, NS, [_stored(tokens, [b"x" * 16], parent=b"unknown-parent!!", start_block=1)])
     assert len(idx) == 0 and idx.skipped_unknown_parent == 1
-    assert idx.match(block_keys(tokens, NS), [A]) == {A: 0}
+    assert idx.lookup.match(block_keys(tokens, NS), [A]) == {A: 0}
 
 
 def test_per_copy_counts_and_removal_through_engine_hash():
@@ -61,12 +61,12 @@ def test_per_copy_counts_and_removal_through_engine_hash():
     idx.apply(A, NS, [ev, ev])  # two copies of the same blocks (vLLM publishes per copy)
     idx.apply(B, NS, [_stored(tokens, [7, 8])])
     idx.apply(A, NS, [BlockRemoved(block_hashes=[2])])
-    assert idx.match(keys, [A, B]) == {A: 2, B: 2}
+    assert idx.lookup.match(keys, [A, B]) == {A: 2, B: 2}
     idx.apply(A, NS, [BlockRemoved(block_hashes=[2])])
-    assert idx.match(keys, [A, B]) == {A: 1, B: 2}
+    assert idx.lookup.match(keys, [A, B]) == {A: 1, B: 2}
     idx.apply(B, NS, [AllBlocksCleared()])
-    assert idx.match(keys, [A, B]) == {A: 1, B: 0}
-    assert idx.replica_blocks(A) == 1 and idx.replica_blocks(B) == 0
+    assert idx.lookup.match(keys, [A, B]) == {A: 1, B: 0}
+    assert idx.lookup.replica_blocks(A) == 1 and idx.lookup.replica_blocks(B) == 0
     assert len(idx) == 1
 
 
@@ -76,9 +76,9 @@ def test_match_is_consecutive_from_block_zero():
     idx = BlockIndex()
     idx.apply(A, NS, [_stored(tokens, [1, 2, 3])])
     idx.apply(A, NS, [BlockRemoved(block_hashes=[2])])  # hole in the middle
-    assert idx.match(keys, [A]) == {A: 1}
+    assert idx.lookup.match(keys, [A]) == {A: 1}
     idx.apply(A, NS, [BlockRemoved(block_hashes=[1])])
-    assert idx.match(keys, [A]) == {A: 0}  # block 2 alone is no prefix
+    assert idx.lookup.match(keys, [A]) == {A: 0}  # block 2 alone is no prefix
 
 
 def test_lru_cap_bounds_memory():
@@ -91,9 +91,9 @@ def test_lru_cap_bounds_memory():
     assert s.blocks == 10 and s.copies == 10 and s.bytes > 0
     newest = block_keys([4000 + t for t in range(16)], NS)
     oldest = block_keys(list(range(16)), NS)
-    assert idx.match(newest, [A]) == {A: 4}
-    assert idx.match(oldest, [A]) == {A: 0}
-    assert idx.replica_blocks(A) == 10
+    assert idx.lookup.match(newest, [A]) == {A: 4}
+    assert idx.lookup.match(oldest, [A]) == {A: 0}
+    assert idx.lookup.replica_blocks(A) == 10
 
 
 def test_speculative_entries_expire_and_yield_to_real_events():
@@ -101,15 +101,15 @@ def test_speculative_entries_expire_and_yield_to_real_events():
     keys = block_keys(tokens, NS)
     idx = BlockIndex(speculative_ttl=2.0)
     guess = idx.speculate(B, keys, now=100.0)
-    assert idx.match(keys, [A, B], now=101.0) == {A: 0, B: 2}
-    assert idx.match(keys, [A, B], speculative=False) == {A: 0, B: 0}
-    assert idx.match(keys, [A, B], now=150.0) == {A: 0, B: 2}  # in flight: no expiry
+    assert idx.lookup.match(keys, [A, B], now=101.0) == {A: 0, B: 2}
+    assert idx.lookup.match(keys, [A, B], speculative=False) == {A: 0, B: 0}
+    assert idx.lookup.match(keys, [A, B], now=150.0) == {A: 0, B: 2}  # in flight: no expiry
     guess.release(now=150.0)  # the request ended: ttl from here
-    assert idx.match(keys, [A, B], now=151.5) == {A: 0, B: 2}
-    assert idx.match(keys, [A, B], now=152.5) == {A: 0, B: 0}
+    assert idx.lookup.match(keys, [A, B], now=151.5) == {A: 0, B: 2}
+    assert idx.lookup.match(keys, [A, B], now=152.5) == {A: 0, B: 0}
     idx.speculate(A, keys, now=200.0)
     idx.apply(A, NS, [_stored(tokens, [1, 2])])
-    assert idx.match(keys, [A], now=300.0) == {A: 2}  # real entries do not expire
+    assert idx.lookup.match(keys, [A], now=300.0) == {A: 2}  # real entries do not expire
 
 
 def test_vllm_positional_encoding_with_int_hashes():
@@ -126,7 +126,7 @@ def test_vllm_positional_encoding_with_int_hashes():
     batch = decode_batch(msgspec.msgpack.encode(raw))
     idx = BlockIndex()
     idx.apply(A, NS, batch.events)
-    assert idx.match(block_keys(tokens, NS), [A]) == {A: 1}
+    assert idx.lookup.match(block_keys(tokens, NS), [A]) == {A: 1}
 
 
 def test_drop_replica_and_digest():
@@ -134,10 +134,10 @@ def test_drop_replica_and_digest():
     idx = BlockIndex()
     idx.apply(A, NS, [_stored(tokens, [1, 2])])
     idx.apply(B, NS, [_stored(tokens, [b"k1", b"k2"])])
-    assert idx.replica_digest(A) == idx.replica_digest(B)
+    assert idx.lookup.replica_digest(A) == idx.lookup.replica_digest(B)
     idx.drop_replica(A)
-    assert idx.replica_digest(A) != idx.replica_digest(B)
-    assert idx.match(block_keys(tokens, NS), [A, B]) == {A: 0, B: 2}
+    assert idx.lookup.replica_digest(A) != idx.lookup.replica_digest(B)
+    assert idx.lookup.match(block_keys(tokens, NS), [A, B]) == {A: 0, B: 2}
 
 
 def _group_store(tokens, hashes, group, *, first=0, kind="full_attention", window=None):
@@ -172,7 +172,7 @@ def test_sliding_window_group_stores_only_its_kept_blocks():
     assert idx.skipped_unknown_parent == 0 and not idx.errors
 
     def hit(prompt):
-        return idx.match(block_keys(prompt, NS), [A], tokens=prompt)[A]
+        return idx.lookup.match(block_keys(prompt, NS), [A], tokens=prompt)[A]
 
     assert hit([*tokens[:24], 7]) == 6  # the whole prefix: the window's blocks are there
     assert hit([*tokens[:16], 7]) == 0  # diverges after block 3: nothing kept before it
@@ -195,7 +195,7 @@ def test_a_sparse_store_never_guesses_a_block_it_cannot_key():
     assert idx.apply(A, NS, [swa]) == 1
     assert idx.skipped_unknown_parent == 1
     keys = block_keys(tokens, NS)
-    assert idx.holds(A, keys[1]) and not idx.holds(A, keys[3])
+    assert idx.lookup.holds(A, keys[1]) and not idx.lookup.holds(A, keys[3])
 
 
 def test_a_sparse_store_with_too_few_tokens_is_malformed():
@@ -217,7 +217,7 @@ def test_a_mamba_group_hits_where_it_kept_the_state():
     idx.apply(A, NS, [mamba, _group_store(tokens, {i: 1000 + i for i in range(6)}, 1)])
 
     def hit(prompt):
-        return idx.match(block_keys(prompt, NS), [A], tokens=prompt)[A]
+        return idx.lookup.match(block_keys(prompt, NS), [A], tokens=prompt)[A]
 
     assert hit([*tokens, 7]) == 6
     assert hit([*tokens[:16], 7]) == 2  # the state after block 1, not 3

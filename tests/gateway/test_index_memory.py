@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from cachekey.events import BlockStored
 from cachekey.keys import HashNamespace, block_keys
-from gateway.fleet.names import ReplicaId
 from gateway.index.block_index import BlockIndex
+from gateway.names import ReplicaId
 
 NS = HashNamespace("demo", block_size=4)
 A, B = ReplicaId("http://a"), ReplicaId("http://b")
@@ -31,11 +31,11 @@ def test_confirmed_speculative_entries_are_freed() -> None:
         tokens = [i, i + 1, i + 2, i + 3, 7, 7, 7, 7]
         keys = block_keys(tokens, NS)
         index.speculate(A, keys, now=0.0)
-        assert index.match(keys, [A], now=0.0) == {A: 2}
+        assert index.lookup.match(keys, [A], now=0.0) == {A: 2}
         index.apply(A, NS, [_stored(tokens, keys)])
-        assert index.match(keys, [A], speculative=False) == {A: 2}
+        assert index.lookup.match(keys, [A], speculative=False) == {A: 2}
     # The real events replaced every guess: no speculative state is left behind.
-    assert index.speculated() == frozenset()
+    assert index.lookup.speculated() == frozenset()
     assert len(index) == 400
 
 
@@ -46,6 +46,6 @@ def test_drop_replica_frees_its_speculative_entries() -> None:
     index.speculate(A, [*only_a, *shared], now=0.0)
     index.speculate(B, shared, now=0.0)
     index.drop_replica(A)
-    assert index.match(only_a, [A, B], now=0.0) == {A: 0, B: 0}
-    assert index.match(shared, [A, B], now=0.0) == {A: 0, B: 1}
-    assert index.speculated() == set(shared)
+    assert index.lookup.match(only_a, [A, B], now=0.0) == {A: 0, B: 0}
+    assert index.lookup.match(shared, [A, B], now=0.0) == {A: 0, B: 1}
+    assert index.lookup.speculated() == set(shared)

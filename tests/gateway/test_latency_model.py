@@ -11,8 +11,8 @@ import pytest
 from cachekey.keys import HashNamespace, block_keys
 from gateway.config import GatewayConfig
 from gateway.fleet.latency import MIN_SAMPLES, LatencyModel, features, pooled
-from gateway.fleet.names import ReplicaId
 from gateway.fleet.replica import Replica
+from gateway.names import ReplicaId
 from gateway.routing.policies import POLICIES, RouteContext
 from gateway.routing.policies.cache_aware import explain
 

@@ -7,7 +7,10 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from harness.cluster import Cluster, ClusterSpec, Proc, free_port, wait_index_converged, wait_until
+from harness.cluster import Cluster, ClusterSpec
+from harness.ports import free_port
+from harness.proc import Proc
+from harness.waits import wait_index_converged, wait_until
 from tests.support.vllm_like import VllmLike
 from worker.demo.lora import DEMO_ADAPTERS, write_demo_adapter
 

@@ -12,7 +12,8 @@ import pytest
 
 from cachekey import Renderer
 from cachekey.assets import ModelAssets
-from harness.cluster import Cluster, ClusterSpec, wait_index_converged
+from harness.cluster import Cluster, ClusterSpec
+from harness.waits import wait_index_converged
 from harness.workload import data_url, make_image
 from tests.support.chat import chat
 

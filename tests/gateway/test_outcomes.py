@@ -14,7 +14,9 @@ import time
 import httpx
 import pytest
 
-from harness.cluster import Cluster, ClusterSpec, metric_by_labels, metric_total, wait_until
+from harness.cluster import Cluster, ClusterSpec
+from harness.prom import metric_by_labels, metric_total
+from harness.waits import wait_until
 from tests.support.chat import bearer, chat_body, post, user
 
 KEY = "sk-outcomes-test-key-0001"
@@ -116,7 +118,7 @@ def test_worker_refusal_predicts_nothing(cluster) -> None:
     r = post(c.gateway_url, _body(text, logprobs=True), headers=AUTH)
     assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs"
     assert c.served_by(r) == worker and PREDICTED_HEADER not in r.headers
-    assert moved(before, outcomes(c)) == {(worker, "cache_aware", "400"): 1.0}
+    assert moved(before, outcomes(c)) == {(c.replica_name(worker), "cache_aware", "400"): 1.0}
     assert metric_total(c.gateway_url, PREDICTED) == predicted
 
     ok = post(c.gateway_url, _body(text), headers=AUTH)
@@ -147,7 +149,9 @@ def test_abandoned_stream_is_client_gone_and_stops_the_worker(cluster) -> None:
     took = wait_until(lambda: metric_total(worker, RUNNING) == 0, 5, "the worker to stop")
     assert time.monotonic() - left < 5 and took < 5
     wait_until(lambda: moved(before, outcomes(c)) != {}, 5, "the outcome")
-    assert moved(before, outcomes(c)) == {(worker, "cache_aware", "client_gone"): 1.0}
+    assert moved(before, outcomes(c)) == {
+        (c.replica_name(worker), "cache_aware", "client_gone"): 1.0
+    }
 
 
 def test_abandoned_request_is_client_gone_and_stops_the_worker(cluster) -> None:
@@ -160,7 +164,9 @@ def test_abandoned_request_is_client_gone_and_stops_the_worker(cluster) -> None:
         httpx.post(f"{c.gateway_url}/v1/chat/completions", json=body, headers=AUTH, timeout=1.5)
     wait_until(lambda: metric_total(worker, RUNNING) == 0, 5, "the worker to stop")
     wait_until(lambda: moved(before, outcomes(c)) != {}, 5, "the outcome")
-    assert moved(before, outcomes(c)) == {(worker, "cache_aware", "client_gone"): 1.0}
+    assert moved(before, outcomes(c)) == {
+        (c.replica_name(worker), "cache_aware", "client_gone"): 1.0
+    }
     assert metric_total(c.gateway_url, PREDICTED) == predicted
     # The slot came back: the next request is served, not shed.
     assert post(c.gateway_url, _body("after the abandoned one"), headers=AUTH).status_code == 200

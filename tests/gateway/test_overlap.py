@@ -11,7 +11,9 @@ import time
 import httpx
 import pytest
 
-from harness.cluster import Cluster, ClusterSpec, metric_total, wait_index_converged
+from harness.cluster import Cluster, ClusterSpec
+from harness.prom import metric_total
+from harness.waits import wait_index_converged
 
 pytestmark = pytest.mark.slow
 

@@ -111,8 +111,8 @@ def test_admission_unit_bounds_and_handoff() -> None:
 
     from gateway.config import GatewayConfig
     from gateway.errors import Overloaded
-    from gateway.fleet.names import ReplicaId
     from gateway.fleet.replica import Replica
+    from gateway.names import ReplicaId
     from gateway.routing.admission import Admission
 
     async def scenario() -> None:
@@ -147,8 +147,8 @@ def test_claims_count_against_free_slots() -> None:
 
     from gateway.config import GatewayConfig
     from gateway.errors import Overloaded
-    from gateway.fleet.names import ReplicaId
     from gateway.fleet.replica import Replica
+    from gateway.names import ReplicaId
     from gateway.routing.admission import Admission
 
     async def scenario() -> None:

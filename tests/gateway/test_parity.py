@@ -6,8 +6,11 @@ import time
 
 import httpx
 
-from gateway.fleet.names import replica_name
-from harness.cluster import Cluster, ClusterSpec, Proc, free_port, wait_index_converged
+from gateway.names import replica_name
+from harness.cluster import Cluster, ClusterSpec
+from harness.ports import free_port
+from harness.proc import Proc
+from harness.waits import wait_index_converged
 
 
 def test_mismatching_worker_is_flagged_and_routed_by_load_only(tmp_path):
@@ -36,8 +39,9 @@ def test_mismatching_worker_is_flagged_and_routed_by_load_only(tmp_path):
                 time.sleep(0.1)
             assert [reps[u]["parity_ok"] for u in urls] == [True, True, False]
             metrics = httpx.get(f"{gw.url}/metrics").text
-            assert f'kvgate_parity_mismatch{{replica="{b.worker_urls[0]}"}} 1.0' in metrics
-            assert f'kvgate_parity_mismatch{{replica="{a.worker_urls[0]}"}} 0.0' in metrics
+            odd, even = b.replica_name(b.worker_urls[0]), a.replica_name(a.worker_urls[0])
+            assert f'kvgate_parity_mismatch{{replica="{odd}"}} 1.0' in metrics
+            assert f'kvgate_parity_mismatch{{replica="{even}"}} 0.0' in metrics
             # The odd worker still serves traffic (by load), and never gets a prediction.
             body = {"model": "demo", "prompt": "hello " * 40, "max_tokens": 2}
             hdr = {"x-kvgate-routing-policy": "round_robin"}

@@ -9,12 +9,12 @@ import pytest
 
 from cachekey.keys import HashNamespace, block_keys
 from gateway.config import CostWeights, GatewayConfig
-from gateway.fleet.names import ReplicaId
 from gateway.fleet.ranks import parse_engine_load
 from gateway.fleet.replica import Replica
-from gateway.http.sse_relay import SSERelay
+from gateway.names import ReplicaId
 from gateway.routing.policies import POLICIES, RouteContext
 from gateway.routing.policies.cache_aware import explain, fleet_rate
+from gateway.serving.usage import SSERelay
 
 NS = HashNamespace("demo", 16)
 

@@ -1,5 +1,5 @@
 """What fronting hundreds of workers takes: polls and event tail checks within their rate however
-many workers (gateway/fleet/pace.py, measured on real polls of a simulated fleet), a ZMQ context
+many workers (gateway/pace.py, measured on real polls of a simulated fleet), a ZMQ context
 that holds a SUB and a replay DEALER for each of them, and a match that looks only at the
 replicas holding a request's prefix."""
 
@@ -17,13 +17,13 @@ from cachekey.events import BlockStored
 from cachekey.keys import HashNamespace, block_keys
 from gateway.config import GatewayConfig
 from gateway.discovery.endpoints import WorkerEndpoint
-from gateway.fleet.names import ReplicaId
-from gateway.fleet.pace import Pace
+from gateway.events.followers import event_context
 from gateway.fleet.replica import Replica
 from gateway.fleet.replica_set import ReplicaSet
 from gateway.index.block_index import BlockIndex
-from gateway.index.followers import event_context
 from gateway.metrics import GatewayMetrics
+from gateway.names import ReplicaId
+from gateway.pace import Pace
 from gateway.routing.policies import RouteContext
 from gateway.routing.policies.base import tie_order
 from gateway.routing.policies.cache_aware import TOP, CacheAwarePolicy
@@ -106,13 +106,13 @@ def test_hits_name_only_the_replicas_holding_a_prefix():
         chains[i] = (tokens, keys)
     tokens, keys = chains[7]
     request = block_keys([*tokens, 99, 98, 97, 96], ns)  # the chain and one block more
-    assert index.hits(request) == {"r7": 3}
-    assert index.match(request, ["r7", "r8"]) == {"r7": 3, "r8": 0}
+    assert index.lookup.hits(request) == {"r7": 3}
+    assert index.lookup.match(request, ["r7", "r8"]) == {"r7": 3, "r8": 0}
     index.speculate(ReplicaId("r9"), request[:2])  # a request was just routed to r9
-    assert index.hits(request) == {"r7": 3, "r9": 2}
-    assert index.hits(request, speculative=False) == {"r7": 3}
+    assert index.lookup.hits(request) == {"r7": 3, "r9": 2}
+    assert index.lookup.hits(request, speculative=False) == {"r7": 3}
     index.drop_replica(ReplicaId("r7"))
-    assert index.hits(request) == {"r9": 2}
+    assert index.lookup.hits(request) == {"r9": 2}
 
 
 def test_cache_aware_ranks_the_first_places_of_hundreds_of_replicas_exactly():
@@ -165,12 +165,12 @@ def test_a_healthy_worker_is_marked_down_only_after_three_unanswered_polls():
                 for failed in (1, 2):
                     await replicas.poll_once(rep)  # no answer in 0.4 s
                     assert rep.healthy and rep.health.failed_polls == failed
-                    assert index.replica_blocks(rep.id) == 1  # its index entries kept
+                    assert index.lookup.replica_blocks(rep.id) == 1  # its index entries kept
                 await replicas.poll_once(rep)
                 assert (
                     not rep.healthy and rep.health.down_reason == "unreachable: no answer in 0.4s"
                 )
-                assert index.replica_blocks(rep.id) == 0
+                assert index.lookup.replica_blocks(rep.id) == 0
                 sim._routes[("GET", "/kvgate/info")] = answer
                 await replicas.poll_once(rep)
                 assert rep.healthy and rep.health.failed_polls == 0

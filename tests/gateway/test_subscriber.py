@@ -29,12 +29,12 @@ from cachekey.events import (
     seq_from_bytes,
 )
 from cachekey.keys import HashNamespace, block_keys
-from gateway.fleet.names import ReplicaId
+from gateway.events.event_source import EventSource
+from gateway.events.subscriber import KVEventSubscriber
 from gateway.index.block_index import BlockIndex
-from gateway.index.event_source import EventSource
-from gateway.index.subscriber import KVEventSubscriber
 from gateway.metrics import GatewayMetrics
-from harness.cluster import free_port
+from gateway.names import ReplicaId
+from harness.ports import free_port
 from tests.support.metrics import sample
 from tests.support.waits import until
 
@@ -254,11 +254,11 @@ def test_live_events_and_gap_closed_by_replay():
 
     async def scenario(pub, snap, sub, index, metrics):
         pub.publish(chain(t1, b"a")[0])
-        await until(lambda: index.match(block_keys(t1, NS), [R])[R] == 2)
+        await until(lambda: index.lookup.match(block_keys(t1, NS), [R])[R] == 2)
         pub.publish(chain(t2, b"b")[0], deliver=False)  # lost on the wire
         pub.publish(chain(t3, b"c")[0])
-        await until(lambda: index.match(block_keys(t3, NS), [R])[R] == 2)
-        assert index.match(block_keys(t2, NS), [R])[R] == 2
+        await until(lambda: index.lookup.match(block_keys(t3, NS), [R])[R] == 2)
+        assert index.lookup.match(block_keys(t2, NS), [R])[R] == 2
         assert sample(metrics, "kvgate_event_gaps_total") == 1
         assert sample(metrics, "kvgate_event_replays_total") == 1
         assert sub.last_seq == 2
@@ -272,9 +272,9 @@ def test_event_lag_and_ingest_cpu_are_measured_per_batch():
 
     async def scenario(pub, snap, sub, index, metrics):
         pub.publish(chain(t1, b"a")[0])
-        await until(lambda: index.match(block_keys(t1, NS), [R])[R] == 2, "first batch")
+        await until(lambda: index.lookup.match(block_keys(t1, NS), [R])[R] == 2, "first batch")
         pub.publish(chain(t2, b"b")[0], ts=time.time() - 7.0)  # stamped 7 s ago
-        await until(lambda: index.match(block_keys(t2, NS), [R])[R] == 2, "second batch")
+        await until(lambda: index.lookup.match(block_keys(t2, NS), [R])[R] == 2, "second batch")
         assert sample(metrics, "kvgate_event_lag_seconds_count") == 2
         fresh = sample(metrics, "kvgate_event_lag_seconds_bucket", {"le": "5.0"})
         assert fresh == 1  # the first batch; the stale one lands in the 10 s bucket
@@ -289,7 +289,7 @@ def test_replay_too_short_reloads_snapshot():
 
     async def scenario(pub, snap, sub, index, metrics):
         pub.publish(chain(t1, b"a")[0])
-        await until(lambda: index.match(block_keys(t1, NS), [R])[R] == 2)
+        await until(lambda: index.lookup.match(block_keys(t1, NS), [R])[R] == 2)
         pub.publish(chain(t2, b"b")[0], deliver=False)
         pub.buffer.clear()  # the replay buffer no longer reaches back to seq 1
         # The worker's cache now holds t1 and t2 (seq 1 reflected), and t3 arrives as seq 2.
@@ -300,9 +300,9 @@ def test_replay_too_short_reloads_snapshot():
             "blocks": snapshot_blocks(t1, b"a") + snapshot_blocks(t2, b"b"),
         }
         pub.publish(chain(t3, b"c")[0])
-        await until(lambda: index.match(block_keys(t3, NS), [R])[R] == 2)
-        assert index.match(block_keys(t2, NS), [R])[R] == 2
-        assert index.match(block_keys(t1, NS), [R])[R] == 2
+        await until(lambda: index.lookup.match(block_keys(t3, NS), [R])[R] == 2)
+        assert index.lookup.match(block_keys(t2, NS), [R])[R] == 2
+        assert index.lookup.match(block_keys(t1, NS), [R])[R] == 2
         assert sample(metrics, "kvgate_event_resyncs_total") == 2  # start-up + this one
         assert snap.hits == 2
 
@@ -321,8 +321,8 @@ def test_seq_going_backwards_drops_and_resyncs():
         pub.seq = 0
         pub.buffer.clear()
         pub.publish(chain(t2, b"b")[0])
-        await until(lambda: index.match(block_keys(t2, NS), [R])[R] == 2)
-        assert index.match(block_keys(t1, NS), [R])[R] == 0
+        await until(lambda: index.lookup.match(block_keys(t2, NS), [R])[R] == 2)
+        assert index.lookup.match(block_keys(t1, NS), [R])[R] == 0
         assert sample(metrics, "kvgate_event_resyncs_total") == 2
 
     run_scenario(scenario)
@@ -338,7 +338,7 @@ def test_copies_and_unknown_parent_over_the_wire():
         pub.publish(events)  # a second copy (seq 1): per-copy count goes to 2
         pub.publish([BlockStored([b"zz"], b"nope", t2[:4], 4)])  # unknown parent
         await until(lambda: sub.last_seq == 2)
-        assert index.match(block_keys(t1, NS), [R])[R] == 2
+        assert index.lookup.match(block_keys(t1, NS), [R])[R] == 2
         assert sample(metrics, "kvgate_events_skipped_unknown_parent_total") == 1
         assert index.stats().copies == 4
 
@@ -346,7 +346,7 @@ def test_copies_and_unknown_parent_over_the_wire():
 
 
 def _held(index: BlockIndex, tokens: list[int]) -> int:
-    return index.match(block_keys(tokens, NS), [R])[R]
+    return index.lookup.match(block_keys(tokens, NS), [R])[R]
 
 
 def test_batch_lost_before_the_sub_is_live_is_found_by_the_tail_check():

@@ -2,7 +2,7 @@
 
 Mutated vLLM 0.33 batches (fields replaced by junk of every type, tokens past 32 bits, maps inside
 extra_keys, lists as hashes, bad `ts`, unknown events, truncated or random bytes) go through the
-subscriber's own ingestion (`gateway.index.ingest.ingest_batch`: decode, hash, apply) between
+subscriber's own ingestion (`gateway.events.ingest.ingest_batch`: decode, hash, apply) between
 well-formed batches. Nothing may raise, a well-formed event in a mutated batch must still be
 applied, and the replica's prefix stored first must stay matched. The last test sends a few
 hundred mutated batches over a real ZMQ PUB to a running subscriber, which must keep its index
@@ -27,12 +27,12 @@ from hypothesis import strategies as st
 
 from cachekey.events import seq_bytes
 from cachekey.keys import HashNamespace, block_keys
-from gateway.fleet.names import ReplicaId
+from gateway.events.event_source import EventSource
+from gateway.events.ingest import ingest_batch
+from gateway.events.subscriber import KVEventSubscriber
 from gateway.index.block_index import BlockIndex
-from gateway.index.event_source import EventSource
-from gateway.index.ingest import ingest_batch
-from gateway.index.subscriber import KVEventSubscriber
 from gateway.metrics import GatewayMetrics
+from gateway.names import ReplicaId
 from tests.support.metrics import sample
 from tests.support.waits import until
 
@@ -136,7 +136,7 @@ def mutated_batch(draw) -> bytes:
 
 
 def _held(index: BlockIndex, tokens: list[int]) -> int:
-    return index.match(block_keys(tokens, NS), [R])[R]
+    return index.lookup.match(block_keys(tokens, NS), [R])[R]
 
 
 @settings(

@@ -15,7 +15,8 @@ import httpx
 import pytest
 
 from gateway.routing.tenants import AuthError, TenantRegistry, parse_keys
-from harness.cluster import Cluster, ClusterSpec, wait_index_converged
+from harness.cluster import Cluster, ClusterSpec
+from harness.waits import wait_index_converged
 from tests.support.chat import bearer, chat, user
 
 KEY_A = "sk-alice-7f3c9a1e5b2d4c6e8a0b"

@@ -8,8 +8,8 @@ import contextlib
 import pytest
 import uvloop
 
-from gateway.http.upstream import UpstreamError, UpstreamPool, UpstreamTimeout
-from harness.cluster import HOST, free_port
+from gateway.upstream.pool import UpstreamError, UpstreamPool, UpstreamTimeout
+from harness.ports import HOST, free_port
 
 
 class Server:

@@ -21,11 +21,11 @@ import zmq.asyncio
 from cachekey.events import decode_batch, parse_replay_reply, seq_from_bytes
 from cachekey.keys import HashNamespace, block_keys, usable_match
 from cachekey.types import MMItem
-from gateway.fleet.names import ReplicaId
+from gateway.events.event_source import EventSource
+from gateway.events.subscriber import KVEventSubscriber
 from gateway.index.block_index import BlockIndex
-from gateway.index.event_source import EventSource
-from gateway.index.subscriber import KVEventSubscriber
 from gateway.metrics import GatewayMetrics
+from gateway.names import ReplicaId
 from tests.support.metrics import sample
 from tests.support.paths import FIXTURES
 from tests.support.waits import until
@@ -45,7 +45,7 @@ def predicted(index: BlockIndex, probe: dict) -> int:
     tokens = probe["tokens"]
     mm = tuple(MMItem(i, "image", off, n) for i, off, n in probe.get("mm", ()))
     keys = block_keys(tokens, NS, mm, probe.get("lora"), probe.get("salt"))
-    n = index.match(keys, [R], tokens=tokens, mm_items=mm)[R]
+    n = index.lookup.match(keys, [R], tokens=tokens, mm_items=mm)[R]
     return usable_match(n * NS.block_size, len(tokens), NS.block_size, mm, "partial")
 
 

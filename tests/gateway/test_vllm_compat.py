@@ -12,7 +12,8 @@ import time
 import httpx
 import pytest
 
-from harness.cluster import Proc, free_port
+from harness.ports import free_port
+from harness.proc import Proc
 from tests.support.vllm_like import VllmLike
 
 

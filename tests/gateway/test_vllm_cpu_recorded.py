@@ -15,8 +15,8 @@ import json
 
 from cachekey.events import decode_batch, seq_from_bytes
 from cachekey.keys import HashNamespace, block_keys, usable_match
-from gateway.fleet.names import ReplicaId
 from gateway.index.block_index import BlockIndex
+from gateway.names import ReplicaId
 from tests.support.paths import FIXTURES
 
 FIXTURE = FIXTURES / "vllm_cpu_0_32" / "hybrid_sliding_window.json"
@@ -41,7 +41,7 @@ def test_index_predicts_every_hit_vllm_reported():
     seq = None
     for step in DOC["steps"]:
         prompt = step["prompt"]
-        n = index.match(block_keys(prompt, ns), [R], tokens=prompt)[R]
+        n = index.lookup.match(block_keys(prompt, ns), [R], tokens=prompt)[R]
         got = usable_match(n * ns.block_size, len(prompt), ns.block_size, (), "partial")
         assert got == step["vllm_cached_tokens"], step["note"]
         for topic, raw_seq, payload in (map(bytes.fromhex, f) for f in step["frames"]):

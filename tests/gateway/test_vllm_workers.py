@@ -23,12 +23,13 @@ from cachekey.render import Renderer
 from cachekey.types import MMItem
 from gateway.config import GatewayConfig
 from gateway.discovery.endpoints import parse_worker
-from gateway.fleet.names import ReplicaId, replica_name
 from gateway.fleet.replica import Replica
 from gateway.fleet.replica_set import ReplicaSet
 from gateway.index.block_index import BlockIndex
 from gateway.metrics import GatewayMetrics
-from harness.cluster import Proc, free_port, free_port_run
+from gateway.names import ReplicaId, replica_name
+from harness.ports import free_port, free_port_run
+from harness.proc import Proc
 from tests.support.metrics import sample
 from tests.support.vllm_like import VllmLike, load
 from tests.support.waits import until
@@ -44,7 +45,7 @@ def predicted(index: BlockIndex, rep: Replica, probe: dict) -> int:
     tokens = probe["tokens"]
     mm = tuple(MMItem(i, "image", off, n) for i, off, n in probe.get("mm", ()))
     keys = block_keys(tokens, ns, mm, probe.get("lora"), probe.get("salt"))
-    n = index.match(keys, [rep.id], tokens=tokens, mm_items=mm)[rep.id]
+    n = index.lookup.match(keys, [rep.id], tokens=tokens, mm_items=mm)[rep.id]
     return usable_match(n * ns.block_size, len(tokens), ns.block_size, mm, rep.mm_match_rule)
 
 
@@ -151,7 +152,7 @@ def test_a_batch_of_another_rank_is_never_merged():
             vllm.subscribed(0)
             vllm.publish(0)
             await gw.applied(rep, 0)
-            assert gw.index.replica_blocks(rep.id) == 0
+            assert gw.index.lookup.replica_blocks(rep.id) == 0
             errors = gw.metrics.event_errors.labels("wrong_data_parallel_rank")
             assert errors._value.get() == 1
 

@@ -18,18 +18,14 @@ import zmq.asyncio
 from cachekey.documents import Snapshot, WorkerInfo, decode_document
 from cachekey.events import BlockRemoved, BlockStored, decode_batch, parse_replay_reply, seq_bytes
 from cachekey.events import seq_from_bytes as seq_of
-from gateway.fleet.names import ReplicaId
 from gateway.index.block_index import BlockIndex
-from harness.cluster import (
-    ClusterSpec,
-    index_mismatches,
-    metric_total,
-    snapshot_digest,
-    wait_until,
-)
+from gateway.names import ReplicaId
+from harness.cluster import ClusterSpec
 from harness.fleet.engine import Timing
 from harness.fleet.fleet import Fleet, FleetConfig
 from harness.fleet.process import FleetCluster, FleetSpec
+from harness.prom import metric_total
+from harness.waits import index_mismatches, snapshot_digest, wait_until
 
 FAST = Timing(prefill_s_per_token=0.0, decode_s_per_step=0.0, step_s=0.0)
 
@@ -90,9 +86,9 @@ def test_replica_caches_evicts_publishes_and_replays():
             for _, events in batches:
                 index.apply(ReplicaId("r"), fleet.model.namespace, events)
             snap = decode_document((await client.get(f"{url}/kv/snapshot")).content, Snapshot)
-            assert snap.seq == 3 and len(snap.blocks) == index.replica_blocks(ReplicaId("r"))
+            assert snap.seq == 3 and len(snap.blocks) == index.lookup.replica_blocks(ReplicaId("r"))
             digest, _ = await asyncio.to_thread(snapshot_digest, url)
-            assert digest == index.replica_digest(ReplicaId("r"))
+            assert digest == index.lookup.replica_digest(ReplicaId("r"))
             # The other replica saw nothing.
             other = await client.get(f"{fleet.urls[1]}/kv/snapshot")
             assert decode_document(other.content, Snapshot).blocks == []

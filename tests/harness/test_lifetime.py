@@ -18,7 +18,7 @@ from tests.support.processes import alive, wait_dead
 PARENT = """
 import sys, time
 from pathlib import Path
-from harness.cluster import Proc
+from harness.proc import Proc
 p = Proc("child", ["-c", "import time; time.sleep(120)"], 0, Path(sys.argv[1]),
          die_with_parent=sys.argv[2] == "1")
 p.start()

@@ -401,7 +401,7 @@ def test_manifests_match_fresh_render_and_validate() -> None:
     spec.loader.exec_module(module)
     fresh = module.render()
     on_disk = {p.name: p.read_text() for p in MANIFESTS.glob("*.yaml")}
-    assert on_disk == fresh, "manifests/ is stale: run .venv/bin/python manifests/render.py"
+    assert on_disk == fresh, "manifests/ is stale: run .venv/bin/python manifests/render.py --write"
 
     kustomization = yaml.safe_load(on_disk["kustomization.yaml"])
     assert sorted(kustomization["resources"]) == sorted(set(on_disk) - {"kustomization.yaml"})

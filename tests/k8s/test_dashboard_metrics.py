@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from harness.cluster import free_port
+from harness.ports import free_port
 from tests.support.paths import CHART, REPO
 
 DASHBOARD = CHART / "dashboards" / "kvgate.json"

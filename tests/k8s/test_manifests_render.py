@@ -135,6 +135,17 @@ def test_defaults_mode_still_checks_manifests() -> None:
     assert res.returncode == 0, res.stderr
 
 
+def test_no_arguments_prints_and_writes_nothing() -> None:
+    """As `helm template`: the defaults on stdout; only --write rewrites manifests/."""
+    before = {p.name: p.stat().st_mtime_ns for p in (REPO / "manifests").glob("*.yaml")}
+    res = run_render()
+    assert res.returncode == 0, res.stderr
+    kinds = {d["kind"] for d in yaml.safe_load_all(res.stdout) if d}
+    assert {"Deployment", "StatefulSet", "Service"} <= kinds
+    after = {p.name: p.stat().st_mtime_ns for p in (REPO / "manifests").glob("*.yaml")}
+    assert after == before
+
+
 # ---- docs/kubernetes.md: the GPU walkthrough's values, claim and Job are what the chart needs ----
 
 

@@ -1,6 +1,6 @@
-"""The chart's rollouts: grace periods and preStop hooks that match the gateway's drain, and a
-PodDisruptionBudget for each Deployment that has pods, rendered by Helm's engine and validated
-against the Kubernetes schemas."""
+"""The chart's rollouts: grace periods and preStop hooks that match the gateway's and the
+workers' drains, and a PodDisruptionBudget for each Deployment that has pods, rendered by Helm's
+engine and validated against the Kubernetes schemas."""
 
 from __future__ import annotations
 
@@ -12,7 +12,10 @@ import pytest
 import yaml
 
 from gateway.cli import build_parser, config_from_args
+from kvgate_cli.flags import config_from_flags
 from tests.support.paths import CHART
+from worker.cli import build_parser as worker_parser
+from worker.server.config import ServerConfig
 
 helm = pytest.importorskip("helm_python", reason="pip install helm-python-sdk (the test extra)")
 
@@ -126,3 +129,36 @@ def test_schema_rejects_bad_rollout_values(chart: Any) -> None:
     ):
         with pytest.raises(helm.HelmValuesError):
             chart.render(bad, name="kvgate", namespace="inference", is_install=True)
+
+
+def worker_drain_of(docs: list[dict[str, Any]]) -> tuple[int, int, float]:
+    """(grace period, preStop sleep, --drain-timeout) of the worker StatefulSet."""
+    (sts,) = [d for d in docs if d["kind"] == "StatefulSet"]
+    pod = sts["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    hook = c.get("lifecycle", {}).get("preStop")
+    sleep = int(hook["exec"]["command"][1]) if hook is not None else 0
+    argv = [a.replace("$(POD_NAMESPACE)", "inference") for a in c["args"]]
+    config = config_from_flags(ServerConfig, worker_parser().parse_args(argv))
+    return pod["terminationGracePeriodSeconds"], sleep, config.drain_timeout
+
+
+@pytest.mark.parametrize(
+    "values, want",
+    [
+        (None, (130, 5, 120)),
+        ({"worker": {"drainTimeoutSeconds": 900, "preStopSleepSeconds": 10}}, (915, 10, 900)),
+        ({"worker": {"preStopSleepSeconds": 0}}, (125, 0, 120)),
+        ({"worker": {"terminationGracePeriodSeconds": 3600}}, (3600, 5, 120)),
+    ],
+)
+def test_worker_grace_period_covers_prestop_and_drain(chart: Any, values: Any, want: tuple) -> None:
+    grace, sleep, drain = worker_drain_of(render(chart, {"model": {"demo": True}} | (values or {})))
+    assert (grace, sleep, drain) == want
+    assert grace >= sleep + drain + 5
+
+
+def test_a_worker_grace_period_shorter_than_its_drain_is_refused(chart: Any) -> None:
+    values = {"model": {"demo": True}, "worker": {"terminationGracePeriodSeconds": 60}}
+    with pytest.raises(Exception, match="must cover"):
+        chart.render(values, name="kvgate", namespace="inference", is_install=True)

@@ -12,8 +12,8 @@ import pytest
 
 from gateway import cli as gateway_cli
 from gateway.config import CostWeights, GatewayConfig
-from gateway.http.limits import RequestLimits
-from harness.cluster import free_port
+from gateway.limits import RequestLimits
+from harness.ports import free_port
 from kvgate_cli.flags import format_pixels, format_size, parse_pixels, parse_size
 from tests.support.paths import REPO
 from worker import cli as worker_cli

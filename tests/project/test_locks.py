@@ -86,7 +86,10 @@ def test_this_environment_is_dev_lock() -> None:
 
 def test_installs_read_the_locks_with_hashes() -> None:
     makefile = (REPO / "Makefile").read_text()
-    assert "--require-hashes --no-deps -r requirements/dev.lock" in makefile
+    assert "requirements/install.sh" in makefile  # the venv's install, which reads the locks
+    install = (REPO / "requirements" / "install.sh").read_text()
+    assert "--require-hashes --no-deps -r requirements/dev.lock" in install
+    assert "--require-hashes --no-deps -r requirements/cuda.lock" in install
     for dockerfile, locks in (
         ("gateway.Dockerfile", ["gateway.lock"]),
         ("worker.Dockerfile", ["worker.lock", "cuda.lock"]),

@@ -3,7 +3,9 @@ started with the worker token and polled until every worker is synced."""
 
 from __future__ import annotations
 
-from harness.cluster import HOST, Cluster, Proc, free_port
+from harness.cluster import Cluster
+from harness.ports import HOST, free_port
+from harness.proc import Proc
 from tests.support.waits import wait_synced
 
 TOKEN = "envoy-" + "5eed" * 8

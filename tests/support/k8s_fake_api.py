@@ -31,12 +31,16 @@ def make_slice(
     service: str = "workers",
     http_port: int = 8000,
     labels: dict[str, str] | None = None,
+    pods: list[str] | None = None,
 ) -> dict[str, Any]:
-    """An EndpointSlice with one endpoint per (ip, ready) pair; ready None leaves it unset."""
+    """An EndpointSlice with one endpoint per (ip, ready) pair; ready None leaves it unset;
+    `pods`: the pod behind each endpoint (its targetRef), as Kubernetes fills it in."""
     eps = []
-    for ip, ready in endpoints:
+    for i, (ip, ready) in enumerate(endpoints):
         conditions = {} if ready is None else {"ready": ready}
         eps.append({"addresses": [ip], "conditions": conditions})
+        if pods is not None:
+            eps[-1]["targetRef"] = {"kind": "Pod", "name": pods[i], "namespace": "ns"}
     return {
         "apiVersion": "discovery.k8s.io/v1",
         "kind": "EndpointSlice",

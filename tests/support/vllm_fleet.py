@@ -19,7 +19,8 @@ from pathlib import Path
 import httpx
 
 from cachekey.headers import POLICY_HEADER
-from harness.cluster import HOST, Proc, free_port, free_port_run
+from harness.ports import HOST, free_port, free_port_run
+from harness.proc import Proc
 from harness.vllm_server import (
     VllmProc,
     VllmSpec,

@@ -27,7 +27,7 @@ import msgspec
 import zmq
 
 from cachekey.events import seq_bytes, seq_from_bytes
-from harness.cluster import free_port, free_port_run
+from harness.ports import free_port, free_port_run
 from tests.support.paths import FIXTURES
 
 RECORDED = FIXTURES / "vllm_0_33"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from harness.cluster import free_port
+from harness.ports import free_port
 from tests.support.paths import REPO
 
 

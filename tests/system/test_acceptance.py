@@ -10,9 +10,10 @@ import time
 import httpx
 import pytest
 
-from gateway.fleet.names import replica_name
-from harness.cluster import Cluster, ClusterSpec, wait_until
+from gateway.names import replica_name
+from harness.cluster import Cluster, ClusterSpec
 from harness.load import Tally, hold_one_per_worker
+from harness.waits import wait_until
 from tests.support.bench_runs import run_bench
 from tests.support.chat import chat, user
 

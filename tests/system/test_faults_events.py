@@ -12,15 +12,10 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from harness.cluster import (
-    Cluster,
-    ClusterSpec,
-    Proc,
-    index_mismatches,
-    metric_total,
-    wait_index_converged,
-    wait_until,
-)
+from harness.cluster import Cluster, ClusterSpec
+from harness.proc import Proc
+from harness.prom import metric_total
+from harness.waits import index_mismatches, wait_index_converged, wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -10,15 +10,11 @@ import signal
 import httpx
 import pytest
 
-from harness.cluster import (
-    Cluster,
-    ClusterSpec,
-    Proc,
-    metric_total,
-    wait_index_converged,
-    wait_until,
-)
+from harness.cluster import Cluster, ClusterSpec
 from harness.load import Tally, make_body, one_request, run_load
+from harness.proc import Proc
+from harness.prom import metric_total
+from harness.waits import wait_index_converged, wait_until
 from tests.support.k8s_fake_api import FakeApi, FakeApiServer, make_slice
 
 pytestmark = pytest.mark.slow

@@ -15,14 +15,10 @@ import time
 import httpx
 import pytest
 
-from harness.cluster import (
-    Cluster,
-    ClusterSpec,
-    metric_total,
-    wait_index_converged,
-    wait_until,
-)
+from harness.cluster import Cluster, ClusterSpec
 from harness.load import Tally, hold_one_per_worker, run_load
+from harness.prom import metric_total
+from harness.waits import wait_index_converged, wait_until
 
 pytestmark = pytest.mark.slow
 

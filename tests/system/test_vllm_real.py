@@ -16,8 +16,11 @@ import pytest
 
 from cachekey.assets import ModelAssets
 from cachekey.render import Renderer
-from harness.cluster import free_port, metric_by_labels, metric_total, wait_until
+from gateway.names import replica_name
+from harness.ports import free_port
+from harness.prom import metric_by_labels, metric_total
 from harness.vllm_server import replica_ids, reset_prefix_cache
+from harness.waits import wait_until
 from harness.workload import Workload, WorkloadSpec, data_url, make_image
 from tests.support.vllm_fleet import (
     Answer,
@@ -253,4 +256,5 @@ def run_siblings(fleet, tag: str) -> tuple[Answer, Answer, bool]:
 
 def in_flight(gw, server) -> float:
     """The gateway's count of its requests in flight on `server`."""
-    return metric_by_labels(gw.url, "kvgate_in_flight_requests", "replica").get((server.url,), 0.0)
+    counts = metric_by_labels(gw.url, "kvgate_in_flight_requests", "replica")
+    return counts.get((replica_name(server.url, None),), 0.0)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.cluster import metric_total
+from harness.prom import metric_total
 from tests.support.vllm_fleet import assert_exact, reset_caches, settled_ask, start_gateway
 from worker.demo.tokenizer import build_tokenizer
 

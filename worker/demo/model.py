@@ -37,9 +37,8 @@ TEXT = dict(hidden=128, intermediate=256, layers=2, heads=4, kv_heads=2, max_pos
 VISION = dict(hidden=64, intermediate=128, layers=2, heads=4, image_size=64, patch_size=8)
 
 
-def _configs(vocab_size: int) -> dict[str, dict]:
-    tokens_per_side = VISION["image_size"] // VISION["patch_size"]
-    text_config = {
+def _text_config(vocab_size: int) -> dict:
+    return {
         "model_type": "llama",
         "vocab_size": vocab_size,
         "hidden_size": TEXT["hidden"],
@@ -57,7 +56,10 @@ def _configs(vocab_size: int) -> dict[str, dict]:
         "pad_token_id": UNK_ID,
         "torch_dtype": "float32",
     }
-    vision_config = {
+
+
+def _vision_config() -> dict:
+    return {
         "model_type": "clip_vision_model",
         "hidden_size": VISION["hidden"],
         "intermediate_size": VISION["intermediate"],
@@ -70,6 +72,11 @@ def _configs(vocab_size: int) -> dict[str, dict]:
         "hidden_act": "quick_gelu",
         "layer_norm_eps": 1e-5,
     }
+
+
+def _configs(vocab_size: int) -> dict[str, dict]:
+    tokens_per_side = VISION["image_size"] // VISION["patch_size"]
+    text_config, vision_config = _text_config(vocab_size), _vision_config()
     config = {
         "architectures": ["LlavaForConditionalGeneration"],
         "model_type": "llava",

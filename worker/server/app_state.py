@@ -28,6 +28,7 @@ from cachekey.documents import (
     WorkerInfo,
 )
 from cachekey.events import topic
+from kvgate_cli.drain import OpenStreams
 from worker.engine.outputs import LoRAStats
 from worker.server.config import ServerConfig
 from worker.server.core_process import CoreHandle
@@ -102,8 +103,9 @@ def init_app_state(
         num_gpu_blocks=first.ready.stats.num_blocks,
         enable_prefix_caching=first.config.enable_prefix_caching,
     )
+    state.streams = streams = OpenStreams()  # every rank's, cut together by a drain
     states = [
-        _rank_state(config, info, core, ae, metrics, i, ranks[i])
+        _rank_state(config, info, core, ae, metrics, streams, i, ranks[i])
         for i, (core, ae) in enumerate(zip(cores, async_engines, strict=True))
     ]
     state.worker, state.ranks = states[0], states
@@ -116,6 +118,7 @@ def _rank_state(
     core: CoreHandle,
     engine: AsyncEngine,
     metrics: WorkerMetrics,
+    streams: OpenStreams,
     i: int,
     rank: int | None,
 ) -> WorkerState:
@@ -128,6 +131,7 @@ def _rank_state(
         core.ready.max_model_len,
         metrics.engines[i],
         hidden_layers=core.ready.hidden_layers,
+        streams=streams,
     )
     model_config = json.loads(core.assets.files.get("config.json", b"{}"))
     return WorkerState(

@@ -4,8 +4,8 @@ FastAPI reads a body whole and hands it to `json.loads`: a 32 MiB body of `[{}, 
 any byte limit is still millions of Python objects (about 1 GB), and 100,000 levels of `[[[`
 exhaust the parser's recursion. So this ASGI wrapper reads the body first (refusing it past
 `--max-body-bytes` without reading on), measures its shape on the raw bytes with the gateway's
-own guard (cachekey.json_shape), and only then lets the app see it. Violations are a 413 or a
-400 with an OpenAI error body naming the flag.
+own guard (cachekey.json_shape), and only then lets the app see it, as JSON whatever its
+content-type. Violations are a 413 or a 400 with an OpenAI error body naming the flag.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class BodyGuard:
         except JSONShapeError as e:
             await send_error(send, 400, e.message, code=e.code)
             return
-        await self.app(scope, _replaying(raw, receive), send)
+        await self.app(_as_json(scope), _replaying(raw, receive), send)
 
     async def _read(self, scope: Scope, receive: Receive) -> bytes | None:
         declared = _content_length(scope)
@@ -80,6 +80,18 @@ def _content_length(scope: Scope) -> int | None:
         if name == b"content-length":
             return int(value) if value.isdigit() else None
     return None
+
+
+def _as_json(scope: Scope) -> Scope:
+    """The request, its body read as JSON whatever its content-type says, as the gateway reads
+    it (FastAPI would take a body without `application/json` for a string, and refuse it as
+    "not an object")."""
+    headers = scope["headers"]
+    for name, value in headers:
+        if name == b"content-type" and value.split(b";")[0].strip().lower() == b"application/json":
+            return scope
+    kept = [(n, v) for n, v in headers if n != b"content-type"]
+    return {**scope, "headers": [*kept, (b"content-type", b"application/json")]}
 
 
 def _replaying(raw: bytes, receive: Receive) -> Receive:

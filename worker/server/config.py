@@ -65,6 +65,14 @@ class ServerConfig:
     max_json_elements: int = option(
         1_100_000, "JSON values, keys and containers in a request body (400 past it)"
     )
+    drain_timeout: float = option(
+        30.0,
+        "seconds, after SIGTERM, that requests and streams in flight may take to finish: the "
+        "worker stops accepting connections and fails readiness at once, then exits when they "
+        "are done or this has passed; a stream still open then ends with an SSE error event "
+        "(docs/reliability.md)",
+        metavar="SECONDS",
+    )
     log_level: str = option("info", "log level", choices=LOG_LEVELS)
 
     def __post_init__(self) -> None:
@@ -90,6 +98,8 @@ class ServerConfig:
                 f"the KV-event ports of {n} engines ({e}-{e + n - 1}) and their replay ports "
                 f"({r}-{r + n - 1}) overlap"
             )
+        if self.drain_timeout < 0:
+            raise ValueError("--drain-timeout must be >= 0")
         if self.engine_stall_timeout_s <= 0:
             raise ValueError("--engine-stall-timeout must be positive")
         if self.log_level not in LOG_LEVELS:

@@ -12,9 +12,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import ConfigDict, ValidationInfo, field_validator, model_validator
 
-from cachekey.openai.protocol import ChatFields, CompletionFields, OpenAIRequest
+from cachekey.openai.protocol import ChatFields, CompletionFields, OpenAIRequest, SamplingFields
 
 _SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads joins valid pairs: any left is lone
 
@@ -50,18 +50,14 @@ class StreamOptions(_Request):
     include_usage: bool = False
 
 
-class SamplingFields(_Request):
-    """Fields shared by chat and completions that become engine SamplingParams."""
-
+class _Model(_Request):
     model: str | None = None
-    n: int | None = Field(1, ge=1, le=64)
-    temperature: float | None = Field(None, ge=0.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    ignore_eos: bool | None = False
+
+
+class EngineRequest(SamplingFields, _Model):
+    """What chat and completions share that becomes engine SamplingParams: the one set of
+    sampling fields (cachekey/openai/protocol.py), and the worker's own."""
+
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     # vLLM's prefix-cache isolation: mixed into block 0's key, so it reaches every block.
@@ -98,11 +94,11 @@ class SamplingFields(_Request):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
-class ChatCompletionRequest(ChatFields, SamplingFields):
+class ChatCompletionRequest(ChatFields, EngineRequest):
     """/v1/chat/completions: the shared chat fields on the engine's sampling fields."""
 
 
-class CompletionRequest(CompletionFields, SamplingFields):
+class CompletionRequest(CompletionFields, EngineRequest):
     def single_prompt(self) -> str | list[int]:
         """The one prompt of this request; a batch of several is refused with a clear message."""
         p = self.prompt

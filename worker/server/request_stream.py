@@ -38,6 +38,10 @@ class RequestStream:
                 self._unfinished.discard(item.request_id)
             yield item
 
+    def cut(self, exc: Exception) -> None:
+        """End the stream with `exc` (a drain's deadline passed): its reader raises it."""
+        self._sink.put_nowait(exc)
+
     def close(self) -> None:
         """Forget the requests; abort those not finished (client gone, error, cancellation)."""
         self._release(self.request_ids, sorted(self._unfinished))

@@ -19,13 +19,14 @@ from cachekey.openai.errors import APIError
 from cachekey.openai.sse import DONE, SSE_MEDIA_TYPE, sse_event
 from cachekey.render import Renderer
 from cachekey.types import Prompt
+from kvgate_cli.drain import SHUTTING_DOWN, OpenStreams
 from worker.engine.sampling_params import SamplingParams
 from worker.server.arrival_order import ArrivalOrder, Turn
 from worker.server.engine_client import AsyncEngine
 from worker.server.errors import as_api_error
 from worker.server.hidden_encoding import encode_hidden_states, require_hidden_cache
 from worker.server.metrics import EngineLatency
-from worker.server.protocol import SamplingFields
+from worker.server.protocol import EngineRequest
 from worker.server.request_stream import RequestStream, unless_gone
 
 _json = msgspec.json.Encoder()
@@ -41,6 +42,7 @@ class ServingContext:
     # Hugging Face hidden_states index of each kept row; empty without --hidden-state-cache.
     hidden_layers: tuple[int, ...] = ()
     order: ArrivalOrder = field(default_factory=ArrivalOrder)  # requests reach the engine FIFO
+    streams: OpenStreams = field(default_factory=OpenStreams)  # what a drain cuts (all ranks')
 
 
 @dataclass(slots=True)
@@ -63,7 +65,7 @@ class OpenAIServing:
 
     # -- checks --------------------------------------------------------------------------------
 
-    def check_request(self, raw: Request, body: SamplingFields) -> str | None:
+    def check_request(self, raw: Request, body: EngineRequest) -> str | None:
         """The LoRA adapter the request's `model` names (None: the base model); 404 for none.
         X-data-parallel-rank was checked when the request's engine was chosen (rank_state)."""
         lora = self.lora_name(body.model)
@@ -85,7 +87,7 @@ class OpenAIServing:
             code="model_not_found",
         )
 
-    def sampling_params(self, body: SamplingFields, max_tokens: int | None, prompt_len: int):
+    def sampling_params(self, body: EngineRequest, max_tokens: int | None, prompt_len: int):
         limit = self.ctx.max_model_len
         where = "messages" if self.object_name == "chat.completion" else "prompt"
         if prompt_len >= limit:
@@ -117,7 +119,7 @@ class OpenAIServing:
     async def generate(
         self,
         raw: Request,
-        body: SamplingFields,
+        body: EngineRequest,
         prompt: Prompt,
         max_tokens: int | None,
         arrived: float,
@@ -149,10 +151,14 @@ class OpenAIServing:
             return StreamingResponse(
                 self._sse(stream, body, request_id, arrived), media_type=SSE_MEDIA_TYPE
             )
-        return await self._complete(raw, stream, body, request_id, arrived)
+        handle = self.ctx.streams.add(lambda why: stream.cut(_shutting_down(why)))
+        try:
+            return await self._complete(raw, stream, body, request_id, arrived)
+        finally:
+            self.ctx.streams.discard(handle)
 
     async def _complete(
-        self, raw: Request, stream: RequestStream, body: SamplingFields, rid: str, arrived: float
+        self, raw: Request, stream: RequestStream, body: EngineRequest, rid: str, arrived: float
     ) -> Response:
         collected = await unless_gone(raw, stream, self._collect(stream, arrived))
         if collected is None:
@@ -195,7 +201,7 @@ class OpenAIServing:
         return choices, prompt_tokens, cached
 
     async def _sse(
-        self, stream: RequestStream, body: SamplingFields, rid: str, arrived: float
+        self, stream: RequestStream, body: EngineRequest, rid: str, arrived: float
     ) -> AsyncIterator[bytes]:
         index = {r: i for i, r in enumerate(stream.request_ids)}
         outputs = [0] * len(index)
@@ -205,6 +211,7 @@ class OpenAIServing:
         created = int(time.time())
         model = body.model or self.ctx.model_name
         first = True
+        handle = self.ctx.streams.add(lambda why: stream.cut(_shutting_down(why)))
         try:
             async for out in stream:
                 if first:
@@ -229,6 +236,7 @@ class OpenAIServing:
             err = as_api_error(e)
             yield sse_event(_json.encode(err.body()))
         finally:
+            self.ctx.streams.discard(handle)
             stream.close()
         yield DONE
 
@@ -259,6 +267,11 @@ class OpenAIServing:
 
 
 _OMIT = object()
+
+
+def _shutting_down(reason: str) -> APIError:
+    """What a request still running when the drain's deadline passes ends with."""
+    return APIError(503, reason, code=SHUTTING_DOWN)
 
 
 def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:

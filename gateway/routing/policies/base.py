@@ -9,8 +9,8 @@ from typing import Protocol
 import xxhash
 
 from cachekey.types import BlockKey
-from gateway.fleet.names import ReplicaId
 from gateway.fleet.replica import Replica
+from gateway.names import ReplicaId
 
 
 @dataclass(slots=True)

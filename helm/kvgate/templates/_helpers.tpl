@@ -48,8 +48,43 @@ app.kubernetes.io/instance: {{ .ctx.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
 {{- end }}
 
+{{/* repository@digest when a digest pins the image, else repository:tag. */}}
 {{- define "kvgate.image" -}}
+{{- if .image.digest }}
+{{- printf "%s@%s" .image.repository .image.digest }}
+{{- else }}
 {{- printf "%s:%s" .image.repository (default .ctx.Chart.AppVersion .image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* The pod-level settings every workload takes; call with its values (.Values.gateway, ...). */}}
+{{- define "kvgate.podSettings" -}}
+{{- with .runtimeClassName }}
+runtimeClassName: {{ . }}
+{{- end }}
+{{- with .priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with .initContainers }}
+initContainers:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* A workload's topology spread: its own constraints, else with spreadAcrossNodes one that
+spreads its pods across nodes (ScheduleAnyway: a one-node cluster still schedules them).
+Call with (dict "ctx" . "v" .Values.gateway "component" "gateway"). */}}
+{{- define "kvgate.spread" -}}
+{{- if .v.topologySpreadConstraints }}
+{{- toYaml .v.topologySpreadConstraints }}
+{{- else if .v.spreadAcrossNodes }}
+- maxSkew: 1
+  topologyKey: kubernetes.io/hostname
+  whenUnsatisfiable: ScheduleAnyway
+  labelSelector:
+    matchLabels:
+      {{- include "kvgate.selectorLabels" (dict "ctx" .ctx "component" .component) | nindent 6 }}
+{{- end }}
 {{- end }}
 
 {{- define "kvgate.servedModelName" -}}
@@ -62,10 +97,10 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- end }}
 
-{{/* Probes on /health; call with (dict "probe" .Values.x.probes.readiness). */}}
+{{/* Probes on /health (or "path"); call with (dict "probe" .Values.x.probes.readiness). */}}
 {{- define "kvgate.httpProbe" -}}
 httpGet:
-  path: /health
+  path: {{ .path | default "/health" }}
   port: http
 periodSeconds: {{ .probe.periodSeconds }}
 failureThreshold: {{ .probe.failureThreshold }}

@@ -15,8 +15,10 @@ import json
 import httpx
 import pytest
 
-from harness.cluster import Cluster, ClusterSpec, wait_index_converged
-from harness.envoy import Envoy, EnvoySpec
+from harness.cluster import Cluster, ClusterSpec
+from harness.envoy import Envoy
+from harness.envoy_config import EnvoySpec
+from harness.waits import wait_index_converged
 from harness.workload import Workload, WorkloadSpec
 from tests.support.chat import bearer, chat_body
 from tests.support.epp import TOKEN, ep, start_epp

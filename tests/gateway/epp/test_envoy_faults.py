@@ -19,8 +19,10 @@ import time
 import httpx
 import pytest
 
-from harness.cluster import HOST, Cluster, ClusterSpec
-from harness.envoy import Envoy, EnvoySpec
+from harness.cluster import Cluster, ClusterSpec
+from harness.envoy import Envoy
+from harness.envoy_config import EnvoySpec
+from harness.ports import HOST
 from tests.support.chat import chat, user
 from tests.support.epp import TOKEN, ep, start_epp
 
@@ -43,7 +45,7 @@ def ask(envoy: Envoy, text: str, tag: str, **headers: str) -> httpx.Response:
 
 
 def requests_at(epp_url: str, replica: str, status: str | None = None) -> float:
-    """kvgate_requests_total of one replica (one status of it, when given), from /metrics."""
+    """kvgate_requests_total of one replica, by its name (one status of it, when given)."""
     total = 0.0
     for line in httpx.get(f"{epp_url}/metrics", timeout=10).text.splitlines():
         if not line.startswith("kvgate_requests_total{"):
@@ -78,6 +80,7 @@ def test_the_picked_worker_gone(three) -> None:
             assert one.logged("warm-one")["upstream"] == home  # the same index, the same pick
             dead = next(w for w in c.workers if ep(w.url) == home)
             dead.kill(signal.SIGKILL)
+            gone = c.replica_name(dead.url)  # its name: the requests' `replica` label
 
             # override_host walks the list: served by the next endpoint, counted there.
             r = ask(lst, text, "after-list")
@@ -85,9 +88,9 @@ def test_the_picked_worker_gone(three) -> None:
             assert r.status_code == 200 and entry["upstream"] != home, entry
             served = next(u for u in c.worker_urls if ep(u) == entry["upstream"])
             assert r.headers["x-kvgate-replica"] == c.replica_name(served)
-            assert requests_at(with_list.url, dead.url, "200") == 1  # only the warm-up
-            assert requests_at(with_list.url, dead.url, "retried") == 1  # the failed pick
-            assert requests_at(with_list.url, served, "200") == 1
+            assert requests_at(with_list.url, gone, "200") == 1  # only the warm-up
+            assert requests_at(with_list.url, gone, "retried") == 1  # the failed pick
+            assert requests_at(with_list.url, c.replica_name(served), "200") == 1
 
             # ORIGINAL_DST, one endpoint: Envoy's own 503 is not the worker's answer.
             r = ask(one, text, "after-one")
@@ -95,9 +98,9 @@ def test_the_picked_worker_gone(three) -> None:
             assert r.status_code == 503 and entry["flags"] == "UF", entry
             assert "x-kvgate-replica" not in r.headers
             assert "x-kvgate-predicted-cached-tokens" not in r.headers
-            assert requests_at(single.url, dead.url, "200") == 1  # only the warm-up
+            assert requests_at(single.url, gone, "200") == 1  # only the warm-up
             assert requests_at(single.url, "none", "503") == 1  # answered by the proxy
-            retried = requests_at(single.url, dead.url, "retried")
+            retried = requests_at(single.url, gone, "retried")
             assert retried == 1  # the failure reached the circuit breaker
     finally:
         with_list.kill()

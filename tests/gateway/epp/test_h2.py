@@ -28,7 +28,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from gateway.epp.h2_frames import RESET_FLOOR
 from gateway.epp.health import NOT_SERVING, SERVING, Health
 from gateway.epp.rpc import Call, Method, RpcServer, Status
-from harness.cluster import HOST, free_port, wait_until
+from harness.ports import HOST, free_port
+from harness.waits import wait_until
 
 ECHO = "/test.Echo/Echo"
 EVENTS: list[str] = []  # what the handlers saw happen, in the server's thread

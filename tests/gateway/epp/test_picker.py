@@ -19,17 +19,12 @@ from PIL import Image
 
 from cachekey.headers import PREFIX_HEADER
 from gateway.epp.wire import BODY_CHUNK_BYTES
-from harness.cluster import (
-    HOST,
-    Cluster,
-    ClusterSpec,
-    Proc,
-    free_port,
-    metric_by_labels,
-    metric_total,
-    wait_index_converged,
-)
+from harness.cluster import Cluster, ClusterSpec
 from harness.extproc_client import ExtProcClient, forward
+from harness.ports import HOST, free_port
+from harness.proc import Proc
+from harness.prom import metric_by_labels, metric_total
+from harness.waits import wait_index_converged
 from harness.workload import Workload, WorkloadSpec, data_url, make_image
 from tests.support.waits import wait_synced
 

@@ -18,8 +18,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from gateway.config import GatewayConfig
 from gateway.epp import EppServer
 from gateway.state import GatewayState
-from harness.cluster import free_port
 from harness.extproc_client import header_map
+from harness.ports import free_port
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING

@@ -23,8 +23,10 @@ import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from gateway.tasks import cancel_and_wait
-from harness.cluster import HOST, Cluster, ClusterSpec, Proc, free_port
+from harness.cluster import Cluster, ClusterSpec
 from harness.extproc_client import ExtProcClient, forward, header_map
+from harness.ports import HOST, free_port
+from harness.proc import Proc
 
 pytestmark = pytest.mark.slow
 

@@ -13,8 +13,10 @@ import json
 import httpx
 import pytest
 
-from harness.cluster import HOST, Cluster, ClusterSpec, Proc, free_port
+from harness.cluster import Cluster, ClusterSpec
 from harness.extproc_client import ExtProcClient, forward
+from harness.ports import HOST, free_port
+from harness.proc import Proc
 
 pytestmark = pytest.mark.slow
 

@@ -6,8 +6,8 @@ import pytest
 
 from cachekey import BlockKey, HashNamespace, MMItem, MMMatchRule, Prompt
 from cachekey.events import BlockRemoved, BlockStored
-from gateway.fleet.names import ReplicaId
 from gateway.index.block_index import BlockIndex
+from gateway.names import ReplicaId
 from worker.engine.block_manager import BlockManager
 from worker.engine.free_queue import Block, FreeBlockQueue
 from worker.engine.sampling_params import SamplingParams
@@ -296,8 +296,8 @@ def test_concurrent_prefills_of_one_prefix_keep_the_chain_whole() -> None:
     assert index.skipped_unknown_parent == 0
     snapshot_keys = {blk.key for blk in bm.snapshot()}
     assert snapshot_keys == set(b.block_keys)
-    assert index.replica_blocks(replica) == len(snapshot_keys)
-    assert all(index.holds(replica, k) for k in snapshot_keys)
+    assert index.lookup.replica_blocks(replica) == len(snapshot_keys)
+    assert all(index.lookup.holds(replica, k) for k in snapshot_keys)
     # And the worker itself still serves the whole prefix from b's copies.
     bm.free(b)
     assert prefill(bm, seq_of("c", [*range(1, 9), 60, 61, 62, 63, 70])) == 12
@@ -316,7 +316,7 @@ def test_each_copy_is_stored_and_removed_once() -> None:
     assert stored == a.block_keys + b.block_keys  # two copies of each key
     assert len(bm.snapshot()) == 4 and len(bm.pool.cached) == 2
     index, replica = _replay_into_index(events)
-    assert index.stats().copies == 4 and index.replica_blocks(replica) == 2
+    assert index.stats().copies == 4 and index.lookup.replica_blocks(replica) == 2
     bm.free(a)
     bm.free(b)
     bm.allocate(seq_of("f", list(range(100, 132))), [], 32)  # evicts all eight blocks
@@ -324,4 +324,4 @@ def test_each_copy_is_stored_and_removed_once() -> None:
     removed = [h for ev in events if isinstance(ev, BlockRemoved) for h in ev.block_hashes]
     assert sorted(removed) == sorted(a.block_keys + b.block_keys)
     index.apply(replica, NS, events)
-    assert index.replica_blocks(replica) == 0 and index.stats().copies == 0
+    assert index.lookup.replica_blocks(replica) == 0 and index.stats().copies == 0

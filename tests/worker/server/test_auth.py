@@ -20,7 +20,10 @@ import pytest
 
 from cachekey.assets import ModelAssets
 from cachekey.documents import AssetFiles, Snapshot, WorkerInfo, decode_document
-from harness.cluster import HOST, Cluster, ClusterSpec, Proc, free_port, wait_until
+from harness.cluster import Cluster, ClusterSpec
+from harness.ports import HOST, free_port
+from harness.proc import Proc
+from harness.waits import wait_until
 from tests.support.chat import bearer, chat, post, user
 from tests.support.json_bombs import many_keys, many_objects, reset_peak_rss, status_kib
 from tests.support.waits import try_get

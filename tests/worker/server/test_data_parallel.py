@@ -11,16 +11,11 @@ import re
 import httpx
 
 from cachekey.documents import Snapshot, WorkerInfo, decode_document
-from gateway.fleet.names import replica_name
-from harness.cluster import (
-    Proc,
-    free_port,
-    free_port_run,
-    index_mismatches,
-    wait_index_converged,
-    wait_until,
-)
+from gateway.names import replica_name
 from harness.extproc_client import ExtProcClient, forward
+from harness.ports import free_port, free_port_run
+from harness.proc import Proc
+from harness.waits import index_mismatches, wait_index_converged, wait_until
 from tests.support.chat import bearer, chat, chat_body, user
 from tests.support.waits import wait_synced
 from tests.support.worker_harness import WorkerProcess

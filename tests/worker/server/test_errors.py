@@ -121,3 +121,14 @@ def test_data_parallel_rank_header(worker):
         )
         assert r.status_code == 400
         assert "rank" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded"])
+def test_a_body_is_read_as_json_whatever_its_content_type(worker, content_type) -> None:
+    """As the gateway reads it: not refused as "must be a JSON object" for a missing header."""
+    headers = {} if content_type is None else {"content-type": content_type}
+    raw = b'{"model": "demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}'
+    r = httpx.post(worker.url + "/v1/chat/completions", content=raw, headers=headers, timeout=30)
+    assert r.status_code == 200, r.text
+    bad = httpx.post(worker.url + "/v1/chat/completions", content=b"{not json", timeout=30)
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_json", bad.text

@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from harness.cluster import wait_until
+from harness.waits import wait_until
 from tests.support.worker_harness import WorkerProcess
 
 SLOW = ("--sim-decode-s-per-step", "0.02", "--enable-fault-injection")

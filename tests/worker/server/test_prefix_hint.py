@@ -12,7 +12,9 @@ import httpx
 import pytest
 
 from cachekey.headers import PREFIX_HEADER
-from harness.cluster import Cluster, ClusterSpec, metric_total, wait_until
+from harness.cluster import Cluster, ClusterSpec
+from harness.prom import metric_total
+from harness.waits import wait_until
 from tests.support.chat import bearer, post
 
 TOKEN = "prefix-hint-test-token"

@@ -2,8 +2,8 @@
 
 Bind mode (the default): each rank's subscriber connects its own SUB to the rank's PUB. Connect
 mode (`--kv-events-bind`, plain vLLM workers only): each rank's subscriber reads an inbox of the
-central SUB (gateway/index/event_hub.py). Either way it replays and resyncs through the rank's own
-replay endpoint and snapshot (gateway/index/subscriber.py).
+central SUB (gateway/events/event_hub.py). Either way it replays and resyncs through the rank's own
+replay endpoint and snapshot (gateway/events/subscriber.py).
 """
 
 from __future__ import annotations
@@ -17,21 +17,18 @@ from urllib.parse import urlparse
 import httpx
 import zmq.asyncio
 
-from cachekey.documents import WorkerInfo
+from cachekey.documents import KVEventsEndpoint, WorkerInfo
 from cachekey.keys import HashNamespace
 from cachekey.worker_auth import CurveKeys
 from gateway.config import GatewayConfig
 from gateway.discovery.endpoints import WorkerEndpoint
-from gateway.fleet.link import ReplicaLink
-from gateway.fleet.names import ReplicaId
-from gateway.fleet.pace import Pace
-from gateway.fleet.ranks import RankSlot
-from gateway.fleet.vllm_compat import INSTANCE
+from gateway.events.event_hub import EventHub
+from gateway.events.event_source import EventSource
+from gateway.events.subscriber import KVEventSubscriber
 from gateway.index.block_index import BlockIndex
-from gateway.index.event_hub import EventHub
-from gateway.index.event_source import EventSource
-from gateway.index.subscriber import KVEventSubscriber
 from gateway.metrics import GatewayMetrics
+from gateway.names import VLLM_INSTANCE, ReplicaId
+from gateway.pace import Pace
 from gateway.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -46,16 +43,42 @@ def event_context() -> zmq.asyncio.Context:
     return ctx
 
 
+class FollowedSlot(Protocol):
+    """Where one rank publishes (gateway.fleet.ranks.RankSlot)."""
+
+    @property
+    def rank(self) -> int | None: ...
+    @property
+    def kv_events(self) -> KVEventsEndpoint: ...
+    @property
+    def snapshot_path(self) -> str | None: ...
+
+
+class FollowerLink(Protocol):
+    """Where a replica keeps its subscriber and the task running it
+    (gateway.fleet.link.ReplicaLink)."""
+
+    subscriber: KVEventSubscriber | None
+    sub_task: asyncio.Task | None
+
+
 class FollowedReplica(Protocol):
-    """What following a replica's events reads and sets (gateway.fleet.replica.Replica)."""
+    """What following a replica's events reads and sets (gateway.fleet.replica.Replica): the
+    transport speaks to replicas only through this, never through gateway/fleet/."""
 
     id: ReplicaId
+    name: str  # its metrics' label
     url: str
     endpoint: WorkerEndpoint | None
     info: WorkerInfo | None
-    slot: RankSlot | None
     namespace: HashNamespace | None
-    link: ReplicaLink  # its subscriber and the task running it
+
+    @property
+    def where(self) -> str: ...  # `name (url)`, for the log
+    @property
+    def slot(self) -> FollowedSlot | None: ...
+    @property
+    def link(self) -> FollowerLink: ...
 
 
 class EventFollowers:
@@ -79,7 +102,7 @@ class EventFollowers:
         self.hub = (
             EventHub(zmq_ctx, config.kv_events_bind, metrics) if config.kv_events_bind else None
         )
-        # One pace for every subscriber's tail checks (gateway/fleet/pace.py).
+        # One pace for every subscriber's tail checks (gateway/pace.py).
         self._tail_pace = Pace(config.event_tail_check_interval, config.max_tail_checks_per_second)
 
     def start(self, rep: FollowedReplica) -> None:
@@ -87,7 +110,7 @@ class EventFollowers:
         info, slot = rep.info, rep.slot
         assert info is not None and slot is not None and rep.namespace is not None
         kv = slot.kv_events
-        plain = info.instance_id == INSTANCE
+        plain = info.instance_id == VLLM_INSTANCE
         hub = self.hub if plain else None  # connect mode is for plain vLLM workers
         if not kv.enabled or (kv.port is None and hub is None):
             return
@@ -110,7 +133,7 @@ class EventFollowers:
             try:
                 inbox = hub.register(kv.topic, slot.rank)
             except (ValueError, OSError) as e:  # a taken topic, or a port we cannot bind
-                log.error("replica %s: %s; its index stays empty", rep.id, e)
+                log.error("replica %s: %s; its index stays empty", rep.where, e)
                 return
         sub = KVEventSubscriber(
             rep.id,
@@ -122,6 +145,7 @@ class EventFollowers:
             self.metrics,
             tail_check_interval=self._tail_pace,
             inbox=inbox,
+            name=rep.name,
         )
         rep.link.subscriber = sub
         self._tail_pace.join()
@@ -134,7 +158,7 @@ class EventFollowers:
             except asyncio.CancelledError:
                 raise
             except Exception as e:
-                log.warning("subscriber %s failed: %s; restarting", rep.id, e)
+                log.warning("subscriber %s failed: %s; restarting", rep.where, e)
                 await asyncio.sleep(self.config.poll_interval)
 
     async def stop(self, rep: FollowedReplica) -> None:

@@ -1,5 +1,5 @@
 """One keep-alive connection to a worker (httptools parses its answers) and the answer read from
-it, for UpstreamPool (upstream.py), which opens, reuses and closes the connections."""
+it, for UpstreamPool (pool.py), which opens, reuses and closes the connections."""
 
 from __future__ import annotations
 
@@ -102,6 +102,11 @@ class UpstreamResponse:
                 return
             self._conn.resume()
             await self._wait(self._conn.pool.read_timeout)
+
+    def abort(self, exc: Exception) -> None:
+        """Fail the reader waiting on this answer with `exc` (a drain cutting the stream); the
+        connection is dropped when the answer is closed."""
+        self._fail(exc)
 
     def close(self) -> None:
         """Hand the connection back when the answer ended cleanly, else drop it."""

@@ -8,7 +8,7 @@ whatever the worker's buffer holds after it, and from then on apply live batches
 - A lost batch with no later batch shows no gap. So after every `tail_check_interval` without a
   live batch the subscriber asks the replay buffer for anything after its last seq: a silent gap
   (the window before a new SUB is live, a batch over the publisher's high-water mark) never
-  outlives one interval. The interval is a gateway's shared Pace (gateway/fleet/pace.py): past
+  outlives one interval. The interval is a gateway's shared Pace (gateway/pace.py): past
   `max_tail_checks_per_second` subscribers per interval it stretches, so the checks of a large
   fleet stay within that rate. Without a replay endpoint only the live stream is followed.
 A new worker instance gets a new subscriber (the replica manager sees the instance id change).
@@ -16,10 +16,10 @@ A new worker instance gets a new subscriber (the replica manager sees the instan
 One subscriber per data-parallel rank (gateway/fleet/ranks.py): each follows its rank's own ports,
 and a batch naming another rank is skipped and counted (`wrong_data_parallel_rank`). In connect mode
 (`--kv-events-bind`) the live stream is not a SUB of its own but an inbox that the gateway's
-central SUB (gateway/index/event_hub.py) fills with this rank's batches; replay and the tail
+central SUB (gateway/events/event_hub.py) fills with this rank's batches; replay and the tail
 check are the same, through the worker's replay endpoint.
 
-Batches are decoded, hashed and applied on one ingestion thread (gateway/index/ingest.py), never on
+Batches are decoded, hashed and applied on one ingestion thread (gateway/events/ingest.py), never on
 the event loop; each subscriber awaits its batch before the next, so a replica's order is kept.
 A malformed batch, event or field is skipped and counted by reason
 (`kvgate_event_errors_total{reason}`), logged once per reason; it never ends the subscriber.
@@ -38,13 +38,13 @@ import zmq.asyncio
 from cachekey.documents import Snapshot
 from cachekey.events import seq_from_bytes as seq_of
 from cachekey.keys import HashNamespace
-from gateway.fleet.names import ReplicaId
-from gateway.fleet.pace import Pace
+from gateway.events.event_source import EventSource, fetch_snapshot
+from gateway.events.ingest import INGEST, ingest_batch
+from gateway.events.replay import REPLAY_ONLY_WARN_AFTER, ReplayClient, replay_only_hint
 from gateway.index.block_index import BlockIndex
-from gateway.index.event_source import EventSource, fetch_snapshot
-from gateway.index.ingest import INGEST, ingest_batch
-from gateway.index.replay import REPLAY_ONLY_WARN_AFTER, ReplayClient, replay_only_hint
 from gateway.metrics import GatewayMetrics
+from gateway.names import ReplicaId
+from gateway.pace import Pace
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +62,15 @@ class KVEventSubscriber:
         replay_timeout: float = 2.0,
         tail_check_interval: float | Pace = 1.0,
         inbox: asyncio.Queue[tuple[int, bytes]] | None = None,
+        name: str | None = None,
     ) -> None:
-        """`tail_check_interval`: seconds, or the Pace every subscriber of a gateway shares."""
+        """`tail_check_interval`: seconds, or the Pace every subscriber of a gateway shares;
+        `name`: the replica's name, its metrics' label (default: its id)."""
         if (inbox is None) == (source.port is None):
             raise ValueError("a subscriber follows either its own SUB (a port) or an inbox")
         self._inbox = inbox
         self.replica = replica
+        self.name = name or replica
         self.source = source
         self.ns = ns
         self.index = index
@@ -142,7 +145,7 @@ class KVEventSubscriber:
                 await self._on_batch(*item)
 
     def _idle_seconds(self) -> float:
-        """How long to wait for a live batch before the tail check (gateway/fleet/pace.py)."""
+        """How long to wait for a live batch before the tail check (gateway/pace.py)."""
         wait, self._idle_wait = self._idle_wait(), self._pace.delay
         return wait
 
@@ -222,7 +225,7 @@ class KVEventSubscriber:
         self._metrics.ingest_seconds.inc(done.cpu_seconds)
         if done.stamped_at is not None:  # the worker's clock: meaningful where clocks agree
             self._metrics.event_lag.observe(max(time.time() - done.stamped_at, 0.0))
-        self._metrics.events_applied.labels(self.replica).inc(done.applied)
+        self._metrics.events_applied.labels(self.name).inc(done.applied)
         if done.unknown_parents:
             self._metrics.skipped_unknown_parent.inc(done.unknown_parents)
         for reason in done.errors:
@@ -295,5 +298,5 @@ class KVEventSubscriber:
 
     def load_snapshot(self, snap: Snapshot) -> None:
         applied = sum(self.index.store(self.replica, self.ns, ev) for ev in snap.stored_events())
-        self._metrics.events_applied.labels(self.replica).inc(applied)
+        self._metrics.events_applied.labels(self.name).inc(applied)
         self.next_seq = snap.seq + 1 if snap.seq is not None else 0

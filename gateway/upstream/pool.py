@@ -13,7 +13,7 @@ import ssl
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from gateway.http.upstream_conn import (
+from gateway.upstream.connection import (
     UpstreamError,
     UpstreamResponse,
     UpstreamTimeout,

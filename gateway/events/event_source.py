@@ -11,7 +11,7 @@ import httpx
 from cachekey.documents import Snapshot, decode_document
 from cachekey.worker_auth import CurveKeys
 
-log = logging.getLogger("gateway.index.subscriber")  # the subscriber's story, in one logger
+log = logging.getLogger("gateway.events.subscriber")  # the subscriber's story, in one logger
 
 
 @dataclass(frozen=True, slots=True)

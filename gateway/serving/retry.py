@@ -7,12 +7,13 @@ worker's answer below 500 is the request's answer.
 
 from __future__ import annotations
 
-from cachekey.headers import RANK_HEADER
+from cachekey.headers import PREFIX_HEADER, RANK_HEADER
 from gateway import accounting
 from gateway.errors import UpstreamFailed
-from gateway.fleet.names import ReplicaId
-from gateway.http.upstream import UpstreamError, UpstreamResponse
+from gateway.fleet.replica import Replica
+from gateway.names import ReplicaId
 from gateway.routing.request import ProxyRequest
+from gateway.upstream.pool import UpstreamError, UpstreamResponse
 
 
 async def send_with_retries(px: ProxyRequest, payload: bytes) -> UpstreamResponse:
@@ -24,10 +25,8 @@ async def send_with_retries(px: ProxyRequest, payload: bytes) -> UpstreamRespons
     while (rep := lease.replica) is not None:
         tried.add(rep.id)
         assert rep.link.pool is not None
-        n = rep.rank_header
-        rank = b"" if n is None else b"%b: %d\r\n" % (RANK_HEADER.encode(), n)
         try:
-            resp = await rep.link.pool.post(px.endpoint, payload, rank + px.prefix_header())
+            resp = await rep.link.pool.post(px.endpoint, payload, _header_lines(px, rep))
         except UpstreamError as e:
             reason = str(e)
             failed = UpstreamFailed(f"{rep.id}: {reason}")
@@ -41,3 +40,16 @@ async def send_with_retries(px: ProxyRequest, payload: bytes) -> UpstreamRespons
         rest = [] if len(tried) >= attempts else [r for r in px.ranked if r.id not in tried]
         lease.move(rest, px.predicted_for)
     raise failed
+
+
+_RANK = RANK_HEADER.encode()
+_PREFIX = PREFIX_HEADER.encode()
+
+
+def _header_lines(px: ProxyRequest, rep: Replica) -> bytes:
+    """The raw header lines the attempt on `rep` adds: its X-data-parallel-rank, and the
+    `x-kvgate-prefix` hint of the hit predicted there (ProxyRequest.prefix_hint)."""
+    n = rep.rank_header
+    rank = b"" if n is None else b"%b: %d\r\n" % (_RANK, n)
+    hint = px.prefix_hint()
+    return rank if hint is None else rank + b"%b: %b\r\n" % (_PREFIX, hint.encode())

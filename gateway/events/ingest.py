@@ -1,6 +1,6 @@
 """Decode, hash and apply one KV-event batch to the index, on the one ingestion thread.
 
-Only calls the index; the subscriber (gateway/index/subscriber.py) owns ordering, gaps and metrics.
+Only calls the index; the subscriber (gateway/events/subscriber.py) owns ordering, gaps and metrics.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import NamedTuple
 
 from cachekey.events import DecodeError, decode_batch
 from cachekey.keys import HashNamespace
-from gateway.fleet.names import ReplicaId
 from gateway.index.block_index import BlockIndex
+from gateway.names import ReplicaId
 
 log = logging.getLogger(__name__)
 

@@ -15,23 +15,22 @@ from typing import Any
 
 from fastapi import Request
 
+from cachekey.errors import RenderError
 from cachekey.json_shape import JSONShapeError, decode_json
-from cachekey.openai.errors import LIMIT_EXCEEDED
+from cachekey.openai.errors import LIMIT_EXCEEDED, APIError
 from cachekey.render import IMAGE_PART_TYPES, RenderLimits
 from kvgate_cli.flags import format_pixels, format_size, option, parse_pixels, parse_size
 
 _PARSE_INLINE_BYTES = 256 * 1024
 
 
-class LimitError(Exception):
+class LimitError(APIError):
+    """A request past one of the limits below: its message names the limit and its flag."""
+
     def __init__(
         self, status: int, message: str, param: str | None = None, code: str = LIMIT_EXCEEDED
     ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
+        super().__init__(status, message, param=param, code=code or LIMIT_EXCEEDED)
 
 
 _SIZE = {"parse": parse_size, "show": format_size, "metavar": "BYTES"}
@@ -184,6 +183,14 @@ def default_max_tokens(
     if requested is None and left > 0:
         return min(limits.max_output_tokens, left)
     return None
+
+
+def render_refusal(exc: RenderError) -> APIError:
+    """A request cachekey could not render, as the client sees it: its message names the flag
+    behind a limit it passed."""
+    return APIError(
+        exc.status_code, exc.message + render_error_hint(exc), param=exc.param, code=exc.code
+    )
 
 
 def render_error_hint(exc: Exception) -> str:

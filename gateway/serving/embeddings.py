@@ -103,7 +103,7 @@ class EmbeddingProxyRequest(ProxyRequest):
         bs, rule = self.ns.block_size, rep.mm_match_rule
         total = first
         for prompt, keys in self.rest:
-            blocks = self.state.index.match(keys, [rep.id]).get(rep.id, 0)
+            blocks = self.state.index.lookup.match(keys, [rep.id]).get(rep.id, 0)
             total += usable_match(blocks * bs, len(prompt), bs, prompt.mm_items, rule)
         return total
 

@@ -16,9 +16,11 @@ from gateway.discovery import Discovery
 from gateway.discovery.endpoints import WorkerEndpoint
 from gateway.discovery.static import StaticDiscovery
 from gateway.http.admin import misrouted, not_found
+from gateway.http.refusals import counting
 from gateway.http.routes import PROXIED, attach_routes, serve_proxied
 from gateway.state import GatewayState
 from gateway.tasks import cancel_and_wait
+from kvgate_cli.drain import OpenStreams
 
 log = logging.getLogger(__name__)
 
@@ -26,23 +28,32 @@ log = logging.getLogger(__name__)
 class GatewayApp(FastAPI):
     """FastAPI, with the proxied POST routes served before its middleware and routing.
 
-    They are the hot path: `OpenAIServing` answers every failure itself, so the exception
+    They are the hot path: `ProxyServing` answers every failure itself, so the exception
     middleware, dependency solving and routing would only add per-request time (profiled in
     docs/benchmarks.md). The same routes stay registered for the OpenAPI schema, and both
-    ways reach `serve_proxied` (routes.py).
+    ways reach `serve_proxied` (gateway/http/routes.py).
     """
 
-    admin_port: int | None = None  # set: /metrics and /kvgate/index only there (admin.py)
+    admin_port: int | None = (
+        None  # set: /metrics and /kvgate/index only there (gateway/http/admin.py)
+    )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and self.admin_port and misrouted(scope, self.admin_port):
-            await not_found(scope)(scope, receive, send)
+        if scope["type"] != "http":
+            await super().__call__(scope, receive, send)
             return
-        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in PROXIED:
+        if scope["method"] == "POST" and scope["path"] in PROXIED and not self._misrouted(scope):
             response = await serve_proxied(self.state.gateway, Request(scope, receive))
             await response(scope, receive, send)
             return
+        send = counting(self.state, scope, send)  # every other refusal counts once, here
+        if self._misrouted(scope):
+            await not_found(scope)(scope, receive, send)
+            return
         await super().__call__(scope, receive, send)
+
+    def _misrouted(self, scope: Scope) -> bool:
+        return bool(self.admin_port) and misrouted(scope, self.admin_port)  # type: ignore[arg-type]
 
 
 def build_discovery(config: GatewayConfig) -> Discovery:
@@ -75,7 +86,7 @@ def create_app(config: GatewayConfig, discovery: Discovery | None = None) -> Fas
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        state = GatewayState.build(config)
+        state = GatewayState.build(config, app.state.streams)
         app.state.gateway = state
         epp = None
         if config.epp:
@@ -100,5 +111,6 @@ def create_app(config: GatewayConfig, discovery: Discovery | None = None) -> Fas
 
     app = GatewayApp(title="kvgate gateway", lifespan=lifespan)
     app.admin_port = config.admin_port
+    app.state.streams = OpenStreams()  # the relayed streams a drain cuts (gateway/http/drain.py)
     attach_routes(app)
     return app
