@@ -11,7 +11,7 @@ import time
 
 import httpx
 
-from harness.cluster import wait_until
+from harness.waits import wait_until
 from tests.support.processes import alive, children, wait_dead
 from tests.support.worker_harness import WorkerProcess
 
