@@ -127,7 +127,7 @@ def make_cluster(args: argparse.Namespace, model: str) -> Cluster:
         engine=args.engine,
         model=model,
         num_blocks=args.num_blocks,
-        gateway_args=("--poll-interval", "0.2"),
+        gateway_args=("--poll-interval", "0.2", *args.gateway_arg),
         log_dir=args.log_dir,
         startup_timeout=900.0,
     )
@@ -268,6 +268,12 @@ def _arguments() -> argparse.Namespace:
     )
     ap.add_argument("--log-dir", type=Path, default=Path("bench/results/logs/ttft"))
     ap.add_argument("--out", type=Path, default=Path("bench/results/ttft.json"))
+    ap.add_argument(
+        "--gateway-arg",
+        action="append",
+        default=[],
+        help="one more argument for the gateway (repeat it), e.g. --gateway-arg=--busy-weight=1",
+    )
     return ap.parse_args()
 
 

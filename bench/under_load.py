@@ -60,7 +60,7 @@ def run_variant(variant: str, args: argparse.Namespace) -> list[LoadRow]:
             engine="sim",
             num_blocks=blocks,
             worker_args=sim_args(args),
-            gateway_args=GATEWAY_ARGS,
+            gateway_args=(*GATEWAY_ARGS, *args.gateway_arg),
             log_dir=args.log_dir / f"{variant}-c{conc}",
         )
         with Cluster(spec) as c:
@@ -179,6 +179,10 @@ def main() -> None:
     )  # fmt: skip
     ap.add_argument("--log-dir", type=Path, default=Path("bench/results/logs/under_load"))
     ap.add_argument("--out", type=Path, default=Path("bench/results/under_load.json"))
+    ap.add_argument(
+        "--gateway-arg", action="append", default=[],
+        help="one more argument for the gateway (repeat it), e.g. --gateway-arg=--busy-weight=0.5",
+    )  # fmt: skip
     args = ap.parse_args()
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     args.policies = [p for p in args.policies.split(",") if p]

@@ -28,6 +28,14 @@ class CostWeights:
         "prefixes over the replicas' caches",
         name="--recent-weight",
     )
+    busy: float = option(
+        0.0,
+        "prefill time charged per prompt token the requests on a replica hold beyond the "
+        "least any candidate holds and 2 prompts of the request's size: a hot prefix's busy "
+        "holders lose to a replica that recomputes it (0: off; 0.5 spreads hot prefixes but "
+        "costs many-tenant traffic hits, docs/benchmarks.md)",
+        name="--busy-weight",
+    )
     lora: float = option(
         32.0,
         "prompt blocks of prefill time charged to a request for a LoRA adapter on a replica "
@@ -37,7 +45,7 @@ class CostWeights:
     )
 
     def __post_init__(self) -> None:
-        for name in ("recent", "lora"):
+        for name in ("recent", "busy", "lora"):
             if getattr(self, name) < 0:
                 raise ValueError(f"weight {name} must be >= 0")
 

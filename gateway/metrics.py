@@ -175,17 +175,25 @@ class FittedModel(Protocol):
 
 class _InFlight(Collector):
     """Per-replica gauges read from the replicas when scraped: kvgate_in_flight_requests,
+    kvgate_in_flight_tokens (their prompts, cache_aware's busy term),
     kvgate_replica_prefill_seconds_per_token (the rate cache_aware measured; absent until then),
     kvgate_replica_ttft_model_seconds (its fitted latency model's coefficients, once fitted) and
     kvgate_replica_info (name and URL, the join between them)."""
 
     def __init__(self) -> None:
-        # (name, replica id, in-flight requests, measured seconds per prefill token or None, its
-        # latency model)
-        self.source: Callable[[], Iterable[tuple[str, str, int, float | None, FittedModel]]] = tuple
+        # (name, replica id, in-flight requests, their prompt tokens, measured seconds per
+        # prefill token or None, its latency model)
+        self.source: Callable[
+            [], Iterable[tuple[str, str, int, int, float | None, FittedModel]]
+        ] = tuple
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         g = GaugeMetricFamily("kvgate_in_flight_requests", "Requests in flight", labels=["replica"])
+        held = GaugeMetricFamily(
+            "kvgate_in_flight_tokens",
+            "Prompt tokens (cached or not) of the requests in flight: the context they hold",
+            labels=["replica"],
+        )
         rate = GaugeMetricFamily(
             "kvgate_replica_prefill_seconds_per_token",
             "Seconds per uncached prompt token, from the worker's vllm:request_prefill_* sums",
@@ -204,8 +212,9 @@ class _InFlight(Collector):
             "1 per replica: its name (the replica label everywhere) and its worker URL, to join",
             labels=["replica", "url"],
         )
-        for name, url, n, seconds, latency in self.source():
+        for name, url, n, tokens, seconds, latency in self.source():
             g.add_metric([name], n)
+            held.add_metric([name], tokens)
             info.add_metric([name, url], 1)
             if seconds is not None:
                 rate.add_metric([name], seconds)
@@ -215,6 +224,7 @@ class _InFlight(Collector):
                     model.add_metric([name, term], getattr(c, term))
                 model.add_metric([name, "mean_error"], latency.mean_error)
         yield g
+        yield held
         yield rate
         yield model
         yield info

@@ -56,7 +56,14 @@ class GatewayState:
         )
         replicas = ReplicaSet(config, index, metrics, http)
         metrics.in_flight.source = lambda: (
-            (r.name, r.id, r.in_flight, r.prefill_rate.seconds_per_token, r.latency)
+            (
+                r.name,
+                r.id,
+                r.in_flight,
+                r.in_flight_tokens,
+                r.prefill_rate.seconds_per_token,
+                r.latency,
+            )
             for r in replicas
         )
         return cls(

@@ -28,6 +28,9 @@ class ReplicaLoad:
     in_flight_prefill_tokens: int = 0
     # How many of them (each pays the worker's per-request admission work before its token).
     in_flight_prefills: int = 0
+    # Prompt tokens (cached or not) of this gateway's requests here until they end: the KV
+    # context they hold and decode over (cache_aware's busy term, Dynamo's active blocks).
+    in_flight_tokens: int = 0
     prefill_rate: PrefillRate = field(default_factory=PrefillRate)  # from the worker's metrics
     # Its TTFT against the load it was sent into, fitted from the gateway's own timings.
     latency: LatencyModel = field(default_factory=LatencyModel)

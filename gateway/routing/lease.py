@@ -37,6 +37,7 @@ class Lease:
     prefilling: bool = False  # `uncached` is still charged to `replica`
     guess: Guess | None = None  # its speculative entry on `replica`
     sample: Sample | None = None  # the load `replica` had when it was sent there (latency.py)
+    held: int = 0  # prompt tokens charged to `replica`'s in_flight_tokens until the request ends
     # What the request is, wherever the lease moves (set by `take`):
     prompt_tokens: int = 0
     keys: Sequence[BlockKey] = ()  # the keys the replica holds once it has prefilled it
@@ -95,6 +96,7 @@ class Lease:
         if not refused and self.sample is not None and not self.prefilling:
             rep.duration.learn(self.sample)  # a stream that got its first token, now whole
         self._uncharge()
+        self._unhold(rep)
         if self.guess is not None:
             if refused:
                 self.guess.discard()
@@ -112,6 +114,8 @@ class Lease:
         self.sample = rep.latency.start(uncached, *queued, there)
         rep.in_flight_prefill_tokens += uncached
         rep.in_flight_prefills += 1
+        self.held = self.prompt_tokens
+        rep.in_flight_tokens += self.held
         self.prefilling = True
         now = time.monotonic()
         rep.add_recent_prefill(uncached, now, self.config.recent_half_life)
@@ -126,6 +130,7 @@ class Lease:
         rep = self.replica
         assert rep is not None
         self._uncharge()
+        self._unhold(rep)
         if self.guess is not None:
             self.guess.discard()
             self.guess = None
@@ -137,3 +142,7 @@ class Lease:
             self.prefilling = False
             self.replica.in_flight_prefill_tokens -= self.uncached
             self.replica.in_flight_prefills -= 1
+
+    def _unhold(self, rep: Replica) -> None:
+        rep.in_flight_tokens -= self.held
+        self.held = 0

@@ -96,6 +96,33 @@ def test_cache_aware_keeps_cold_prefills_off_busy_replicas():
     assert _rank("cache_aware", ctx)[0] is reps[0]
 
 
+def test_cache_aware_busy_holders_lose_a_hot_prefix_to_an_idle_replica():
+    """Each replica is charged the context its requests hold beyond the least any candidate
+    holds and 2 prompts of the request's size (--busy-weight per token): a prefix's holder
+    wins while it is not much busier than an idle replica that would recompute it, then the
+    idle one takes it."""
+    reps = _reps(2)
+    tokens = list(range(320))
+    ctx = _ctx(reps, tokens, {reps[0].id: 19})
+    policy = POLICIES["cache_aware"](GatewayConfig(weights=CostWeights(busy=0.5)))
+    for n in range(1, 8):
+        reps[0].in_flight, reps[0].in_flight_tokens = n, n * 320
+        if policy.rank(ctx)[0] is reps[1]:
+            break
+    # Idle, the other costs its recompute and the next request's wait behind it (2 x 320
+    # tokens); the holder its 16 uncached tokens (prefill, and interference with the n there
+    # and the next) and 0.5 x 320 per request there past 2: 32 + 16 n + 160 (n - 2), dearer
+    # at 6.
+    assert n == 6
+    assert "busy=640 " in explain(policy, ctx)
+    # Other gateways' requests (the worker's counts) are charged at this request's size.
+    reps[0].in_flight, reps[0].in_flight_tokens, reps[0].running = 0, 0, 6
+    assert policy.rank(ctx)[0] is reps[1]
+    # No busy term (the default): the holder keeps it however busy.
+    lazy = POLICIES["cache_aware"](GatewayConfig())
+    assert lazy.rank(ctx)[0] is reps[0]
+
+
 def test_ties_are_reproducible_per_request_and_spread_across_requests():
     reps = _reps()
     firsts = set()
