@@ -4,9 +4,9 @@ Two clusters of `--workers` torch workers (demo model, CPU) and a gateway each, 
 this tree and one from `--baseline DIR` (`python -m` imports from the working directory), serve
 bench.ttft's streamed chat workload (round_robin) at each `--concurrency`, in rounds that rotate
 which tree goes first. Each run reports requests/s, output tokens/s and TTFT, and the CPU time
-(utime + stime from /proc) its worker and gateway processes and the client (this process) spent
-per request: on a shared machine the CPU time is the steadier figure, wall-clock rates also
-measure everyone else's load.
+(utime + stime from /proc) its workers (each with its engine core processes), its gateway and
+the client (this process) spent per request: on a shared machine the CPU time is the steadier
+figure, wall-clock rates also measure everyone else's load.
 
     git archive main | tar -x -C /tmp/kvgate-base            # the baseline: any older commit
     python -m bench.worker_ab --baseline /tmp/kvgate-base     # -> bench/results/worker_ab.json
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.lib.proc_stats import cpu_seconds
+from bench.lib.proc_stats import cpu_seconds, tree_cpu_seconds
 from bench.lib.report import write_json
 from bench.lib.runs import add_workload_args, drive_policy, workload_spec
 from bench.ttft import make_cluster, make_row
@@ -33,8 +33,9 @@ TREES = ("this tree", "baseline")
 
 
 def cpu_of(cluster: Cluster) -> tuple[float, float]:
-    """CPU seconds of the cluster's workers (together) and of its gateway."""
-    workers = sum(cpu_seconds(w.popen.pid) for w in cluster.workers if w.popen)
+    """CPU seconds of the cluster's workers (together, each with its engine core processes)
+    and of its gateway."""
+    workers = sum(tree_cpu_seconds(w.popen.pid) for w in cluster.workers if w.popen)
     gateway = cluster.gateways[0].popen
     return workers, cpu_seconds(gateway.pid) if gateway else 0.0
 

@@ -65,24 +65,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     import uvicorn
 
     from kvgate_cli.drain import DrainingServer
-    from worker.engine.llm_engine import LLMEngine
     from worker.server.app import create_app
+    from worker.server.launch import start_worker_cores
 
     try:
         sock = listen_socket(server_config.host, server_config.port)
-        # One engine per data-parallel rank, each with its own KV cache (as vLLM's).
-        engines = [LLMEngine(engine_config) for _ in range(server_config.data_parallel_size)]
-        ready = _ready_line(engine_config, server_config)
-        app = create_app(engines, server_config, on_ready=ready)
+        # One engine core process per data-parallel rank, each with its own KV cache (as
+        # vLLM's); the model loads there.
+        cores = start_worker_cores(engine_config, server_config)
     except (ValueError, OSError) as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2
-    # SIGTERM drains (kvgate_cli/drain.py): streams in flight get --drain-timeout to finish.
-    uvicorn_config = uvicorn.Config(app, log_level=server_config.log_level, access_log=False)
-    server = DrainingServer(
-        uvicorn_config, streams=app.state.streams, drain_timeout=server_config.drain_timeout
-    )
-    server.run(sockets=[sock])
+    try:
+        try:
+            ready = _ready_line(engine_config, server_config)
+            app = create_app(cores, server_config, on_ready=ready)
+        except (ValueError, OSError) as e:
+            print(f"{parser.prog}: error: {e}", file=sys.stderr)
+            return 2
+        # SIGTERM drains (kvgate_cli/drain.py): streams in flight get --drain-timeout to finish;
+        # then the lifespan stops the engine cores.
+        uvicorn_config = uvicorn.Config(app, log_level=server_config.log_level, access_log=False)
+        server = DrainingServer(
+            uvicorn_config, streams=app.state.streams, drain_timeout=server_config.drain_timeout
+        )
+        server.run(sockets=[sock])
+    finally:
+        cores.stop()
     return 0
 
 

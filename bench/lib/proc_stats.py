@@ -3,6 +3,7 @@ whatever else runs on the machine."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -17,3 +18,17 @@ def _cpu(stat: Path) -> float:
 def cpu_seconds(pid: int) -> float:
     """utime + stime of a whole process, every thread included."""
     return _cpu(Path(f"/proc/{pid}/stat"))
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """utime + stime of a process and of every live process below it (a worker and its engine
+    core processes)."""
+    total = cpu_seconds(pid)
+    try:
+        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except FileNotFoundError:
+        return total
+    for kid in kids:
+        with contextlib.suppress(FileNotFoundError):  # it exited meanwhile
+            total += tree_cpu_seconds(int(kid))
+    return total

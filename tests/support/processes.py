@@ -22,3 +22,12 @@ def wait_dead(pid: int, timeout: float) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+def children(pid: int) -> list[int]:
+    """The processes `pid` started that still run (Linux's /proc children list)."""
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except FileNotFoundError:
+        return []
+    return [int(c) for c in text.split() if alive(int(c))]

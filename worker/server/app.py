@@ -1,25 +1,25 @@
-"""create_app: the worker's FastAPI app around a loaded engine.
+"""create_app: the worker's FastAPI app around its started engine cores (launch.py).
 
 `init_app_state` builds everything the routes use, once; the routers reach it through
-`request.app.state`. The lifespan starts and stops the engine thread and the publisher.
+`request.app.state`. The lifespan starts reading each core's reports and stops the cores.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 
 from fastapi import FastAPI
 
 from cachekey.documents import WorkerInfo
-from worker.engine.llm_engine import LLMEngine
 from worker.server.app_state import WorkerState, init_app_state
 from worker.server.auth import WorkerAuth
 from worker.server.body_guard import BodyGuard
 from worker.server.config import ServerConfig
 from worker.server.engine_client import AsyncEngine
 from worker.server.errors import install_error_handlers
+from worker.server.launch import Cores
 from worker.server.prefix_hint import PrefixHint
 from worker.server.routers import debug, embeddings, kvgate, lora, openai, ops, peers
 
@@ -27,16 +27,18 @@ _WATCHDOG_S = 0.5
 
 
 def create_app(
-    engines: LLMEngine | Sequence[LLMEngine],
+    cores: Cores,
     config: ServerConfig,
     *,
     on_ready: Callable[[WorkerInfo], None] | None = None,
 ) -> FastAPI:
-    """The app around one engine, or one per data-parallel rank (`--data-parallel-size`)."""
+    """The app around one engine core, or one per data-parallel rank (`--data-parallel-size`);
+    it stops them when it stops."""
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
+            stack.callback(cores.stop)
             for rank in app.state.ranks:
                 await stack.enter_async_context(_running(rank))
             if on_ready is not None:
@@ -44,7 +46,7 @@ def create_app(
             yield
 
     app = FastAPI(title="kvgate worker", lifespan=lifespan)
-    state = init_app_state(app.state, engines, config)
+    state = init_app_state(app.state, cores.handles, config, cores.identity)
     install_error_handlers(app)
     for module in (openai, embeddings, ops, kvgate, peers):
         app.include_router(module.router)
@@ -68,21 +70,18 @@ def create_app(
 
 @contextlib.asynccontextmanager
 async def _running(state: WorkerState) -> AsyncIterator[None]:
-    state.publisher.start()
     state.engine.start(asyncio.get_running_loop())
     watchdog = asyncio.create_task(_watchdog(state.engine))
     try:
         yield
     finally:
         watchdog.cancel()
-        if state.faults is not None:
-            state.faults.release()  # a stalled engine thread could not stop
         state.engine.shutdown()
-        state.publisher.close()
 
 
 async def _watchdog(engine: AsyncEngine) -> None:
-    # Requests already waiting on a stalled engine would hang forever: fail them.
+    # Requests already waiting on a stalled core would hang forever: fail them. (A core that
+    # exits or says it died fails them at once, engine_client.py.)
     while True:
         await asyncio.sleep(_WATCHDOG_S)
         health = engine.health()

@@ -29,17 +29,12 @@ from cachekey.documents import (
 )
 from cachekey.events import topic
 from kvgate_cli.drain import OpenStreams
-from worker.engine.llm_engine import LLMEngine
 from worker.engine.outputs import LoRAStats
 from worker.server.config import ServerConfig
+from worker.server.core_process import CoreHandle
 from worker.server.engine_client import AsyncEngine
-from worker.server.faults import DroppingKVEventPublisher, FaultInjector
-from worker.server.kv_publisher import (
-    EventPublisher,
-    KVEventPublisher,
-    NullEventPublisher,
-    PublisherConfig,
-)
+from worker.server.faults import FaultInjector
+from worker.server.kv_publisher import PublisherConfig
 from worker.server.metrics import WorkerMetrics
 from worker.server.serving import ServingContext, rank_index
 from worker.server.serving_chat import ServingChat
@@ -54,7 +49,6 @@ class WorkerState:
     config: ServerConfig
     info: WorkerInfo
     engine: AsyncEngine
-    publisher: EventPublisher
     metrics: WorkerMetrics
     chat: ServingChat
     completion: ServingCompletion
@@ -87,77 +81,82 @@ def rank_state(request: Request) -> WorkerState:
 
 
 def init_app_state(
-    state: State, engines: LLMEngine | Sequence[LLMEngine], config: ServerConfig
+    state: State, cores: Sequence[CoreHandle], config: ServerConfig, identity: tuple[str, str]
 ) -> WorkerState:
-    """Build the worker's state around loaded engines (one per data-parallel rank) and store it
-    on `state` (once)."""
+    """Build the worker's state around started engine cores (one per data-parallel rank) and
+    store it on `state` (once). `identity`: the instance id and KV-event topic (new_identity)."""
     if getattr(state, "worker", None) is not None:
         raise RuntimeError("the worker's app state is already initialized")
-    engines = [engines] if isinstance(engines, LLMEngine) else list(engines)
     ranks = config.engine_ranks()
-    if len(engines) != len(ranks):
+    if len(cores) != len(ranks):
         raise ValueError(f"--data-parallel-size {len(ranks)} needs as many engines")
-    first = engines[0]
-    instance_id = uuid.uuid4().hex
+    instance_id, kv_topic = identity
+    first = cores[0]
     model_name = first.config.served_model_name
     assert model_name is not None  # EngineConfig fills it in
-    kv_topic = topic(instance_id, model_name)  # one topic for every rank, as vLLM's
-    publishers = [_publisher(config, kv_topic, i, r) for i, r in enumerate(ranks)]
-    async_engines = [
-        AsyncEngine(e, p, stall_timeout_s=config.engine_stall_timeout_s)
-        for e, p in zip(engines, publishers, strict=True)
-    ]
-    info = worker_info(engines, config, instance_id, kv_topic)
+    async_engines = [AsyncEngine(c, stall_timeout_s=config.engine_stall_timeout_s) for c in cores]
+    info = worker_info(cores, config, instance_id, kv_topic)
     metrics = WorkerMetrics(
         [(str(r or 0), ae.stats) for r, ae in zip(ranks, async_engines, strict=True)],
         model_name,
         block_size=info.block_size,
-        num_gpu_blocks=first.stats().num_blocks,
+        num_gpu_blocks=first.ready.stats.num_blocks,
         enable_prefix_caching=first.config.enable_prefix_caching,
     )
-    states = []
     state.streams = streams = OpenStreams()  # every rank's, cut together by a drain
-    for i, (engine, ae, pub) in enumerate(zip(engines, async_engines, publishers, strict=True)):
-        ctx = ServingContext(
-            ae,
-            engine.renderer,
-            model_name,
-            engine.max_model_len,
-            metrics.engines[i],
-            hidden_layers=engine.runner.hidden.row_layers,
-            streams=streams,
-        )
-        model_config = json.loads(engine.assets.files.get("config.json", b"{}"))
-        states.append(
-            WorkerState(
-                config=config,
-                info=info,
-                engine=ae,
-                publisher=pub,
-                metrics=metrics,
-                chat=ServingChat(ctx),
-                completion=ServingCompletion(ctx),
-                embedding=ServingEmbedding(ctx, model_config),
-                assets=AssetFiles(dict(engine.assets.files)),
-                max_num_seqs=engine.config.max_num_seqs,
-                created=int(time.time()),
-                faults=FaultInjector(ae, pub) if config.enable_fault_injection else None,
-                rank=ranks[i],
-            )
-        )
+    states = [
+        _rank_state(config, info, core, ae, metrics, streams, i, ranks[i])
+        for i, (core, ae) in enumerate(zip(cores, async_engines, strict=True))
+    ]
     state.worker, state.ranks = states[0], states
     return states[0]
 
 
-def worker_info(
-    engines: LLMEngine | Sequence[LLMEngine],
+def _rank_state(
     config: ServerConfig,
-    instance_id: str,
-    kv_topic: str,
+    info: WorkerInfo,
+    core: CoreHandle,
+    engine: AsyncEngine,
+    metrics: WorkerMetrics,
+    streams: OpenStreams,
+    i: int,
+    rank: int | None,
+) -> WorkerState:
+    model_name = core.config.served_model_name
+    assert model_name is not None
+    ctx = ServingContext(
+        engine,
+        core.renderer,
+        model_name,
+        core.ready.max_model_len,
+        metrics.engines[i],
+        hidden_layers=core.ready.hidden_layers,
+        streams=streams,
+    )
+    model_config = json.loads(core.assets.files.get("config.json", b"{}"))
+    return WorkerState(
+        config=config,
+        info=info,
+        engine=engine,
+        metrics=metrics,
+        chat=ServingChat(ctx),
+        completion=ServingCompletion(ctx),
+        embedding=ServingEmbedding(ctx, model_config),
+        assets=AssetFiles(dict(core.assets.files)),
+        max_num_seqs=core.config.max_num_seqs,
+        created=int(time.time()),
+        faults=FaultInjector(engine, config.events_enabled)
+        if config.enable_fault_injection
+        else None,
+        rank=rank,
+    )
+
+
+def worker_info(
+    cores: Sequence[CoreHandle], config: ServerConfig, instance_id: str, kv_topic: str
 ) -> WorkerInfo:
     """What `/kvgate/info` says: how this worker keys blocks and where its events are."""
-    engines = [engines] if isinstance(engines, LLMEngine) else list(engines)
-    engine = engines[0]
+    engine = cores[0]
     ns = engine.namespace
     parts = FingerprintParts(
         **engine.assets.fingerprint_parts(),
@@ -178,15 +177,15 @@ def worker_info(
         instance_id=instance_id,
         data_parallel_rank=ranks[0],
         engine=engine.config.engine,
-        max_model_len=engine.max_model_len,
-        num_blocks=engine.stats().num_blocks,
+        max_model_len=engine.ready.max_model_len,
+        num_blocks=engine.ready.stats.num_blocks,
         defers_shared_prefill=engine.config.enable_prefix_caching,
         mm_match_rule=engine.config.mm_match_rule,
         kv_events=endpoints[0],
         data_parallel_ranks=(
             [
-                RankInfo(rank=r or 0, kv_events=ep, num_blocks=e.stats().num_blocks)
-                for r, ep, e in zip(ranks, endpoints, engines, strict=True)
+                RankInfo(rank=r or 0, kv_events=ep, num_blocks=c.ready.stats.num_blocks)
+                for r, ep, c in zip(ranks, endpoints, cores, strict=True)
             ]
             if len(ranks) > 1
             else []
@@ -195,7 +194,7 @@ def worker_info(
 
 
 def current_info(ranks: Sequence[WorkerState]) -> WorkerInfo:
-    """The worker's info with its LoRA adapters as each engine thread last recorded them:
+    """The worker's info with its LoRA adapters as each engine core last sent them:
     the first engine's at the top, and each rank's own (its resident slots) in its RankInfo."""
     info = ranks[0].info
     loras = [r.engine.stats().lora for r in ranks]
@@ -231,19 +230,27 @@ def _endpoint(config: ServerConfig, kv_topic: str, i: int) -> KVEventsEndpoint:
     )
 
 
-def _publisher(config: ServerConfig, kv_topic: str, i: int, rank: int | None) -> EventPublisher:
+def new_identity(model_name: str) -> tuple[str, str]:
+    """A new instance id and its KV-event topic (one for every rank, as vLLM's); the cores'
+    publishers need the topic before the app state exists."""
+    instance_id = uuid.uuid4().hex
+    return instance_id, topic(instance_id, model_name)
+
+
+def publisher_configs(config: ServerConfig, kv_topic: str) -> list[PublisherConfig | None]:
+    """Each engine's publisher (None: KV events disabled), started in its core process."""
     if not config.events_enabled:
-        return NullEventPublisher()
+        return [None] * len(config.engine_ranks())
     replay = config.kv_events_replay_port
-    publisher_config = PublisherConfig(
-        host=config.zmq_host,
-        port=config.kv_events_port + i,
-        replay_port=replay + i if replay else None,
-        topic=kv_topic,
-        buffer_size=config.kv_events_buffer,
-        data_parallel_rank=rank,
-        curve=config.curve_keys,
-    )
-    if config.enable_fault_injection:
-        return DroppingKVEventPublisher(publisher_config)
-    return KVEventPublisher(publisher_config)
+    return [
+        PublisherConfig(
+            host=config.zmq_host,
+            port=config.kv_events_port + i,
+            replay_port=replay + i if replay else None,
+            topic=kv_topic,
+            buffer_size=config.kv_events_buffer,
+            data_parallel_rank=rank,
+            curve=config.curve_keys,
+        )
+        for i, rank in enumerate(config.engine_ranks())
+    ]

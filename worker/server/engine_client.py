@@ -1,39 +1,42 @@
-"""AsyncEngine: one thread owns the synchronous LLMEngine; asyncio code talks to it by queue.
+"""AsyncEngine: the API server's side of one engine core process (engine_core.py).
 
-The engine thread takes commands (add, abort, snapshot, reset), runs `LLMEngine.step` while
-there is work, hands each RequestOutput to its request's asyncio queue with one
-`call_soon_threadsafe` per step, and publishes the events it drains from the engine: the
-evictions from the step's `before_forward` hook, the stores once its outputs are handed over.
-Because batches get their seq in this thread, a snapshot taken here between steps knows exactly
-which seq it reflects. If anything escapes a step, the engine is dead: pending requests fail,
-`/health` turns 503 and new requests are refused at once."""
+Commands (add, abort, snapshot, reset, LoRA, prefix hints, faults) leave as msgspec messages on
+a PUSH socket that never blocks; the core's reports come back on a PULL socket the event loop
+reads when it is readable (no thread): one `Steps` message per engine step, whose outputs go to
+their requests' queues, and one `Done` per call. Every report is a heartbeat.
+
+The core is dead when it says so (`Dead`), when its process exits (a pidfd, seen at once, even
+for a SIGKILL), or when it has sent nothing for `stall_timeout_s` (the watchdog in app.py):
+then every pending request and call fails with a 503, `/health` turns red and new requests are
+refused at once.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
-import queue
-import threading
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future, InvalidStateError
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
+import zmq
+
+from cachekey import BlockKey
+from cachekey.openai.errors import APIError
 from cachekey.types import Prompt
-from worker.engine.llm_engine import CachedBlock, EngineStats, LLMEngine, RequestOutput
+from worker.engine.llm_engine import EngineStats
 from worker.engine.sampling_params import SamplingParams
+from worker.server import core_messages as m
+from worker.server.core_messages import SnapshotResult
+from worker.server.core_process import CoreHandle
 from worker.server.errors import EngineDeadError
-from worker.server.kv_publisher import EventPublisher
 from worker.server.request_stream import RequestStream
 
 logger = logging.getLogger(__name__)
 
-_IDLE_WAIT_S = 0.2
-_STATS_EVERY_S = 0.1
-
-Command = Callable[[LLMEngine], Any]
+__all__ = ["AsyncEngine", "Health", "SnapshotResult"]
 
 
 @dataclass(slots=True)
@@ -42,59 +45,49 @@ class Health:
     reason: str | None
 
 
-@dataclass(slots=True)
-class SnapshotResult:
-    seq: int | None
-    blocks: list[CachedBlock]
-
-
 class AsyncEngine:
-    def __init__(
-        self,
-        engine: LLMEngine,
-        publisher: EventPublisher,
-        *,
-        stall_timeout_s: float = 30.0,
-    ) -> None:
-        self.engine = engine
-        self.publisher = publisher
+    def __init__(self, core: CoreHandle, *, stall_timeout_s: float = 30.0) -> None:
+        self.core = core
         self.stall_timeout_s = stall_timeout_s
-        self._commands: queue.SimpleQueue[tuple[Command, Future | None]] = queue.SimpleQueue()
+        self._encode = m.encoder().encode
+        self._decode = m.report_decoder().decode
         self._sinks: dict[str, asyncio.Queue] = {}
+        self._calls: dict[int, asyncio.Future] = {}
+        self._call_ids = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
-        self._stop = threading.Event()
         self._dead_reason: str | None = None
         self._beat = time.monotonic()
-        self._stats: EngineStats = engine.stats()
-        self._stats_at = 0.0
+        self._stats: EngineStats = core.ready.stats
 
     # -- lifecycle -----------------------------------------------------------------------------
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._beat = time.monotonic()
-        self._thread.start()
+        loop.add_reader(self.core.reports.getsockopt(zmq.FD), self._read_reports)
+        loop.add_reader(self.core.pidfd, self._on_exit)
+        self._read_reports()  # what arrived before the reader was watching
 
     def shutdown(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
+        if self._loop is not None:
+            self._loop.remove_reader(self.core.reports.getsockopt(zmq.FD))
+            self._loop.remove_reader(self.core.pidfd)
+        if self._dead_reason is None:
+            self._dead_reason = "the worker is shutting down"
+        self.core.stop()
 
     # -- state seen by the HTTP layer -------------------------------------------------------------
 
     def health(self) -> Health:
-        age = time.monotonic() - self._beat
         if self._dead_reason is not None:
             return Health(False, self._dead_reason)
-        if not self._thread.is_alive():
-            return Health(False, "engine thread is not running")
+        age = time.monotonic() - self._beat
         if age > self.stall_timeout_s:
             return Health(False, f"engine loop stalled for {age:.1f}s")
         return Health(True, None)
 
     def stats(self) -> EngineStats:
-        """The stats the engine thread last recorded (refreshed every ~100 ms and when idle)."""
+        """The stats the core last sent (refreshed every ~100 ms, at each admission and exit)."""
         return self._stats
 
     def check_alive(self) -> None:
@@ -122,194 +115,115 @@ class AsyncEngine:
         sink: asyncio.Queue = asyncio.Queue()
         for rid in request_ids:
             self._sinks[rid] = sink
+        prompts = [prompt] if isinstance(prompt, Prompt) else list(prompt)
+        rids, ps = list(request_ids), list(params)
         try:
             # One command adds all n, so siblings enter the same step and share the prompt blocks.
             await self._call(
-                _add_all(request_ids, prompt, params, lora_name, cache_salt, hidden_states)
+                lambda call: m.Add(call, rids, prompts, ps, lora_name, cache_salt, hidden_states)
             )
         except BaseException:
-            # Cancelled while the add was running: the requests may exist, with nobody to read.
+            # Failed or cancelled: the requests may exist, with nobody to read.
             self.release(request_ids, unfinished=request_ids)
             raise
         return RequestStream(self.release, request_ids, sink)
 
     async def add_lora(self, name: str, path: str, replace: bool = False) -> None:
-        def command(engine: LLMEngine) -> None:
-            engine.add_lora(name, path, replace)
-            self._stats = engine.stats()  # the model list shows it once this returns
-
-        await self._call(command)
+        await self._call(lambda call: m.AddLora(call, name, path, replace))
 
     async def remove_lora(self, name: str) -> None:
-        def command(engine: LLMEngine) -> None:
-            engine.remove_lora(name)
-            self._stats = engine.stats()
-
-        await self._call(command)
+        await self._call(lambda call: m.RemoveLora(call, name))
 
     async def snapshot(self) -> SnapshotResult:
-        return await self._call(self._snapshot)
+        return await self._call(m.Snapshot)
 
     async def reset_prefix_cache(self) -> bool:
-        return await self._call(lambda engine: engine.reset_prefix_cache())
+        return await self._call(m.Reset)
 
-    def post(self, command: Command) -> None:
-        """Run `command(engine)` on the engine thread between steps, without waiting for it.
+    def refresh_prefix(self, key: BlockKey) -> None:
+        """The gateway's prefix hint, applied between steps; nothing waits for it."""
+        self._send(m.RefreshPrefix(key))
 
-        Whatever it raises is the loop's own: it kills the engine, as an exception from a step
-        does.
-        """
-        self._submit(command, None)
+    def inject_fault(self, kind: str, count: int = 1) -> None:
+        self._send(m.Fault(kind, count))
 
     def release(self, request_ids: Sequence[str], unfinished: Sequence[str] = ()) -> None:
         """Stop routing outputs to `request_ids`, and abort those of them still `unfinished`."""
         for rid in request_ids:
             self._sinks.pop(rid, None)
         if unfinished and self._dead_reason is None:
-            self._submit(_abort(list(unfinished)), None)
+            self._send(m.Abort(list(unfinished)))
 
     def fail_all_pending(self, reason: str) -> None:
-        """Fail every in-flight request (watchdog: the engine stalled while they waited)."""
+        """Fail every in-flight request and call (the core died or stalled while they waited)."""
         err = EngineDeadError(reason)
         for sink in set(self._sinks.values()):
             sink.put_nowait(err)
+        calls, self._calls = self._calls, {}
+        for fut in calls.values():
+            if not fut.done():
+                fut.set_exception(err)
 
     # -- plumbing ------------------------------------------------------------------------------
 
-    async def _call(self, command: Command) -> Any:
+    async def _call(self, make) -> object:
         self.check_alive()
-        fut: Future = Future()
-        self._submit(command, fut)
-        return await asyncio.wrap_future(fut)
-
-    def _submit(self, command: Command, fut: Future | None) -> None:
-        self._commands.put((command, fut))
-        # The loop may have died between the check and the put: its drain may have missed us.
-        if self._dead_reason is not None and fut is not None:
-            _fail(fut, EngineDeadError(self._dead_reason))
-
-    def _snapshot(self, engine: LLMEngine) -> SnapshotResult:
-        # Publish what is pending first, so the snapshot reflects exactly the last seq.
-        self._publish_events()
-        return SnapshotResult(self.publisher.last_seq, engine.snapshot_blocks())
-
-    # -- engine thread -------------------------------------------------------------------------
-
-    def _run(self) -> None:
+        call = next(self._call_ids)
+        fut = asyncio.get_running_loop().create_future()
+        self._calls[call] = fut
         try:
-            self._loop_forever()
-        except BaseException as e:  # anything escaping the loop means the engine is gone
-            logger.exception("engine loop died")
-            self._die(f"engine loop died: {type(e).__name__}: {e}")
+            self._send(make(call))
+            return await fut
+        finally:
+            self._calls.pop(call, None)
 
-    def _loop_forever(self) -> None:
-        engine = self.engine
-        publish_events = self._publish_events
-        while not self._stop.is_set():
-            self._beat = time.monotonic()
-            busy = engine.has_unfinished_requests()
-            changed = self._run_commands(block=not busy)
-            if engine.has_unfinished_requests():
-                # The step's evictions go out before its forward pass, its stores after its
-                # outputs.
-                outputs = engine.step(publish_events)
-                self._deliver(outputs)
-                changed = changed or any(o.finished for o in outputs)
-            publish_events()
-            # Stats follow every admission and exit at once; token counters may lag ~100 ms.
-            now = time.monotonic()
-            if changed or not busy or now - self._stats_at > _STATS_EVERY_S:
-                self._stats = engine.stats()
-                self._stats_at = now
+    def _send(self, command: m.Command) -> None:
+        with contextlib.suppress(zmq.ZMQError):  # closed at shutdown: nobody waits any more
+            self.core.commands.send(self._encode(command), zmq.NOBLOCK)
 
-    def _run_commands(self, block: bool) -> bool:
-        try:
-            item = (
-                self._commands.get(timeout=_IDLE_WAIT_S) if block else self._commands.get_nowait()
-            )
-        except queue.Empty:
-            return False
+    def _read_reports(self) -> None:
+        # ZMQ's FD is edge-triggered: read until nothing is left, every time it fires.
+        reports = self.core.reports
         while True:
-            command, fut = item
-            if fut is None:
-                command(self.engine)  # posted commands: errors here are the loop's own
-            elif fut.set_running_or_notify_cancel():
-                try:
-                    fut.set_result(command(self.engine))
-                except Exception as e:  # one bad request fails alone
-                    fut.set_exception(e)
             try:
-                item = self._commands.get_nowait()
-            except queue.Empty:
-                return True
+                raw = reports.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            except zmq.ZMQError:
+                return  # closed at shutdown
+            self._beat = time.monotonic()
+            self._on_report(self._decode(raw))
 
-    def _deliver(self, outputs: list[RequestOutput]) -> None:
-        routed = [(self._sinks.get(o.request_id), o) for o in outputs]
-        routed = [(s, o) for s, o in routed if s is not None]
-        if routed and self._loop is not None:
-            self._loop.call_soon_threadsafe(_put_all, routed)
+    def _on_report(self, report: m.Report) -> None:
+        if isinstance(report, m.Steps):
+            if report.stats is not None:
+                self._stats = report.stats
+            sinks = self._sinks
+            for out in report.outputs:
+                sink = sinks.get(out.request_id)
+                if sink is not None:
+                    sink.put_nowait(out)
+        elif isinstance(report, m.Done):
+            fut = self._calls.get(report.call)
+            if fut is None or fut.done():
+                return
+            if report.error is not None:
+                e = report.error
+                fut.set_exception(APIError(e.status, e.message, param=e.param, code=e.code))
+            else:
+                fut.set_result(report.value)
+        elif isinstance(report, m.Dead):
+            self._die(report.reason)
 
-    def _publish_events(self) -> None:
-        events = self.engine.drain_events()
-        if events:
-            self.publisher.publish(events)
+    def _on_exit(self) -> None:
+        assert self._loop is not None
+        self._loop.remove_reader(self.core.pidfd)
+        self._read_reports()  # a Dead it sent before exiting says more than its exit status
+        code = self.core.proc.wait()
+        self._die(f"engine core process exited (status {code})")
 
     def _die(self, reason: str) -> None:
-        self._dead_reason = reason
-        err = EngineDeadError(reason)
-        while True:
-            try:
-                _, fut = self._commands.get_nowait()
-            except queue.Empty:
-                break
-            if fut is not None:
-                _fail(fut, err)
-        if self._loop is not None:
-            with contextlib.suppress(RuntimeError):  # the loop closed: nobody is waiting
-                self._loop.call_soon_threadsafe(self.fail_all_pending, reason)
-
-
-def _fail(fut: Future, err: Exception) -> None:
-    # Either side may get there first; the loser finds the future already taken.
-    with contextlib.suppress(InvalidStateError, RuntimeError):
-        if fut.set_running_or_notify_cancel():
-            fut.set_exception(err)
-
-
-def _put_all(routed: list[tuple[asyncio.Queue, RequestOutput]]) -> None:
-    for sink, output in routed:
-        sink.put_nowait(output)
-
-
-def _add_all(
-    rids: Sequence[str],
-    prompt: Prompt | Sequence[Prompt],
-    params: Sequence[SamplingParams],
-    lora: str | None,
-    salt: str | None,
-    hidden: str | None = None,
-) -> Command:
-    prompts = [prompt] * len(rids) if isinstance(prompt, Prompt) else prompt
-
-    def command(engine: LLMEngine) -> None:
-        added: list[str] = []
-        try:
-            for rid, pr, p in zip(rids, prompts, params, strict=True):
-                engine.add_request(
-                    rid, pr, p, lora_name=lora, cache_salt=salt, hidden_states=hidden
-                )
-                added.append(rid)
-        except BaseException:
-            for rid in added:
-                engine.abort_request(rid)
-            raise
-
-    return command
-
-
-def _abort(rids: list[str]) -> Command:
-    def command(engine: LLMEngine) -> None:
-        for rid in rids:
-            engine.abort_request(rid)  # a no-op for one that finished meanwhile
-
-    return command
+        if self._dead_reason is None:
+            logger.error("engine core dead: %s", reason)
+            self._dead_reason = reason
+        self.fail_all_pending(self._dead_reason)

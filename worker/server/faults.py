@@ -1,18 +1,19 @@
 """Fault injection for tests (`--enable-fault-injection`, `POST /debug/fault`).
 
-Kept out of the production paths: a crash or stall is an ordinary command posted to the engine
-thread, and dropped event batches come from a publisher subclass that only a worker started
-with the flag uses.
+Kept out of the production paths: a crash, a stall or dropped event batches are a `Fault`
+message to the engine core process (engine_core.py), which crashes or stalls its loop there, and
+drops batches through a publisher subclass that only a worker started with the flag uses.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
+from typing import TYPE_CHECKING
 
-from worker.engine.llm_engine import LLMEngine
-from worker.server.engine_client import AsyncEngine
-from worker.server.kv_publisher import EventPublisher, KVEventPublisher, PublisherConfig
+from worker.server.kv_publisher import KVEventPublisher, PublisherConfig
+
+if TYPE_CHECKING:
+    from worker.server.engine_client import AsyncEngine
 
 logger = logging.getLogger(__name__)
 
@@ -20,7 +21,7 @@ FAULT_KINDS = ("crash_engine", "stall_engine", "drop_events")
 
 
 class InjectedCrash(RuntimeError):
-    """Raised on the engine thread to prove the dead-engine path."""
+    """Raised in the engine core's loop to prove the dead-engine path."""
 
 
 class DroppingKVEventPublisher(KVEventPublisher):
@@ -42,33 +43,17 @@ class DroppingKVEventPublisher(KVEventPublisher):
 
 
 class FaultInjector:
-    def __init__(self, engine: AsyncEngine, publisher: EventPublisher) -> None:
+    def __init__(self, engine: AsyncEngine, events_enabled: bool) -> None:
         self._engine = engine
-        self._publisher = publisher
-        self._release = threading.Event()
+        self._events_enabled = events_enabled
 
     def inject(self, kind: str, count: int = 1) -> None:
         """Raises ValueError for an unknown kind or a fault this worker cannot produce."""
-        if kind == "crash_engine":
-            self._engine.post(_crash)
-        elif kind == "stall_engine":
-            self._engine.post(self._stall)
-        elif kind == "drop_events":
-            if not isinstance(self._publisher, DroppingKVEventPublisher):
+        if kind not in FAULT_KINDS:
+            raise ValueError(f"unknown fault kind {kind!r}; use {', '.join(FAULT_KINDS)}")
+        if kind == "drop_events":
+            if not self._events_enabled:
                 raise ValueError("drop_events needs KV events enabled")
             if count <= 0:
                 raise ValueError(f"drop count must be positive, got {count}")
-            self._publisher.drop_next(count)
-        else:
-            raise ValueError(f"unknown fault kind {kind!r}; use {', '.join(FAULT_KINDS)}")
-
-    def release(self) -> None:
-        """End a stall (at shutdown), so the engine thread can stop."""
-        self._release.set()
-
-    def _stall(self, _: LLMEngine) -> None:
-        self._release.wait()
-
-
-def _crash(_: LLMEngine) -> None:
-    raise InjectedCrash("fault injection: crash_engine")
+        self._engine.inject_fault(kind, count)

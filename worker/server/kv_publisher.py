@@ -1,10 +1,10 @@
 """KV-event publisher: ZMQ PUB for live batches, ROUTER for replay from a bounded buffer.
 
-The engine thread calls `publish()`, which only assigns the sequence number, enqueues the
+The engine core's loop calls `publish()`, which only assigns the sequence number, enqueues the
 encoded batch and wakes the publisher thread; that one thread owns both sockets (ZMQ sockets are
 not thread-safe), sends on PUB without blocking and answers replay requests. It sleeps in one
 poll on the replay socket and a wake-up pipe, so a batch leaves as soon as it is published: a
-gateway routing before an eviction reaches it predicts a hit that is gone. The engine thread is
+gateway routing before an eviction reaches it predicts a hit that is gone. The engine loop is
 never blocked by a slow or absent subscriber. With events disabled the worker holds a
 `NullEventPublisher`, so no caller ever checks whether there is a publisher.
 """
@@ -126,14 +126,14 @@ class KVEventPublisher:
 
     @property
     def last_seq(self) -> int | None:
-        """Seq of the last batch handed to `publish` (engine thread view), None before any."""
+        """Seq of the last batch handed to `publish` (engine loop view), None before any."""
         return self._next_seq - 1 if self._next_seq > 0 else None
 
     def start(self) -> None:
         self._thread.start()
 
     def publish(self, events: Sequence[KVEvent]) -> int:
-        """Assign the next seq to one batch and enqueue it. Called from the engine thread only."""
+        """Assign the next seq to one batch and enqueue it. Called from the engine loop only."""
         seq = self._next_seq
         self._next_seq += 1
         self._outbox.put((seq, encode_batch(events, self.config.data_parallel_rank)))
@@ -142,7 +142,7 @@ class KVEventPublisher:
 
     def _wake(self) -> None:
         if self._stopped:
-            return  # closed: the pipe may be gone (an engine thread that outlived its join)
+            return  # closed: the pipe may be gone (a loop that outlived its join)
         # A full pipe holds wake-ups enough: the thread is bound to drain the outbox.
         with contextlib.suppress(BlockingIOError):
             os.write(self._wake_w, b"\0")

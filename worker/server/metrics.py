@@ -1,7 +1,7 @@
 """Prometheus metrics with vLLM's names, on a registry owned by one app (never the global one).
 
 Engine-side numbers (queues, KV usage, cumulative token counters) are read from the stats the
-engine thread last recorded, at scrape time; request latencies are observed by the handlers.
+engine core last sent, at scrape time; request latencies are observed by the handlers.
 """
 
 from __future__ import annotations

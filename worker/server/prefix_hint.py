@@ -48,4 +48,4 @@ def _refresh(scope: Scope, hint: bytes) -> None:
         if len(ranks) != 1:
             return  # the route picks the least loaded rank later: which one is not known yet
         i = 0
-    ranks[i].engine.post(lambda engine: engine.refresh_prefix(key))
+    ranks[i].engine.refresh_prefix(key)

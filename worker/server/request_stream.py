@@ -19,8 +19,8 @@ T = TypeVar("T")
 class RequestStream:
     """Outputs of the engine requests of one API request, in arrival order.
 
-    The engine thread puts each RequestOutput (or the exception that failed the engine) on the
-    sink; the handler iterates and must `close()` the stream when done.
+    The event loop puts each RequestOutput the core sends (or the exception that failed the
+    engine) on the sink; the handler iterates and must `close()` the stream when done.
     """
 
     def __init__(self, release: Release, request_ids: Sequence[str], sink: asyncio.Queue):

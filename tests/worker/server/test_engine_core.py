@@ -1,0 +1,110 @@
+"""The engine core in a process of its own: a SIGKILL'd core turns /health red and fails every
+pending request with a 5xx at once; the core stops with the worker and when the API server dies
+(no process is left behind)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import httpx
+
+from harness.waits import wait_until
+from tests.support.processes import alive, children, wait_dead
+from tests.support.worker_harness import WorkerProcess
+
+SLOW = ("--sim-decode-s-per-step", "0.02")
+LONG = {"model": "demo", "prompt": "tell me a long story", "max_tokens": 3000, "ignore_eos": True}
+
+
+def _core_pid(w: WorkerProcess) -> int:
+    assert w.proc is not None
+    (pid,) = children(w.proc.pid)  # one engine: one core process, and nothing else
+    return pid
+
+
+def _running(url: str) -> float:
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith("vllm:num_requests_running{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("vllm:num_requests_running not exported")
+
+
+def _in_background(url: str, stream: bool) -> tuple[threading.Thread, dict]:
+    result: dict = {"lines": []}
+
+    def run() -> None:
+        body = {**LONG, "stream": stream}
+        try:
+            with httpx.stream("POST", url + "/v1/completions", json=body, timeout=30) as r:
+                result["status"] = r.status_code
+                for line in r.iter_lines():
+                    if line:
+                        result["lines"].append(line)
+        except httpx.HTTPError as e:  # the API server itself was killed
+            result["error"] = e
+        result["done_at"] = time.monotonic()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, result
+
+
+def test_killed_core_fails_pending_requests_and_health_at_once(demo_model_dir):
+    with WorkerProcess(demo_model_dir, *SLOW, events=False) as w:
+        core = _core_pid(w)
+        streamed, s = _in_background(w.url, stream=True)
+        whole, p = _in_background(w.url, stream=False)
+        wait_until(lambda: _running(w.url) == 2, 10)
+        os.kill(core, signal.SIGKILL)
+        killed = time.monotonic()
+        took = wait_until(lambda: httpx.get(w.url + "/health").status_code == 503, 5)
+        assert took < 2
+        health = httpx.get(w.url + "/health").json()
+        assert "engine core process exited" in health["error"]["message"]
+        for t in (streamed, whole):
+            t.join(10)
+            assert not t.is_alive()
+        # The stream had its 200: it ends with an in-band error event, then [DONE].
+        assert s["status"] == 200 and s["done_at"] - killed < 2
+        assert '"error"' in s["lines"][-2] and "engine unavailable" in s["lines"][-2]
+        assert s["lines"][-1] == "data: [DONE]"
+        # The whole answer had not started: a 503 with an OpenAI error body.
+        assert p["status"] == 503 and p["done_at"] - killed < 2
+        assert "engine unavailable" in p["lines"][0]
+        # New requests are refused at once, with a clear 503; the server itself answers.
+        t0 = time.monotonic()
+        r = httpx.post(w.url + "/v1/completions", json={**LONG, "max_tokens": 2}, timeout=10)
+        assert r.status_code == 503 and time.monotonic() - t0 < 1.0
+        assert r.json()["error"]["code"] == "engine_dead"
+        assert httpx.get(w.url + "/kv/snapshot").status_code == 503
+        assert httpx.get(w.url + "/kvgate/info").status_code == 200
+        assert w.proc is not None and w.proc.poll() is None  # the API server lives on
+    assert not alive(core)
+
+
+def test_core_stops_with_the_worker(demo_model_dir):
+    w = WorkerProcess(demo_model_dir, events=False).start()
+    core = _core_pid(w)
+    r = httpx.post(w.url + "/v1/completions", json={**LONG, "max_tokens": 4})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+    w.stop()  # SIGTERM: the lifespan stops the core
+    assert wait_dead(core, 10)
+
+
+def test_core_exits_when_the_api_server_is_killed(demo_model_dir):
+    w = WorkerProcess(demo_model_dir, *SLOW, events=False).start()
+    try:
+        core = _core_pid(w)
+        streamed, streamed_result = _in_background(w.url, stream=True)
+        wait_until(lambda: _running(w.url) == 1, 10)
+        assert w.proc is not None
+        w.proc.kill()  # no lifespan, no shutdown message: only the closed pipe tells the core
+        w.proc.wait(5)
+        assert wait_dead(core, 10), "the engine core outlived its API server"
+        streamed.join(10)
+        assert isinstance(streamed_result["error"], httpx.RemoteProtocolError)
+    finally:
+        w.stop()
