@@ -74,8 +74,9 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
+# --durations: the slowest tests in every run's log, to keep the suite within its 10 minutes.
 test: lint
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=25 $(PYTEST_ARGS)
 
 test-quick: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
