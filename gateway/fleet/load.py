@@ -35,6 +35,8 @@ class ReplicaLoad:
     # context they hold and decode over (cache_aware's busy term, Dynamo's active blocks).
     in_flight_tokens: int = 0
     prefill_rate: PrefillRate = field(default_factory=PrefillRate)  # from the worker's metrics
+    # Seconds per token copied back from its host tier (copy_rate.py), measured alike.
+    copy_rate: PrefillRate = field(default_factory=PrefillRate)
     # Its TTFT against the load it was sent into, fitted from the gateway's own timings.
     latency: LatencyModel = field(default_factory=LatencyModel)
     # Its requests' whole time (to the end of the answer) against the same load.

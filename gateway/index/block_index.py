@@ -16,6 +16,10 @@ computed twice in one step is cached twice). vLLM's `kv_cache_report_mode="full"
 the blocks a request hit as a `BlockStored` from block 0 (no parent); for a replica marked as
 re-announcing, such a store of a block the slot already holds is not a new copy.
 
+Tiers: a replica's host-memory tier (`medium: "CPU"`, vLLM's offloading connector and kvgate's
+`--kv-offload-bytes`) is one more slot of it (`HOST_GROUP`), so a block may be in both tiers and
+each tier's removals clear only its own bit; `IndexLookup.hits` follows it past the GPU's hit.
+
 Thread safety: events are hashed and applied on an ingestion thread while `match` runs on the
 event loop. Mutations take `_lock`; `match` reads without it (single dict reads and ints, and
 per-replica tuples replaced whole), taking the lock only to expire speculative entries.
@@ -27,13 +31,19 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from itertools import islice
 
-from cachekey.events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from cachekey.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from cachekey.keys import HashNamespace
 from cachekey.types import BlockKey
+from gateway.index.eviction import evict_oldest, forget_blocks
 from gateway.index.lookup import IndexLookup, IndexStats, IndexTables
-from gateway.index.replica_blocks import ReplicaBlocks, is_sparse, stored_keys
+from gateway.index.replica_blocks import (
+    HOST_GROUP,
+    ReplicaBlocks,
+    is_sparse,
+    stored_keys,
+    tier_group,
+)
 from gateway.index.speculative import Guess, SpeculativeEntries
 from gateway.names import ReplicaId
 
@@ -103,9 +113,14 @@ class BlockIndex:
             applied += self.store_sparse(replica, ev, final=True)
         return applied
 
+    def _tier(self, medium: str | None, group_idx: int | None) -> int | None:
+        tier = tier_group(medium, group_idx)
+        self.other_tier_events += tier is None
+        return tier
+
     def store(self, replica: ReplicaId, ns: HashNamespace, ev: BlockStored) -> bool:
-        if ev.medium not in (None, MEDIUM_GPU):
-            self.other_tier_events += 1  # a CPU/storage copy is not a prefix-cache hit
+        tier = self._tier(ev.medium, ev.group_idx)
+        if tier is None:
             return False
         bs = ev.block_size
         if bs != ns.block_size or len(ev.token_ids) != bs * len(ev.block_hashes):
@@ -138,7 +153,7 @@ class BlockIndex:
                 rep.lookahead = len(ev.lookahead_token_ids[0]) if ev.lookahead_token_ids else 0
                 if rep.lookahead and rep not in self._t.lookahead:
                     self._t.lookahead = (*self._t.lookahead, rep)
-            self._add_copies(rep, ev, hashes, hkeys, values)
+            self._add_copies(rep, ev, tier, hashes, hkeys, values)
             self._evict_over_cap()
         return True
 
@@ -147,8 +162,9 @@ class BlockIndex:
         under the same engine hashes (vLLM hashes a block alike in every group). False, unless
         `final`, while one is still unknown; when `final`, the known ones are stored and the
         rest skipped as blocks with an unknown parent are (never guessed)."""
-        if ev.medium not in (None, MEDIUM_GPU):
-            self.other_tier_events += 1
+        tier = self._tier(ev.medium, ev.group_idx)
+        if tier is None or tier == HOST_GROUP:
+            self.other_tier_events += tier == HOST_GROUP
             return True
         rep = self._t.replicas.get(replica) or self._add_replica(replica)
         engine = rep.engine
@@ -161,24 +177,33 @@ class BlockIndex:
         hkeys = [v if type(v) is bytes else v[1] for _, v in known]
         with self._t.lock:
             if self._t.replicas.get(replica) is rep:
-                self._add_copies(rep, ev, [h for h, _ in known], hkeys, [v for _, v in known])
+                hashes = [h for h, _ in known]
+                self._add_copies(rep, ev, tier, hashes, hkeys, [v for _, v in known])
         return True
 
     def _add_copies(
         self,
         rep: ReplicaBlocks,
         ev: BlockStored,
+        tier: int,
         hashes: Sequence,
         hkeys: Sequence[BlockKey],
         values: Sequence,
     ) -> None:
-        """Each block one more copy in the event's group: engine hash -> value (the key, or
-        (key, lookahead key)), held in the index as `hkeys`."""
+        """Each block one more copy in group `tier`: engine hash -> value (the key, or (key,
+        lookahead key)), held in the index as `hkeys`. A host store is never a re-announcement
+        (vLLM removes a host block as often as a chunk overlap re-stores it)."""
         rep.block_size = ev.block_size
-        group = rep.group(ev.group_idx, ev.kv_cache_spec_kind, ev.kv_cache_spec_sliding_window)
+        host = tier == HOST_GROUP
+        kind, window = (
+            (None, None) if host else (ev.kv_cache_spec_kind, ev.kv_cache_spec_sliding_window)
+        )
+        group = rep.group(tier, kind, window)
+        if host:
+            rep.set_host_rule(gpu_after_host=rep.id not in self._reannouncing)
         self._t.by_bit[group.bit] = rep
         bit = group.bit
-        reannounce = ev.parent_block_hash is None and rep.id in self._reannouncing
+        reannounce = not host and ev.parent_block_hash is None and rep.id in self._reannouncing
         held, engine, spec, extra = self._t.held, rep.engine, self._t.spec.mask, self._extra
         new = dup = 0
         for engine_hash, hkey, value in zip(hashes, hkeys, values, strict=True):
@@ -204,13 +229,13 @@ class BlockIndex:
         replica: ReplicaId,
         engine_hashes: Sequence,
         group_idx: int | None = None,
-        medium: str | None = MEDIUM_GPU,
+        medium: str | None = "GPU",
     ) -> bool:
-        if medium not in (None, MEDIUM_GPU):
-            self.other_tier_events += 1
+        tier = self._tier(medium, group_idx)
+        if tier is None:
             return False
         rep = self._t.replicas.get(replica)
-        group = rep.groups.get(group_idx or 0) if rep is not None else None
+        group = rep.groups.get(tier) if rep is not None else None
         if group is None:
             return True  # nothing held there
         bit, held, engine = group.bit, self._t.held, rep.engine
@@ -245,19 +270,7 @@ class BlockIndex:
             rep = self._t.replicas.pop(replica, None)
             if rep is None:
                 return
-            held, bits = self._t.held, rep.all_bits
-            for value in rep.engine.values():
-                hkey = value if type(value) is bytes else value[1]
-                mask = held.get(hkey, 0)
-                if not mask & bits:
-                    continue
-                for group in rep.groups.values():
-                    self._copies -= self._extra.pop((hkey, group.bit), 0)
-                if mask & ~bits:
-                    held[hkey] = mask & ~bits
-                else:
-                    del held[hkey]
-            self._copies -= rep.blocks()
+            self._copies -= forget_blocks(self._t.held, self._extra, rep)
             self._t.spec.drop(rep.home_bit)
             self._free_slots.extend(rep.slots())
             for group in rep.groups.values():
@@ -280,20 +293,8 @@ class BlockIndex:
         return self._next_slot - 1
 
     def _evict_over_cap(self) -> None:
-        excess = len(self._t.held) - self.max_blocks
-        if excess <= 0:
-            return
-        # In batches: finding the oldest keys walks past the dict's deleted slots each time.
-        n = excess + self.max_blocks // 64
-        by_bit = {g.bit: g for r in self._t.replicas.values() for g in r.groups.values()}
-        for key in list(islice(self._t.held, n)):
-            mask = self._t.held.pop(key)
-            while mask:
-                bit = mask & -mask
-                mask ^= bit
-                self._copies -= 1 + self._extra.pop((key, bit), 0)
-                if bit in by_bit:
-                    by_bit[bit].blocks -= 1
+        if len(self._t.held) > self.max_blocks:
+            self._copies -= evict_oldest(self._t, self._extra, self.max_blocks)
 
     # ---- speculative entries (gateway/index/speculative.py) ------------------------------------
 

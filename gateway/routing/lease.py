@@ -33,7 +33,10 @@ class Lease:
     config: GatewayConfig  # the half-life of recent prefill, the speculative TTL
     metrics: GatewayMetrics  # the error of the time to first token its replica predicted
     replica: Replica | None = None  # holds the request's slot (None: none yet, or given back)
-    predicted: int = 0  # cached tokens expected on `replica`
+    predicted: int = 0  # cached tokens expected on `replica` (both tiers)
+    predicted_host: int = 0  # of those, the ones its host tier serves
+    # The host-tier part of the hit a replica is expected to have (set by the request).
+    host_of: Callable[[Replica], int] | None = None
     uncached: int = 0  # prompt tokens it computes there: charged as queued prefill
     prefilling: bool = False  # `uncached` is still charged to `replica`
     guess: Guess | None = None  # its speculative entry on `replica`
@@ -114,6 +117,7 @@ class Lease:
     def _charge(self, rep: Replica, predicted: int) -> None:
         self.replica = rep
         self.predicted = predicted
+        self.predicted_host = self.host_of(rep) if self.host_of is not None else 0
         self.uncached = uncached = self.prompt_tokens - predicted
         # `admission` counted it in `in_flight` already: the load it meets is the others'.
         there = max(rep.in_flight - 1, rep.running + rep.waiting)
@@ -144,7 +148,7 @@ class Lease:
             self.guess.discard()
             self.guess = None
         self._tell_ended(refused=True)
-        self.replica, self.predicted = None, 0
+        self.replica, self.predicted, self.predicted_host = None, 0, 0
         return rep
 
     def _tell_ended(self, refused: bool) -> None:

@@ -51,7 +51,8 @@ class ProxyRequest:
     admitted: bool = False
     prompt: Prompt = field(default_factory=lambda: Prompt([]))
     keys: list[BlockKey] = field(default_factory=list)
-    matched: dict[ReplicaId, int] = field(default_factory=dict)
+    matched: dict[ReplicaId, int] = field(default_factory=dict)  # prefix blocks, both tiers
+    gpu: dict[ReplicaId, int] = field(default_factory=dict)  # of those, the GPU's (host tiers)
     ranked: list[Replica] = field(default_factory=list)
     lease: Lease = field(init=False)  # its slot and load on the replica it was sent to
     released: bool = False
@@ -59,6 +60,7 @@ class ProxyRequest:
     def __post_init__(self) -> None:
         st = self.state
         self.lease = Lease(st.admission, st.index, st.config, st.metrics, peers=st.peers)
+        self.lease.host_of = self.predicted_host_for
 
     @classmethod
     def route(
@@ -157,7 +159,10 @@ class ProxyRequest:
         prompt = self.prompt  # its tokens: lookahead (EAGLE/MTP) and sliding-window replicas
         # Only replicas holding a prefix: those holding none cost nothing
         # (gateway/index/lookup.py, `hits`).
-        hits = st.index.lookup.hits(keys, tokens=prompt.token_ids, mm_items=prompt.mm_items)
+        gpu = None if st.config.ignore_host_tier else self.gpu
+        hits = st.index.lookup.hits(
+            keys, tokens=prompt.token_ids, mm_items=prompt.mm_items, gpu=gpu
+        )
         if hits:
             allowed = {r.id for r in self.candidates if r.parity_ok}
             hits = {rid: n for rid, n in hits.items() if rid in allowed}
@@ -174,6 +179,7 @@ class ProxyRequest:
             self.headers,
             seed,
             self.lora_name,
+            {rid: n - self.gpu[rid] for rid, n in hits.items() if self.gpu.get(rid, n) < n},
         )
         ranked = self.policy.rank(ctx)
         st.metrics.routing_seconds.observe(time.perf_counter() - t0)
@@ -231,7 +237,13 @@ class ProxyRequest:
             return
         lease.end(refused=status.startswith("4"))
         accounting.finished(
-            st, rep, self.policy_name, status, self.num_prompt_tokens, lease.predicted, usage
+            st,
+            rep,
+            self.policy_name,
+            status,
+            self.num_prompt_tokens,
+            (lease.predicted, lease.predicted_host),
+            usage,
         )
 
     # -- what the lease charges ----------------------------------------------------------------
@@ -245,6 +257,21 @@ class ProxyRequest:
         n = self.matched.get(rep.id, 0) * bs
         return usable_match(n, len(self.prompt), bs, self.prompt.mm_items, rep.mm_match_rule)
 
+    def predicted_host_for(self, rep: Replica) -> int:
+        """Of `predicted_for`, the tokens `rep`'s host tier is expected to serve: past its
+        GPU's hit (each part as the worker's rule for a match inside an image leaves it)."""
+        gpu_blocks = self.gpu.get(rep.id)
+        if gpu_blocks is None or not rep.parity_ok:
+            return 0
+        bs, n, mm, rule = (
+            self.ns.block_size,
+            len(self.prompt),
+            self.prompt.mm_items,
+            rep.mm_match_rule,
+        )
+        total = usable_match(self.matched.get(rep.id, 0) * bs, n, bs, mm, rule)
+        return total - min(usable_match(gpu_blocks * bs, n, bs, mm, rule), total)
+
     def speculative_keys(self) -> list[BlockKey]:
         """The keys the replica will hold once it has prefilled the request."""
         return self.keys
@@ -254,7 +281,7 @@ class ProxyRequest:
         block of the hit predicted there, which a kvgate worker keeps cached while it renders
         the request (docs/gateway.md); None when no hit is predicted, and for plain vLLM."""
         lease = self.lease
-        n = lease.predicted // self.ns.block_size
+        n = (lease.predicted - lease.predicted_host) // self.ns.block_size  # the GPU's part
         info = lease.replica.info if lease.replica is not None else None
         if n == 0 or n > len(self.keys) or info is None or info.engine == "vllm":
             return None
