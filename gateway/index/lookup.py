@@ -84,16 +84,13 @@ class IndexLookup:
     ) -> dict[ReplicaId, int]:
         """The replicas that would hit at least block 0 of `keys`, and how many blocks.
 
-        With `gpu` (a dict it fills), the host tier counts too: a replica's hit is its GPU hit
-        and then the blocks right after it that its host tier holds (`host_extent`), and `gpu`
-        gets each such replica's GPU hit; without it (`--ignore-host-tier`) only the GPU's.
-
         Only the replicas holding block 0 (or guessed to, `speculative`) can, and those with
         lookahead keys (EAGLE/MTP, whose hit needs the request's `tokens`): a replica that
         holds nothing of the request costs nothing. One pass over the keys for all of their
         full-attention slots at once: a slot drops out at its first miss. Then per replica,
-        where it applies, the sliding-window rule of a hybrid model.
-        """
+        where it applies, the sliding-window rule of a hybrid model, and with `gpu` (a dict it
+        fills with the GPU's part of each host-tier replica's hit) the host tier past the GPU's
+        hit (`host_extent`); without it (`--ignore-host-tier`) the GPU's hit alone."""
         now = time.monotonic() if now is None else now
         t = self._t
         if speculative and t.spec.due(now):
