@@ -1,10 +1,10 @@
 """A worker's host-tier copy rate: seconds per prompt token copied back from its host memory
 to the GPU (a host-tier hit), from its own metrics, with a prior until it has any.
 
-vLLM's offloading connector counts the seconds its loads from the host tier took
-(`vllm:kv_offload_load_time`, a counter) and the prompt tokens they served
-(`vllm:prompt_tokens_by_source{source="external_kv_transfer"}`); kvgate's worker exports the
-same two with `--kv-offload-bytes`. Their growth between polls is measured as the prefill rate
+vLLM's offloading connector counts the seconds its copies from the host tier took
+(`vllm:kv_offload_load_time`, or its older `vllm:kv_offload_total_time{transfer_type=
+"CPU_to_GPU"}`) and the prompt tokens they served (`vllm:external_prefix_cache_hits`); a worker
+that exports both gets its own rate. Their growth between polls is measured as the prefill rate
 is (`PrefillRate`, prefill_rate.py: pooled until it covers `MIN_TOKENS`, then averaged).
 
 Until a replica has copied that much, a host-tier token is priced at `PRIOR_RATIO` of a
@@ -20,29 +20,28 @@ import contextlib
 
 PRIOR_RATIO = 4.9 / 57.4  # copy seconds / prefill seconds per token, H200 llama-1b (above)
 
-_LOAD_TIME = ("vllm:kv_offload_load_time_total", "vllm:kv_offload_load_time")
-_SOURCE = "vllm:prompt_tokens_by_source_total"
-_FROM_HOST = 'source="external_kv_transfer"'
+_SECONDS = ("vllm:kv_offload_load_time", "vllm:kv_offload_total_time")
+_TOKENS = "vllm:external_prefix_cache_hits"
+_LOADS = 'transfer_type="CPU_to_GPU"'  # the older family counts both directions
 
 
 def parse_copy_sums(text: str) -> tuple[float, float] | None:
     """(host-tier load seconds, prompt tokens loaded) summed over label sets; None when either
-    is absent (no host tier there)."""
-    seconds = tokens = 0.0
+    is absent (no host tier there, or no load time exported)."""
+    sums = [0.0, 0.0]
     seen = set()
     for line in text.splitlines():
-        if not line.startswith(("vllm:kv_offload_load_time", _SOURCE)):
+        if not line.startswith(("vllm:kv_offload_", _TOKENS)):
             continue
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        with contextlib.suppress(ValueError, IndexError):
-            value = float(line.rsplit(" ", 1)[1])
-            if name in _LOAD_TIME:
-                seconds += value
-                seen.add("s")
-            elif name == _SOURCE and _FROM_HOST in line:
-                tokens += value
-                seen.add("t")
-    return (seconds, tokens) if len(seen) == 2 else None
+        name = line.split("{", 1)[0].split(" ", 1)[0].removesuffix("_total")
+        if name == _SECONDS[1] and _LOADS not in line:
+            continue
+        i = 0 if name in _SECONDS else 1 if name == _TOKENS else None
+        if i is not None:
+            with contextlib.suppress(ValueError, IndexError):
+                sums[i] += float(line.rsplit(" ", 1)[1])
+                seen.add(i)
+    return (sums[0], sums[1]) if len(seen) == 2 else None
 
 
 def copy_seconds_per_token(measured: float | None, prefill: float) -> float:
