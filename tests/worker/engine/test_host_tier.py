@@ -1,6 +1,6 @@
 """The host KV tier's bookkeeping: its LRU, the locks a load holds, and the CPU-tier events the
 block manager publishes around it (the bytes are tested with the torch engine in
-test_host_tier_engine.py)."""
+tests/worker/engine/test_host_tier_engine.py)."""
 
 from __future__ import annotations
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from cachekey import Prompt
@@ -104,3 +105,26 @@ def test_preemption_with_the_tier_keeps_outputs(demo_model_dir: Path) -> None:
         alone.add_request(f"a{i}", p, params)
         want = run_all(alone)[f"a{i}"]
         assert tokens(together[f"c{i}"]) == tokens(want), f"request {i} diverged"
+
+
+def test_hidden_states_come_back_with_the_kv(demo_model_dir: Path) -> None:
+    """A block's hidden-state rows travel with its K/V: a host hit's hidden states equal the
+    ones an engine without a prefix cache computes."""
+    layers = {"hidden_state_layers": (0, 1)}
+    on = make_engine(demo_model_dir, num_blocks=20, kv_offload_blocks=64, **layers)
+    cold = make_engine(demo_model_dir, enable_prefix_caching=False, **layers)
+    base = tuple(100 + (5 * i) % 700 for i in range(10 * BS))
+    one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    on.add_request("a", Prompt(base), one)
+    run_all(on)
+    for k in range(3):  # fresh prompts that need more blocks than are free
+        on.add_request(f"o{k}", Prompt(tuple(800 + (11 * i + k) % 900 for i in range(5 * BS))), one)
+        run_all(on)
+    probe = Prompt((*base, 5, 6, 7))
+    outs = []
+    for engine in (on, cold):
+        engine.add_request("probe", probe, one, hidden_states="all")
+        outs.append(run_all(engine)["probe"][-1])
+    assert outs[0].num_cached_tokens == 10 * BS and on.stats().host_hits_tokens > 0
+    assert outs[0].hidden_states is not None and outs[1].hidden_states is not None
+    np.testing.assert_allclose(outs[0].hidden_states, outs[1].hidden_states, atol=1e-4, rtol=1e-4)
