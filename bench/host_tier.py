@@ -33,6 +33,7 @@ from pathlib import Path
 from bench.lib.report import args_dict, col, columns, percentile, print_table, write_json
 from bench.lib.rounds import medians, rotated, warm_up
 from bench.lib.runs import Measured, add_workload_args, drive_policy, upper_bound, workload_spec
+from harness import worker_metrics as wm
 from harness.cluster import Cluster, ClusterSpec
 from harness.workload import Workload
 
@@ -53,6 +54,7 @@ class Row:
     exact: str = col("exact", 10)  # predicted == reported cached tokens, of the answered
     host_predicted: int = col("host pred", 11)  # host-tier tokens the gateway predicted
     host_reported: int = col("host hits", 11)  # host-tier tokens the workers served
+    max_over_mean: float = col("max/mean", 9, ".2f")  # requests per worker
     seconds: float = col("s", 7, ".1f")
 
 
@@ -76,6 +78,7 @@ def make_row(side: str, m: Measured, round_: int) -> Row:
         exact=f"{sum(r.predicted_cached_tokens == r.cached_tokens for r in ok)}/{len(ok)}",
         host_predicted=sum(r.predicted_cpu_tokens or 0 for r in ok),
         host_reported=int(sum(c.host_hit_tokens for c in workers)),
+        max_over_mean=round(wm.max_over_mean([c.requests for c in workers]), 2),
         seconds=round(m.seconds, 2),
     )
 

@@ -113,15 +113,13 @@ class BlockIndex:
             applied += self.store_sparse(replica, ev, final=True)
         return applied
 
-    def _tier(self, medium: str | None, group_idx: int | None) -> int | None:
-        tier = tier_group(medium, group_idx)
-        self.other_tier_events += tier is None
-        return tier
-
     def store(self, replica: ReplicaId, ns: HashNamespace, ev: BlockStored) -> bool:
-        tier = self._tier(ev.medium, ev.group_idx)
+        tier = tier_group(ev.medium, ev.group_idx)
+        self.other_tier_events += tier is None
         if tier is None:
             return False
+        if tier == HOST_GROUP and replica in self._reannouncing:
+            return self.store_sparse(replica, ev, final=True)
         bs = ev.block_size
         if bs != ns.block_size or len(ev.token_ids) != bs * len(ev.block_hashes):
             self.errors["length_mismatch" if bs == ns.block_size else "block_size"] += 1
@@ -158,13 +156,14 @@ class BlockIndex:
         return True
 
     def store_sparse(self, replica: ReplicaId, ev: BlockStored, *, final: bool) -> bool:
-        """A sparse group's store: its blocks' keys are those the replica's other groups stored
-        under the same engine hashes (vLLM hashes a block alike in every group). False, unless
-        `final`, while one is still unknown; when `final`, the known ones are stored and the
-        rest skipped as blocks with an unknown parent are (never guessed)."""
-        tier = self._tier(ev.medium, ev.group_idx)
-        if tier is None or tier == HOST_GROUP:
-            self.other_tier_events += tier == HOST_GROUP
+        """A store by engine hash: a sparse group's, and plain vLLM's host tier's (its events
+        carry no extra keys, so its keys are never recomputed: no image or salt is lost). Its
+        keys are those the replica's GPU groups stored under the same engine hashes (vLLM hashes
+        a block alike in every group and tier). False, unless `final`, while one is still
+        unknown; when `final`, the known ones are stored, the rest skipped (never guessed)."""
+        tier = tier_group(ev.medium, ev.group_idx)
+        self.other_tier_events += tier is None
+        if tier is None:
             return True
         rep = self._t.replicas.get(replica) or self._add_replica(replica)
         engine = rep.engine
@@ -231,7 +230,8 @@ class BlockIndex:
         group_idx: int | None = None,
         medium: str | None = "GPU",
     ) -> bool:
-        tier = self._tier(medium, group_idx)
+        tier = tier_group(medium, group_idx)
+        self.other_tier_events += tier is None
         if tier is None:
             return False
         rep = self._t.replicas.get(replica)

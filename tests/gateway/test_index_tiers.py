@@ -64,11 +64,12 @@ def test_the_hit_continues_block_by_block_in_either_tier_for_kvgate_workers():
     idx.apply(A, NS, [_stored([1, 2, 3, 4], 0), BlockRemoved(block_hashes=[3])])
     idx.apply(A, NS, [_stored([3], 2, MEDIUM_CPU, parent=2)])
     assert _tiers(idx, [A]) == {A: (2, 4)}
-    # vLLM's offloading connector looks up only its host tier past the GPU's hit: 0-2.
+    # vLLM's offloading connector looks up only its host tier past the GPU's hit: 0-2. (It
+    # stores a block in its host tier once computed, before the GPU evicts it.)
     idx = BlockIndex()
     idx.set_reannouncing(B)
-    idx.apply(B, NS, [_stored([1, 2, 3, 4], 0), BlockRemoved(block_hashes=[3])])
-    idx.apply(B, NS, [_stored([3], 2, MEDIUM_CPU, parent=2)])
+    idx.apply(B, NS, [_stored([1, 2, 3, 4], 0), _stored([3], 2, MEDIUM_CPU, parent=2)])
+    idx.apply(B, NS, [BlockRemoved(block_hashes=[3])])
     assert _tiers(idx, [B]) == {B: (2, 3)}
 
 
@@ -77,7 +78,7 @@ def test_host_stores_are_reference_counted_and_cleared_with_the_replica():
     idx = BlockIndex()
     idx.set_reannouncing(A)
     ev = _stored([1, 2], 0, MEDIUM_CPU)
-    idx.apply(A, NS, [ev, ev])
+    idx.apply(A, NS, [_stored([1, 2], 0), ev, ev, BlockRemoved(block_hashes=[1, 2])])
     idx.apply(A, NS, [BlockRemoved(block_hashes=[1, 2], medium=MEDIUM_CPU)])
     assert _tiers(idx, [A]) == {A: (0, 2)}
     idx.apply(A, NS, [AllBlocksCleared()])
@@ -102,3 +103,19 @@ def test_vllm_wire_form_of_a_cpu_store():
     idx = BlockIndex()
     idx.apply(A, NS, batch.events)
     assert _tiers(idx, [A]) == {A: (0, 2)}
+
+
+def test_vllm_host_stores_take_the_gpu_blocks_keys_by_engine_hash():
+    """vLLM 0.32's host-tier events carry no extra keys ("deferred"): their keys come from the
+    GPU's store of the same engine hashes, so a salted (or image) block keeps its identity;
+    a hash the GPU never named is skipped, never keyed without its extras."""
+    salted = block_keys(TOKENS, NS, (), None, "tenant-1")
+    idx = BlockIndex()
+    idx.set_reannouncing(A)
+    gpu = _stored([1, 2], 0)
+    gpu.extra_keys = [("tenant-1",), None]
+    idx.apply(A, NS, [gpu, _stored([1, 2], 0, MEDIUM_CPU), BlockRemoved(block_hashes=[1, 2])])
+    assert idx.lookup.hits(salted[:2], gpu={}) == {A: 2}  # the salted keys, from the host tier
+    assert idx.lookup.hits(KEYS, gpu={}) == {}  # no false hit for the unsalted prompt
+    idx.apply(A, NS, [_stored([9], 3, MEDIUM_CPU, parent=8)])
+    assert idx.skipped_unknown_parent == 1 and len(idx) == 2
