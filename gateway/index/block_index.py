@@ -16,9 +16,8 @@ computed twice in one step is cached twice). vLLM's `kv_cache_report_mode="full"
 the blocks a request hit as a `BlockStored` from block 0 (no parent); for a replica marked as
 re-announcing, such a store of a block the slot already holds is not a new copy.
 
-Tiers: a replica's host-memory tier (`medium: "CPU"`, vLLM's offloading connector and kvgate's
-`--kv-offload-bytes`) is one more slot of it (`HOST_GROUP`), so a block may be in both tiers and
-each tier's removals clear only its own bit; `IndexLookup.hits` follows it past the GPU's hit.
+Tiers: a replica's host-memory tier (`medium: "CPU"`) is one more slot of it (`HOST_GROUP`): a
+block may be in both tiers; `IndexLookup.hits` follows it past the GPU's hit.
 
 Thread safety: events are hashed and applied on an ingestion thread while `match` runs on the
 event loop. Mutations take `_lock`; `match` reads without it (single dict reads and ints, and
@@ -190,8 +189,8 @@ class BlockIndex:
         values: Sequence,
     ) -> None:
         """Each block one more copy in group `tier`: engine hash -> value (the key, or (key,
-        lookahead key)), held in the index as `hkeys`. A host store is never a re-announcement
-        (vLLM removes a host block as often as a chunk overlap re-stores it)."""
+        lookahead key)), held in the index as `hkeys`. A host store is a copy, never vLLM's
+        re-announcement."""
         rep.block_size = ev.block_size
         host = tier == HOST_GROUP
         kind, window = (
@@ -238,7 +237,7 @@ class BlockIndex:
         group = rep.groups.get(tier) if rep is not None else None
         if group is None:
             return True  # nothing held there
-        bit, held, engine = group.bit, self._t.held, rep.engine
+        bit, held, engine, spec = group.bit, self._t.held, rep.engine, self._t.spec
         with self._t.lock:
             for engine_hash in engine_hashes:
                 value = engine.get(engine_hash)
@@ -256,6 +255,8 @@ class BlockIndex:
                     continue
                 mask &= ~bit
                 group.blocks -= 1
+                if bit == rep.home_bit and hkey in spec.mask:
+                    spec.confirm(hkey, bit)  # gone from the GPU: a guess must not outlive it
                 if mask:
                     held[hkey] = mask
                 else:
