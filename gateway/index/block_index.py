@@ -189,8 +189,7 @@ class BlockIndex:
         values: Sequence,
     ) -> None:
         """Each block one more copy in group `tier`: engine hash -> value (the key, or (key,
-        lookahead key)), held in the index as `hkeys`. A host store is a copy, never vLLM's
-        re-announcement."""
+        lookahead key)), held as `hkeys`. A host store is never vLLM's re-announcement."""
         rep.block_size = ev.block_size
         host = tier == HOST_GROUP
         kind, window = (
