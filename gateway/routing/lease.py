@@ -25,6 +25,9 @@ from gateway.peers.outbox import PeerOutbox
 from gateway.routing.adapters import note_routed
 from gateway.routing.admission import Admission
 
+# The cached tokens a replica is expected to hit: in all, and of those its host tier's.
+Prediction = tuple[int, int]
+
 
 @dataclass(slots=True, eq=False)
 class Lease:
@@ -35,8 +38,6 @@ class Lease:
     replica: Replica | None = None  # holds the request's slot (None: none yet, or given back)
     predicted: int = 0  # cached tokens expected on `replica` (both tiers)
     predicted_host: int = 0  # of those, the ones its host tier serves
-    # The host-tier part of the hit a replica is expected to have (set by the request).
-    host_of: Callable[[Replica], int] | None = None
     uncached: int = 0  # prompt tokens it computes there: charged as queued prefill
     prefilling: bool = False  # `uncached` is still charged to `replica`
     guess: Guess | None = None  # its speculative entry on `replica`
@@ -53,7 +54,7 @@ class Lease:
     def take(
         self,
         rep: Replica,
-        predicted: int,
+        predicted: Prediction,
         prompt_tokens: int,
         keys: Sequence[BlockKey],
         lora_name: str | None,
@@ -62,7 +63,9 @@ class Lease:
         self.prompt_tokens, self.keys, self.lora_name = prompt_tokens, keys, lora_name
         self._charge(rep, predicted)
 
-    def move(self, ranked: list[Replica], predict: Callable[[Replica], int]) -> Replica | None:
+    def move(
+        self, ranked: list[Replica], predict: Callable[[Replica], Prediction]
+    ) -> Replica | None:
         """After a failed attempt: the slot and the load move to the first of `ranked` with
         room, which `predict` tells the expected hit of (None: no room, or `ranked` empty,
         and the slot is given back)."""
@@ -72,7 +75,7 @@ class Lease:
             self._charge(nxt, predict(nxt))
         return nxt
 
-    def transfer(self, target: Replica, predicted: int) -> None:
+    def transfer(self, target: Replica, predicted: Prediction) -> None:
         """EPP mode: the proxy sent the request to `target`, not to the replica holding the
         slot. The slot and the load move there even over its cap: it is running there."""
         rep = self._leave()
@@ -114,10 +117,10 @@ class Lease:
         self._tell_ended(refused)
         self.admission.release(rep)
 
-    def _charge(self, rep: Replica, predicted: int) -> None:
+    def _charge(self, rep: Replica, predicted: Prediction) -> None:
         self.replica = rep
+        predicted, self.predicted_host = predicted
         self.predicted = predicted
-        self.predicted_host = self.host_of(rep) if self.host_of is not None else 0
         self.uncached = uncached = self.prompt_tokens - predicted
         # `admission` counted it in `in_flight` already: the load it meets is the others'.
         there = max(rep.in_flight - 1, rep.running + rep.waiting)

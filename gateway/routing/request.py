@@ -60,7 +60,6 @@ class ProxyRequest:
     def __post_init__(self) -> None:
         st = self.state
         self.lease = Lease(st.admission, st.index, st.config, st.metrics, peers=st.peers)
-        self.lease.host_of = self.predicted_host_for
 
     @classmethod
     def route(
@@ -189,7 +188,7 @@ class ProxyRequest:
         lease = self.lease
         lease.take(
             rep,
-            self.predicted_for(rep),
+            self.prediction(rep),
             self.num_prompt_tokens,
             self.speculative_keys(),
             self.lora_name,
@@ -256,6 +255,10 @@ class ProxyRequest:
         bs = self.ns.block_size
         n = self.matched.get(rep.id, 0) * bs
         return usable_match(n, len(self.prompt), bs, self.prompt.mm_items, rep.mm_match_rule)
+
+    def prediction(self, rep: Replica) -> tuple[int, int]:
+        """What the lease charges `rep` with: `predicted_for`, and its host tier's part."""
+        return self.predicted_for(rep), self.predicted_host_for(rep)
 
     def predicted_host_for(self, rep: Replica) -> int:
         """Of `predicted_for`, the tokens `rep`'s host tier is expected to serve: past its
