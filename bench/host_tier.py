@@ -19,8 +19,12 @@ p90 as the client sees it (streams), and how many predictions were exact: in all
 (`x-kvgate-predicted-cached-tokens` == the usage's cached tokens) and per tier (the predicted
 host-tier tokens summed == the workers' host-tier hits).
 
-    python -m bench.host_tier                   # 4 workers x 300 blocks, 3 rounds
-    python -m bench.host_tier --workers 4 --num-blocks 300 --tenants 24 --rounds 3
+    python -m bench.host_tier        # 4 workers x 600 blocks, 35 tenants (3x), 3 rounds
+    python -m bench.host_tier --workers 2 --num-blocks 200 --tenants 6 --rounds 1   # a quick look
+
+`--sim-time-scale` (5) stretches every simulated step: on this shared 2-core machine each
+request's own CPU work (rendering, hashing, events, HTTP) took hundreds of milliseconds, as much
+as the H200's modelled time, and swung with the load; stretched, the modelled device dominates.
 """
 
 from __future__ import annotations
@@ -169,14 +173,14 @@ def _arguments() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--sides", default=",".join(SIDES))
     ap.add_argument("--workers", type=int, default=4)
-    ap.add_argument("--num-blocks", type=int, default=300, help="GPU KV blocks per worker")
+    ap.add_argument("--num-blocks", type=int, default=600, help="GPU KV blocks per worker")
     ap.add_argument(
         "--host-blocks", type=int, default=3000, help="host-tier blocks per worker (its sides)"
     )
     ap.add_argument("--sim-preset", default="h200-llama-1b")
     ap.add_argument("--sim-server-scale", type=float, default=1.0)
-    ap.add_argument("--sim-time-scale", type=float, default=1.0)
-    ap.add_argument("--tenants", type=int, default=24)
+    ap.add_argument("--sim-time-scale", type=float, default=5.0)
+    ap.add_argument("--tenants", type=int, default=35)
     add_workload_args(ap)
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--concurrency", type=int, default=8)
