@@ -87,6 +87,8 @@ def test_offload_stores_parents_first_as_one_chain() -> None:
     assert event.block_hashes == [b"k0", b"k1", b"k2"] and event.parent_block_hash is None
     assert event.token_ids == [0] * BS + [1] * BS + [2] * BS
     assert event.block_size == BS and event.medium == "CPU"
+    # The chain's tail is the oldest: the tier drops it before its head.
+    assert list(tier.entries) == [b"k2", b"k1", b"k0"]
 
 
 def seq_of(rid: str, ids: list[int], mm: tuple[MMItem, ...] = (), **kw: str) -> Sequence:
@@ -151,6 +153,26 @@ def test_host_hits_keep_the_guard_images_and_salts() -> None:
     assert entry is not None
     entry.token_ids = (0,) * BS
     assert bm.find_cached_prefix(seq_of("s", ids, (img,), cache_salt="s")) == []
+
+
+def test_the_gateways_hint_refreshes_a_chain_across_both_tiers() -> None:
+    host = HostTier(8, BS, RecordingCopier())
+    bm = BlockManager(4, BS, True, "partial", host)
+    prefill(bm, a := seq_of("a", list(range(1, 13))))  # 3 blocks
+    bm.free(a)
+    prefill(bm, fill := seq_of("f", list(range(50, 62))))  # 3 blocks: a1, a2 go to the host
+    bm.free(fill)
+    assert bm.refresh_chain(a.block_keys[-1]) == 3  # a0 on the GPU, a1 and a2 in the host
+    a0, a1, a2 = a.block_keys
+    assert list(host.entries) == [a2, a1]  # the tail is the older
+    # Refreshed, a0 is the GPU pool's newest: the next prompt evicts f's blocks, not a0.
+    prefill(bm, other := seq_of("o", list(range(70, 78))))
+    bm.free(other)
+    f1, f2 = fill.block_keys[1:]
+    assert list(host.entries) == [a2, a1, f2, f1] and bm.pool.lookup(a0) is not None
+    assert bm.refresh_chain(a2) == 3
+    assert list(host.entries) == [f2, f1, a2, a1]  # a's the newest, its head last
+    assert bm.refresh_chain(b"no such block") == 0
 
 
 def test_reset_clears_both_tiers() -> None:
