@@ -222,5 +222,10 @@ def test_sim_tier_needs_a_size_it_can_count(demo_model_dir: Path) -> None:
         LLMEngine(EngineConfig(model=str(demo_model_dir), engine="sim", kv_offload_bytes=1 << 20))
     with pytest.raises(ValueError, match="prefix caching"):
         EngineConfig(model="x", kv_offload_blocks=4, enable_prefix_caching=False)
+    with pytest.raises(ValueError, match="holds no block"):
+        preset = {"sim_preset": "h200-llama-1b", "kv_offload_bytes": 1000}
+        LLMEngine(EngineConfig(model=str(demo_model_dir), engine="sim", **preset))
+    with pytest.raises(ValueError, match="kv_offload_bytes must be >= 0"):
+        EngineConfig(model="x", kv_offload_bytes=-1)
     engine = LLMEngine(EngineConfig(model=str(demo_model_dir), engine="sim", kv_offload_blocks=5))
     assert engine.block_manager.host is not None and engine.block_manager.host.num_slots == 5
