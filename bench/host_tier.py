@@ -1,215 +1,116 @@
-r"""Tier-aware routing against a fleet without a host tier, and against a gateway blind to it.
+"""The host KV tier on the CPU: TTFT of a host-tier hit against a cold prefill and a GPU-tier hit.
 
-Three fleets of `--workers` sim workers (h200-llama-1b preset: a host-tier hit is charged the
-preset's measured host-to-device copy, worker/engine/sim_runner.py) serve the same chat trace,
-whose working set is several times the fleet's GPU caches (printed first: the tokens a single
-worker with an unbounded cache computes, over the fleet's GPU blocks):
+    .venv/bin/python -m bench.host_tier          # table + bench/results/host_tier.json
 
-  tier_aware   workers with a host tier (`--kv-offload-blocks`), the gateway as it is
-  tier_off     the same workers without one, the same gateway
-  ignore_tier  workers with a host tier, the gateway with `--ignore-host-tier` (cache_aware
-               that routes by the GPU's blocks alone, the behaviour before the tier)
-
-All three run side by side; each is warmed once (bench/lib/rounds.py: the workload's first
-turns on every worker and through its gateway), then `--rounds` rounds, each side on cold
-caches (both tiers reset) in an order turned by one place every round, every round printed.
-Per side: the hit rate per tier (the workers' own counters: `vllm:prefix_cache_hits` for the
-GPU, `vllm:external_prefix_cache_hits` for the host tier, over the tokens looked up), TTFT p50 /
-p90 as the client sees it (streams), and how many predictions were exact: in all
-(`x-kvgate-predicted-cached-tokens` == the usage's cached tokens) and per tier (the predicted
-host-tier tokens summed == the workers' host-tier hits).
-
-    python -m bench.host_tier        # 4 workers x 600 blocks, 35 tenants (3x), 3 rounds
-    python -m bench.host_tier --workers 2 --num-blocks 200 --tenants 6 --rounds 1   # a quick look
-
-`--sim-time-scale` (5) stretches every simulated step: on this shared 2-core machine each
-request's own CPU work (rendering, hashing, events, HTTP) took hundreds of milliseconds, as much
-as the H200's modelled time, and swung with the load; stretched, the modelled device dominates.
+One torch engine, demo model, float32, the host tier on (`--kv-offload-blocks`). Each round takes
+a fresh `--tokens`-token prompt P and times its first token three ways: **cold** (P's first
+time), **gpu hit** (P again while its blocks are in the device pool) and **host hit** (P after
+filler prompts pushed every one of its blocks out of the pool into the host tier: they are
+copied back, not recomputed). Even rounds time the GPU hit first, odd rounds the host hit first
+(then the GPU hit follows the copy back), so the order is rotated; round 0 warms up and is not
+summarised. Each hit's cached tokens are checked. The clock is process CPU time by default
+(`--clock wall` for the wall clock), on one torch thread unless `--threads`.
+On the CPU "device" and host memory are the same memory: the copy back is a memcpy, and the
+figure says what the bookkeeping and the copies cost against a prefill, not what a GPU's
+host-to-device link costs (a GPU figure is owed).
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench.lib.report import args_dict, col, columns, percentile, print_table, write_json
-from bench.lib.rounds import medians, rotated, warm_up
-from bench.lib.runs import Measured, add_workload_args, drive_policy, upper_bound, workload_spec
-from harness import worker_metrics as wm
-from harness.cluster import Cluster, ClusterSpec
-from harness.workload import Workload
+import torch
 
-SIDES = ("tier_aware", "tier_off", "ignore_tier")
-BLOCK = 16  # the sim workers' block size (tokens)
+from bench.lib import engine_reference as ref
+from bench.lib.engine_timing import Clock, time_to_first_token
+from bench.lib.report import args_dict, write_json
+from cachekey import block_keys
+from worker.demo.model import ensure_demo_model
+from worker.engine.config import EngineConfig
+from worker.engine.llm_engine import LLMEngine
 
-
-@dataclass(slots=True)
-class Row:
-    side: str = col("side", 13, left=True)
-    round: int = col("run", 4)
-    requests: int = col("reqs", 5)
-    failed: int = col("fail", 5)
-    gpu_hit: float = col("GPU hit", 9, ".1%")
-    host_hit: float = col("host hit", 9, ".1%")
-    ttft_p50_ms: float = col("TTFT p50", 10, ".0f", "ms")
-    ttft_p90_ms: float = col("TTFT p90", 10, ".0f", "ms")
-    exact: str = col("exact", 10)  # predicted == reported cached tokens, of the answered
-    host_predicted: int = col("host pred", 11)  # host-tier tokens the gateway predicted
-    host_reported: int = col("host hits", 11)  # host-tier tokens the workers served
-    max_over_mean: float = col("max/mean", 9, ".2f")  # requests per worker
-    seconds: float = col("s", 7, ".1f")
+RESULTS = Path(__file__).resolve().parent / "results" / "host_tier.json"
 
 
-COLUMNS = columns(Row)
+def evict(engine: LLMEngine, ids: list[int], rng: random.Random, clock: Clock, tag: str) -> int:
+    """Filler prompts until none of `ids`' blocks is left in the device pool; how many."""
+    keys = block_keys(ids, engine.namespace)
+    n = 0
+    while any(engine.block_manager.pool.lookup(k) for k in keys):
+        time_to_first_token(engine, clock, f"{tag}-fill{n}", ref.random_ids(rng, len(ids), 2000))
+        n += 1
+    return n
 
 
-def make_row(side: str, m: Measured, round_: int) -> Row:
-    ok = [r for r in m.results if r.ok]
-    ttfts = [r.ttft_s * 1000 for r in ok if r.ttft_s is not None]
-    workers = m.per_worker.values()
-    queried = sum(c.queried_tokens for c in workers) or 1.0
-    return Row(
-        side=side,
-        round=round_,
-        requests=len(m.results),
-        failed=len(m.results) - len(ok),
-        gpu_hit=round(sum(c.hit_tokens for c in workers) / queried, 4),
-        host_hit=round(sum(c.host_hit_tokens for c in workers) / queried, 4),
-        ttft_p50_ms=round(percentile(ttfts, 0.5), 1),
-        ttft_p90_ms=round(percentile(ttfts, 0.9), 1),
-        exact=f"{sum(r.predicted_cached_tokens == r.cached_tokens for r in ok)}/{len(ok)}",
-        host_predicted=sum(r.predicted_cpu_tokens or 0 for r in ok),
-        host_reported=int(sum(c.host_hit_tokens for c in workers)),
-        max_over_mean=round(wm.max_over_mean([c.requests for c in workers]), 2),
-        seconds=round(m.seconds, 2),
-    )
+def cached(engine: LLMEngine) -> tuple[int, int]:
+    counters = engine.scheduler.counters
+    return counters.prefix_hits_tokens, counters.host_hits_tokens
 
 
-def side_spec(args: argparse.Namespace, side: str) -> ClusterSpec:
-    host = () if side == "tier_off" else ("--kv-offload-blocks", str(args.host_blocks))
-    blind = ("--ignore-host-tier",) if side == "ignore_tier" else ()
-    return ClusterSpec(
-        workers=args.workers,
-        engine="sim",
-        num_blocks=args.num_blocks,
-        worker_args=(
-            *("--sim-preset", args.sim_preset, "--sim-server-scale", str(args.sim_server_scale)),
-            *("--sim-time-scale", str(args.sim_time_scale)),
-            *host,
-        ),
-        gateway_args=("--poll-interval", "0.2", *blind, *args.gateway_arg),
-        log_dir=args.log_dir / side,
-        startup_timeout=120.0,
-    )
+def one_round(engine: LLMEngine, clock: Clock, rnd: int, n: int) -> dict:
+    rng = random.Random(rnd)
+    ids = ref.random_ids(rng, n, 2000)
+    full = (n - 1) // 16 * 16
+    row = {"round": rnd, "cold_ms": time_to_first_token(engine, clock, f"c{rnd}", ids) * 1e3}
 
+    def hit(kind: str, seq: int) -> None:
+        before = cached(engine)
+        row[f"{kind}_hit_ms"] = time_to_first_token(engine, clock, f"{kind}{rnd}.{seq}", ids) * 1e3
+        gpu, host = (a - b for a, b in zip(cached(engine), before, strict=True))
+        want = (full, 0) if kind == "gpu" else (0, full)
+        # Counters count a request's first admission only: each timed request is a new one.
+        assert (gpu, host) == want, (kind, gpu, host)
 
-def working_set(args: argparse.Namespace, workload: Workload) -> float:
-    """The trace's working set over the fleet's GPU caches: the prompt tokens one worker with an
-    unbounded cache computes (every token once), over `workers x num_blocks` blocks."""
-    m = upper_bound(
-        workload,
-        replicas=1,
-        num_blocks=1_000_000,
-        concurrency=args.concurrency,
-        log_dir=args.log_dir / "working_set",
-    )
-    ok = [r for r in m.results if r.ok]
-    unique = sum(r.prompt_tokens - r.cached_tokens for r in ok)
-    fleet = args.workers * args.num_blocks * BLOCK
-    print(f"working set: {unique} tokens = {unique / fleet:.2f}x the fleet's GPU ({fleet} tokens)")
-    return unique / fleet
-
-
-def run(args: argparse.Namespace) -> tuple[list[Row], float]:
-    workload = Workload(
-        workload_spec(args, args.tenants, max_tokens=args.max_tokens, image_prob=0.0)
-    )
-    ratio = working_set(args, workload)
-    sides = args.sides.split(",")
-    clusters = {s: Cluster(side_spec(args, s)) for s in sides}
-    rows: list[Row] = []
-    try:
-        for c in clusters.values():
-            c.start()
-        for s, c in clusters.items():
-            failed = warm_up(c.gateway_url, c.worker_urls, workload, args.concurrency)
-            print(f"warm-up {s}: {failed} failed")
-        for round_ in range(args.rounds):
-            for s in rotated(sides, round_):
-                m = drive_policy(
-                    clusters[s],
-                    workload,
-                    "cache_aware",
-                    concurrency=args.concurrency,
-                    stream=True,
-                    timeout=600.0,
-                )
-                rows.append(make_row(s, m, round_))
-                print_table(rows[-1:], COLUMNS, header=len(rows) == 1)
-    finally:
-        for c in clusters.values():
-            c.stop()
-    return rows, ratio
-
-
-def ratios(rows: list[Row]) -> dict[str, float]:
-    """tier_aware's TTFT p50 over each other side's, per round, then their median."""
-    out: dict[str, float] = {}
-    for other in ("tier_off", "ignore_tier"):
-        per_round = []
-        for k in sorted({r.round for r in rows}):
-            mine = {r.side: r for r in rows if r.round == k}
-            if "tier_aware" in mine and other in mine and mine[other].ttft_p50_ms:
-                per_round.append(mine["tier_aware"].ttft_p50_ms / mine[other].ttft_p50_ms)
-                print(f"run {k}: tier_aware TTFT p50 / {other}'s = {per_round[-1]:.2f}")
-        if per_round:
-            out[other] = round(statistics.median(per_round), 3)
-    return out
-
-
-def _arguments() -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--sides", default=",".join(SIDES))
-    ap.add_argument("--workers", type=int, default=4)
-    ap.add_argument("--num-blocks", type=int, default=600, help="GPU KV blocks per worker")
-    ap.add_argument(
-        "--host-blocks", type=int, default=3000, help="host-tier blocks per worker (its sides)"
-    )
-    ap.add_argument("--sim-preset", default="h200-llama-1b")
-    ap.add_argument("--sim-server-scale", type=float, default=1.0)
-    ap.add_argument("--sim-time-scale", type=float, default=5.0)
-    ap.add_argument("--tenants", type=int, default=35)
-    add_workload_args(ap)
-    ap.add_argument("--max-tokens", type=int, default=16)
-    ap.add_argument("--concurrency", type=int, default=8)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--gateway-arg", action="append", default=[])
-    ap.add_argument("--log-dir", type=Path, default=Path("bench/results/logs/host_tier"))
-    ap.add_argument("--out", type=Path, default=Path("bench/results/host_tier.json"))
-    return ap.parse_args()
+    if rnd % 2 == 0:
+        hit("gpu", 0)
+        row["fillers"] = evict(engine, ids, rng, clock, f"e{rnd}")
+        hit("host", 1)
+    else:
+        row["fillers"] = evict(engine, ids, rng, clock, f"e{rnd}")
+        hit("host", 0)
+        hit("gpu", 1)
+    return row
 
 
 def main() -> None:
-    args = _arguments()
-    rows, ratio = run(args)
-    middle = medians(rows, key="side")
-    print(f"medians over {args.rounds} rounds (run -1):")
-    print_table(middle, COLUMNS)
-    rel = ratios(rows)
-    for other, r in rel.items():
-        print(f"tier_aware TTFT p50 / {other}'s, median of the rounds: {r:.2f}")
-    write_json(
-        args.out,
-        {
-            "args": args_dict(args),
-            "working_set_over_fleet_gpu": round(ratio, 2),
-            "results": [asdict(r) for r in rows],
-            "medians": [asdict(r) for r in middle],
-            "ttft_p50_ratios": rel,
-        },
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tokens", type=int, default=2048)
+    ap.add_argument("--rounds", type=int, default=7, help="round 0 warms up")
+    ap.add_argument("--num-blocks", type=int, default=300, help="the device pool")
+    ap.add_argument("--kv-offload-blocks", type=int, default=1024)
+    ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--model", default="demo")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    model = str(ensure_demo_model()) if args.model == "demo" else args.model
+    config = EngineConfig(
+        model=model,
+        device="cpu",
+        dtype="float32",
+        num_blocks=args.num_blocks,
+        kv_offload_blocks=args.kv_offload_blocks,
+        max_num_batched_tokens=max(2048, args.tokens + 1),
     )
+    engine = LLMEngine(config)
+    clock = Clock(args.clock, torch.device("cpu"))
+    rows = []
+    print(f"{'round':>5} {'cold ms':>9} {'gpu hit ms':>11} {'host hit ms':>12} {'fillers':>8}")
+    for rnd in range(args.rounds):
+        row = one_round(engine, clock, rnd, args.tokens)
+        rows.append(row)
+        cells = (row["cold_ms"], row["gpu_hit_ms"], row["host_hit_ms"])
+        print(f"{rnd:>5} {cells[0]:9.2f} {cells[1]:11.2f} {cells[2]:12.2f} {row['fillers']:>8}")
+    measured = rows[1:] or rows
+    summary = {k: statistics.median(r[k] for r in measured) for k in rows[0] if k.endswith("ms")}
+    summary["host_over_cold"] = summary["host_hit_ms"] / summary["cold_ms"]
+    summary["host_over_gpu"] = summary["host_hit_ms"] / summary["gpu_hit_ms"]
+    print("median of rounds 1..: " + ", ".join(f"{k} {v:.3f}" for k, v in summary.items()))
+    write_json(args.out, {"args": args_dict(args), "rounds": rows, "summary": summary})
 
 
 if __name__ == "__main__":

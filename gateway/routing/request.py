@@ -284,7 +284,7 @@ class ProxyRequest:
         block of the hit predicted there, which a kvgate worker keeps cached while it renders
         the request (docs/gateway.md); None when no hit is predicted, and for plain vLLM."""
         lease = self.lease
-        n = (lease.predicted - lease.predicted_host) // self.ns.block_size  # the GPU's part
+        n = lease.predicted // self.ns.block_size  # the worker refreshes it in either tier
         info = lease.replica.info if lease.replica is not None else None
         if n == 0 or n > len(self.keys) or info is None or info.engine == "vllm":
             return None

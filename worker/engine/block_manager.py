@@ -94,22 +94,27 @@ class BlockManager:
         admitted meanwhile would otherwise evict that prefix from the LRU head first."""
         if not self.enable_prefix_caching:
             return 0
-        chain: list[Block] = []
+        chain: list[Hit] = []
         key: BlockKey | None = last
-        while key is not None and len(chain) < self.pool.num_blocks:
-            block = self.pool.lookup(key)
+        longest = self.pool.num_blocks + (self.host.num_slots if self.host is not None else 0)
+        while key is not None and len(chain) < longest:
+            block: Hit | None = self.pool.lookup(key)
+            if block is None and self.host is not None:
+                block = self.host.lookup(key)  # a chain may run on in the host tier
             if block is None:
                 return 0
             chain.append(block)
             key = block.parent
         chain.reverse()
-        self.pool.refresh(chain)
+        self._refresh(chain)
         return len(chain)
 
     def refresh_cached_prefix(self, seq: Sequence) -> None:
         """A queued request will hit its cached prefix: keep it from being evicted first by the
         work admitted ahead of it (the hit the gateway predicted when it routed the request)."""
-        hits = self.find_cached_prefix(seq)
+        self._refresh(self.find_cached_prefix(seq))
+
+    def _refresh(self, hits: list[Hit]) -> None:
         self.pool.refresh([b for b in hits if isinstance(b, Block)])
         if self.host is not None:
             self.host.refresh(host_hits(hits))

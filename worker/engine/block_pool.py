@@ -63,14 +63,14 @@ class BlockPool:
             raise RuntimeError(f"need {n} blocks, {self.num_free} free")
         taken = [self.free_queue.popleft() for _ in range(n)]
         evicted = [b for b in taken if b.key is not None]
-        if evicted and self.host is not None:
-            self._publish(self.host.offload(evicted))
-        for block in evicted:
-            self._forget(block)
         if evicted:
+            if self.host is not None:  # copied out first: the tier's events go first too
+                self._publish(self.host.offload(evicted))
             self._publish([BlockRemoved(block_hashes=[b.key for b in evicted])])
+            for block in evicted:
+                self._forget(block)
+                block.clear_key()
         for block in taken:
-            block.clear_key()
             block.ref_count = 1
         return taken
 

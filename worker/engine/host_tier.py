@@ -15,7 +15,7 @@ torch engine; `CountingCopier`, which moves nothing, for the sim engine and the 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -107,8 +107,10 @@ class HostTier:
     def lookup(self, key: BlockKey) -> HostBlock | None:
         return self.entries.get(key)
 
-    def refresh(self, entries: Iterable[HostBlock]) -> None:
-        for entry in entries:
+    def refresh(self, entries: Sequence[HostBlock]) -> None:
+        """Make `entries` the newest, the first of them last of all (a chain's tail goes
+        before its head, as in the GPU pool)."""
+        for entry in reversed(entries):
             self.entries.move_to_end(entry.key)
 
     def offload(self, blocks: Sequence[Block]) -> list[KVEvent]:
@@ -140,6 +142,7 @@ class HostTier:
             fresh.add(block.key)
             pairs.append((block.block_id, slot))
             stored.append(entry)
+        self.refresh(stored)  # parents newest: a chain's tail is dropped before its head
         self.copier.save(pairs)
         self.counters.saved_blocks += len(pairs)
         events: list[KVEvent] = []
@@ -148,7 +151,7 @@ class HostTier:
         events += stored_events(stored, self.block_size)
         return events
 
-    def lock(self, entries: Iterable[HostBlock]) -> None:
+    def lock(self, entries: Sequence[HostBlock]) -> None:
         self._locked.update(e.key for e in entries)
 
     def load(self, entries: Sequence[HostBlock], block_ids: Sequence[int]) -> None:

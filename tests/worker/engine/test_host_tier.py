@@ -87,6 +87,8 @@ def test_offload_stores_parents_first_as_one_chain() -> None:
     assert event.block_hashes == [b"k0", b"k1", b"k2"] and event.parent_block_hash is None
     assert event.token_ids == [0] * BS + [1] * BS + [2] * BS
     assert event.block_size == BS and event.medium == "CPU"
+    # The chain's tail is the oldest: the tier drops it before its head.
+    assert list(tier.entries) == [b"k2", b"k1", b"k0"]
 
 
 def seq_of(rid: str, ids: list[int], mm: tuple[MMItem, ...] = (), **kw: str) -> Sequence:
@@ -153,6 +155,26 @@ def test_host_hits_keep_the_guard_images_and_salts() -> None:
     assert bm.find_cached_prefix(seq_of("s", ids, (img,), cache_salt="s")) == []
 
 
+def test_the_gateways_hint_refreshes_a_chain_across_both_tiers() -> None:
+    host = HostTier(8, BS, RecordingCopier())
+    bm = BlockManager(4, BS, True, "partial", host)
+    prefill(bm, a := seq_of("a", list(range(1, 13))))  # 3 blocks
+    bm.free(a)
+    prefill(bm, fill := seq_of("f", list(range(50, 62))))  # 3 blocks: a1, a2 go to the host
+    bm.free(fill)
+    assert bm.refresh_chain(a.block_keys[-1]) == 3  # a0 on the GPU, a1 and a2 in the host
+    a0, a1, a2 = a.block_keys
+    assert list(host.entries) == [a2, a1]  # the tail is the older
+    # Refreshed, a0 is the GPU pool's newest: the next prompt evicts f's blocks, not a0.
+    prefill(bm, other := seq_of("o", list(range(70, 78))))
+    bm.free(other)
+    f1, f2 = fill.block_keys[1:]
+    assert list(host.entries) == [a2, a1, f2, f1] and bm.pool.lookup(a0) is not None
+    assert bm.refresh_chain(a2) == 3
+    assert list(host.entries) == [f2, f1, a2, a1]  # a's the newest, its head last
+    assert bm.refresh_chain(b"no such block") == 0
+
+
 def test_reset_clears_both_tiers() -> None:
     tier = HostTier(8, BS, RecordingCopier())
     bm = BlockManager(2, BS, True, "partial", tier)
@@ -200,5 +222,10 @@ def test_sim_tier_needs_a_size_it_can_count(demo_model_dir: Path) -> None:
         LLMEngine(EngineConfig(model=str(demo_model_dir), engine="sim", kv_offload_bytes=1 << 20))
     with pytest.raises(ValueError, match="prefix caching"):
         EngineConfig(model="x", kv_offload_blocks=4, enable_prefix_caching=False)
+    with pytest.raises(ValueError, match="holds no block"):
+        preset = {"sim_preset": "h200-llama-1b", "kv_offload_bytes": 1000}
+        LLMEngine(EngineConfig(model=str(demo_model_dir), engine="sim", **preset))
+    with pytest.raises(ValueError, match="kv_offload_bytes must be >= 0"):
+        EngineConfig(model="x", kv_offload_bytes=-1)
     engine = LLMEngine(EngineConfig(model=str(demo_model_dir), engine="sim", kv_offload_blocks=5))
     assert engine.block_manager.host is not None and engine.block_manager.host.num_slots == 5

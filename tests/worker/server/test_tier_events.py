@@ -90,7 +90,7 @@ def test_cpu_tier_events_in_order_and_a_host_hit(demo_model_dir) -> None:
         complete(w, [9] * 112)  # 7 of the 8 GPU blocks: a's last three go to host memory
         # a0 from the GPU, a1 and a2 copied back (a3 is computed: a hit leaves a token to
         # compute); the blocks this takes from [9] go to host memory, whose LRU drops a3 (a1
-        # and a2 are locked by the load), then [9]'s block 5.
+        # and a2 are locked by the load), then [9]'s block 6.
         again = complete(w, a)
         metrics = httpx.get(f"{w.url}/metrics", timeout=10).text
         ctx = zmq.Context()
@@ -105,8 +105,9 @@ def test_cpu_tier_events_in_order_and_a_host_hit(demo_model_dir) -> None:
     assert a0 == [sg]
     assert a1 == a2 == [sg, sc, rg, sg]  # copied out, evicted, copied back (stored again)
     assert a3 == [sg, sc, rg, rc, sg]  # copied out, evicted, dropped by the host LRU, computed
-    # [9]'s blocks 0-3 stay on the GPU; 4-6 went to host memory, where the LRU dropped 5.
-    assert n[:4] == [[sg]] * 4 and n[4] == n[6] == [sg, sc, rg] and n[5] == [sg, sc, rg, rc]
+    # [9]'s blocks 0-3 stay on the GPU; 4-6 went to host memory, where the LRU dropped the
+    # tail of the chain 5-6 (a chain's tail goes before its head).
+    assert n[:4] == [[sg]] * 4 and n[4] == n[5] == [sg, sc, rg] and n[6] == [sg, sc, rg, rc]
     # Every block that left the GPU went to host memory first.
     for history in histories:
         if rg in history:
