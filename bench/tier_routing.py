@@ -20,7 +20,7 @@ p90 as the client sees it (streams), and how many predictions were exact: in all
 host-tier tokens summed == the workers' host-tier hits).
 
     python -m bench.tier_routing        # 4 workers x 600 blocks, 35 tenants (3x), 3 rounds
-    python -m bench.tier_routing --workers 2 --num-blocks 200 --tenants 6 --rounds 1   # a quick look
+    python -m bench.tier_routing --workers 2 --num-blocks 200 --tenants 6 --rounds 1  # quick
 
 `--sim-time-scale` (5) stretches every simulated step: on this shared 2-core machine each
 request's own CPU work (rendering, hashing, events, HTTP) took hundreds of milliseconds, as much
