@@ -132,6 +132,13 @@ class GatewayConfig:
         "gateway's own may be listed: it ignores its own batches)",
         metavar="HOST:PORT[,HOST:PORT]",
     )
+    peers_from_kubernetes: str | None = option(
+        None,
+        "also find the peers on Kubernetes: every pod in --k8s-namespace (else the pod's own) "
+        "matching this label selector, at its IP and --peer-port (the chart labels its "
+        "gateway and endpoint-picker pods alike)",
+        metavar="SELECTOR",
+    )
     peer_timeout: float = option(
         1.0,
         "seconds without a batch from a peer before its load and placements are dropped "
