@@ -117,7 +117,8 @@ class PeerLink:
                     await outbox.ready.wait()
             self._seq += 1
             load = self.view.own_load()
-            batch = PeerBatch(self.sender, self._seq, time.time(), load, outbox.take())
+            demand = self.view.publish_demand()
+            batch = PeerBatch(self.sender, self._seq, time.time(), load, outbox.take(), demand)
             with contextlib.suppress(zmq.Again):
                 pub.send(encode(batch), zmq.NOBLOCK)
             self._count(batch)
