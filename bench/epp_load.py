@@ -17,6 +17,10 @@ request (from /proc) say how close one Python process is to its limit: at 1.0 co
 
     python -m bench.epp_load                        # 100,300,500 req/s, 10 s each, 2 rounds
     python -m bench.epp_load --rates 300 --seconds 20 --rounds 3
+    python -m bench.epp_load --profile              # then py-spy on the one EPP at the top rate
+
+`--profile` (needs `.venv/bin/pip install py-spy`) serves the highest rate once more through
+Envoy + 1 EPP while py-spy samples the EPP process, and prints where its time goes.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import time
 from pathlib import Path
 
 from bench.epp_overhead import GATEWAY_ARGS
+from bench.lib import pyspy
 from bench.lib.closed_loop import ZERO_COMPUTE
 from bench.lib.proc_stats import cpu_seconds
 from bench.lib.report import args_dict, percentile, write_json
@@ -118,6 +123,17 @@ def run_all(paths: dict[str, tuple[list[str], list[int]]], args: argparse.Namesp
     return rows
 
 
+def profile(urls: list[str], pid: int, args: argparse.Namespace, log_dir: Path) -> dict:
+    """The top rate through `urls` once more, with py-spy sampling `pid` (the EPP) meanwhile."""
+    rate, out = max(args.rates), log_dir / "epp.pyspy.txt"
+    spy = pyspy.record(pid, args.seconds, out)
+    row = run_path(urls, [pid], rate, args, "profile")
+    spy.wait(timeout=args.seconds + 30)
+    top = pyspy.summarize(out)
+    print(f"py-spy on the EPP at {rate:g} req/s ({row['cores']:.2f} cores): {json.dumps(top)}")
+    return {"rate": rate, **row, "pyspy": top}
+
+
 def _line(row: dict) -> str:
     return (
         f"| {row['rate']:g} | {row['round']} | {row['path']} | {row['p50']:.2f} / "
@@ -134,6 +150,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=10.0, help="per path, rate and round")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--profile", action="store_true", help="py-spy on the EPP at the top rate")
     ap.add_argument("--out", type=Path, default=Path("bench/results/epp_load.json"))
     args = ap.parse_args()
     log_dir = Path("bench/results/logs/epp_load")
@@ -165,7 +182,10 @@ def main() -> None:
         print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
         print(HEADER)
         rows = run_all(paths, args)
-    write_json(args.out, {"args": args_dict(args), "load": os.getloadavg(), "rows": rows})
+        urls, pids = paths["Envoy + 1 EPP"]
+        prof = profile(urls, pids[0], args, log_dir) if args.profile else None
+    result = {"args": args_dict(args), "load": os.getloadavg(), "rows": rows, "profile": prof}
+    write_json(args.out, result)
 
 
 if __name__ == "__main__":
