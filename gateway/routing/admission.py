@@ -51,7 +51,7 @@ class Admission:
             return True
         split, free = self._split(), 0
         for r in candidates:
-            n = _room(split, cap, r)
+            n = cap - r.in_flight if split is None else _room(split, cap, r)
             if n > 0:
                 free += n
                 if free > self.pending:
@@ -59,10 +59,12 @@ class Admission:
         return False
 
     def _take(self, ranked: list[Replica]) -> Replica | None:
-        cap = self.cap
-        split = self._split()
+        cap, split = self.cap, self._split()
         for rep in ranked:
-            if cap is None or _room(split, cap, rep) > 0:
+            room_there = cap is None or (
+                rep.in_flight < cap if split is None else _room(split, cap, rep) > 0
+            )
+            if room_there:
                 rep.in_flight += 1
                 self.held += 1
                 return rep
