@@ -1,7 +1,9 @@
 """PeerLink: the sockets between gateway replicas and the two loops that use them.
 
 Each gateway binds one PUB (`--peer-port`) and connects one SUB to every peer in `--peers`
-(its own address may be in the list: a gateway ignores its own batches). With a worker token
+(its own address may be in the list: a gateway ignores its own batches), and to every peer
+discovery names (`set_peers`, --peers-from-kubernetes): ZMQ connects and reconnects on its own,
+so a peer not up yet or gone costs nothing but its silence. With a worker token
 both are CURVE-secured with the KV events' keys (cachekey.worker_auth): the PUB is a CURVE
 server that admits only the client key derived from the same token.
 
@@ -17,6 +19,7 @@ import contextlib
 import logging
 import time
 import uuid
+from collections.abc import Iterable
 
 import msgspec
 import zmq
@@ -48,7 +51,9 @@ class PeerLink:
         curve: CurveKeys | None = None,
     ) -> None:
         self.sender = uuid.uuid4().hex
-        self._endpoints = [f"tcp://{p}" for p in peers]
+        self._static = frozenset(f"tcp://{p}" for p in peers)
+        self._connected: set[str] = set()
+        self._sub: zmq.asyncio.Socket | None = None
         self._bind = f"tcp://{host}:{port}"
         self.view, self.outbox, self.metrics = view, outbox, metrics
         self._curve = curve
@@ -73,12 +78,29 @@ class PeerLink:
             keys.serve(pub)
             keys.connect(sub)
         pub.bind(self._bind)
-        for endpoint in self._endpoints:
-            sub.connect(endpoint)
+        self._sub = sub
+        self.set_peers(())
         self._tasks = [
             asyncio.create_task(self._send_loop(pub), name="kvgate-peers-send"),
             asyncio.create_task(self._receive_loop(sub), name="kvgate-peers-receive"),
         ]
+
+    def set_peers(self, discovered: Iterable[str]) -> None:
+        """Subscribe to the `HOST:PORT`s `--peers` lists and `discovered` names, no others.
+        A peer left out is no longer heard; the view drops it after --peer-timeout."""
+        assert self._sub is not None, "start() first"
+        want = self._static | {f"tcp://{p}" for p in discovered}
+        for endpoint in self._connected - want:
+            with contextlib.suppress(zmq.ZMQError):  # already gone
+                self._sub.disconnect(endpoint)
+            self._connected.discard(endpoint)
+        for endpoint in want - self._connected:
+            try:
+                self._sub.connect(endpoint)
+            except zmq.ZMQError as e:  # an address ZMQ cannot parse: skip it, keep the rest
+                log.warning("peer %s: %s", endpoint, e)
+                continue
+            self._connected.add(endpoint)
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -95,7 +117,8 @@ class PeerLink:
                     await outbox.ready.wait()
             self._seq += 1
             load = self.view.own_load()
-            batch = PeerBatch(self.sender, self._seq, time.time(), load, outbox.take())
+            demand = self.view.publish_demand()
+            batch = PeerBatch(self.sender, self._seq, time.time(), load, outbox.take(), demand)
             with contextlib.suppress(zmq.Again):
                 pub.send(encode(batch), zmq.NOBLOCK)
             self._count(batch)
