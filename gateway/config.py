@@ -132,6 +132,21 @@ class GatewayConfig:
         "gateway's own may be listed: it ignores its own batches)",
         metavar="HOST:PORT[,HOST:PORT]",
     )
+    peers_from_kubernetes: str | None = option(
+        None,
+        "also find the peers on Kubernetes: every pod in --k8s-namespace (else the pod's own) "
+        "matching this label selector, at its IP and --peer-port (the chart labels its "
+        "gateway and endpoint-picker pods alike)",
+        metavar="SELECTOR",
+    )
+    peer_admission: str = option(
+        "shares",
+        "how peers bound --max-inflight-per-replica together: shares (each gateway also keeps "
+        "within its share of every replica's cap, split by the gateways' demand: the cap holds "
+        "under bursts) or counted (the peers' load counted, nothing more: a burst at several "
+        "gateways overshoots it)",
+        choices=("shares", "counted"),
+    )
     peer_timeout: float = option(
         1.0,
         "seconds without a batch from a peer before its load and placements are dropped "
