@@ -26,7 +26,7 @@ import zmq
 import zmq.asyncio
 from zmq.auth.asyncio import AsyncioAuthenticator
 
-from cachekey.worker_auth import ZAP_DOMAIN, CurveKeys
+from cachekey.worker_auth import ZAP_DOMAIN, CurveKeys, TokenHoldersOnly
 from gateway.metrics import GatewayMetrics
 from gateway.peers.outbox import PeerOutbox
 from gateway.peers.view import PeerView
@@ -74,7 +74,9 @@ class PeerLink:
             self._auth = AsyncioAuthenticator(self._ctx)
             self._auth.start()
             keys = self._curve
-            self._auth.configure_curve_callback(ZAP_DOMAIN.decode(), _SameToken(keys))
+            self._auth.configure_curve_callback(
+                ZAP_DOMAIN.decode(), TokenHoldersOnly(keys, "peers", log)
+            )
             keys.serve(pub)
             keys.connect(sub)
         pub.bind(self._bind)
@@ -146,13 +148,3 @@ class PeerLink:
             view.apply(batch)
             m.peer_placements_received.inc(view.received - received)
             m.peer_placements_applied.inc(view.applied - applied)
-
-
-class _SameToken:
-    """ZAP credentials check: only a gateway holding the same worker token."""
-
-    def __init__(self, keys: CurveKeys) -> None:
-        self._keys = keys
-
-    def callback(self, domain: str, client_key: bytes) -> bool:
-        return self._keys.admits(client_key)
