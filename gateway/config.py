@@ -29,11 +29,11 @@ class CostWeights:
         name="--recent-weight",
     )
     busy: float = option(
-        0.0,
-        "prefill time charged per prompt token the requests on a replica hold beyond the "
-        "least any candidate holds and 2 prompts of the request's size: a hot prefix's busy "
-        "holders lose to a replica that recomputes it (0: off; 0.5 spreads hot prefixes but "
-        "costs many-tenant traffic hits, docs/benchmarks.md)",
+        0.5,
+        "prefill time charged to a prefix's holder, per request it serves that shares the "
+        "prefix beyond 2, in the tokens it holds of the request: a hot prefix's busy holders "
+        "lose to a replica that recomputes it, so the prefix gets another holder, while "
+        "distinct tenants stay on their holders (0: off)",
         name="--busy-weight",
     )
     lora: float = option(
