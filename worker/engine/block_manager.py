@@ -6,6 +6,10 @@ serves another request's K/V. A match that ends inside an image span is kept or 
 span's start as the engine's `mm_match_rule` says (cachekey.usable_match): kept, the prefill starts
 mid-image and takes the rest of the image's rows from the encoder cache or the vision tower
 (mm_inputs). Either way a match leaves at least one prompt token to compute.
+
+With a host tier (host_tier.py), a match that runs past the GPU's cached blocks continues
+there under the same guard and rule: those blocks get fresh GPU blocks and their K/V is copied
+back at admission, so they count as cached, not computed.
 """
 
 from __future__ import annotations
@@ -14,12 +18,20 @@ from cachekey import BlockKey, MMMatchRule, usable_match
 from cachekey.events import BlockStored, KVEvent
 from worker.engine.block_pool import BlockPool
 from worker.engine.free_queue import Block
+from worker.engine.host_tier import HostBlock, HostTier
 from worker.engine.outputs import CachedBlock
 from worker.engine.sequence import Sequence
+
+# A prefix hit: GPU blocks first, then the host tier's (which allocation copies back).
+Hit = Block | HostBlock
 
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def host_hits(hits: list[Hit]) -> list[HostBlock]:
+    return [h for h in hits if isinstance(h, HostBlock)]
 
 
 class BlockManager:
@@ -29,11 +41,13 @@ class BlockManager:
         block_size: int,
         enable_prefix_caching: bool,
         mm_match_rule: MMMatchRule,
+        host: HostTier | None = None,
     ) -> None:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.mm_match_rule: MMMatchRule = mm_match_rule
-        self.pool = BlockPool(num_blocks, block_size, publish_events=enable_prefix_caching)
+        self.host = host
+        self.pool = BlockPool(num_blocks, block_size, enable_prefix_caching, host)
 
     @property
     def num_blocks(self) -> int:
@@ -44,14 +58,17 @@ class BlockManager:
 
     # -- admission ---------------------------------------------------------------------------
 
-    def find_cached_prefix(self, seq: Sequence) -> list[Block]:
-        """The cached blocks usable as seq's prefix (after the equality guard and the rule)."""
+    def find_cached_prefix(self, seq: Sequence) -> list[Hit]:
+        """The cached blocks usable as seq's prefix (after the equality guard and the rule),
+        each from the GPU or, failing that, the host tier."""
         if not self.enable_prefix_caching:
             return []
-        hits: list[Block] = []
+        hits: list[Hit] = []
         parent = None
         for i, key in enumerate(seq.block_keys):
-            block = self.pool.lookup(key)
+            block: Hit | None = self.pool.lookup(key)
+            if block is None and self.host is not None:
+                block = self.host.lookup(key)
             if block is None or not self._same_block(block, seq, i, parent):
                 break
             hits.append(block)
@@ -60,7 +77,7 @@ class BlockManager:
         matched = usable_match(len(hits) * bs, seq.num_tokens, bs, seq.mm_items, self.mm_match_rule)
         return hits[: matched // bs]
 
-    def _same_block(self, block: Block, seq: Sequence, index: int, parent: object) -> bool:
+    def _same_block(self, block: Hit, seq: Sequence, index: int, parent: object) -> bool:
         return (
             block.parent == parent
             and block.extra_keys == seq.block_extra[index]
@@ -77,36 +94,74 @@ class BlockManager:
         admitted meanwhile would otherwise evict that prefix from the LRU head first."""
         if not self.enable_prefix_caching:
             return 0
-        chain: list[Block] = []
+        chain: list[Hit] = []
         key: BlockKey | None = last
-        while key is not None and len(chain) < self.pool.num_blocks:
-            block = self.pool.lookup(key)
+        longest = self.pool.num_blocks + (self.host.num_slots if self.host is not None else 0)
+        while key is not None and len(chain) < longest:
+            block: Hit | None = self.pool.lookup(key)
+            if block is None and self.host is not None:
+                block = self.host.lookup(key)  # a chain may run on in the host tier
             if block is None:
                 return 0
             chain.append(block)
             key = block.parent
         chain.reverse()
-        self.pool.refresh(chain)
+        self._refresh(chain)
         return len(chain)
 
     def refresh_cached_prefix(self, seq: Sequence) -> None:
         """A queued request will hit its cached prefix: keep it from being evicted first by the
         work admitted ahead of it (the hit the gateway predicted when it routed the request)."""
-        self.pool.refresh(self.find_cached_prefix(seq))
+        self._refresh(self.find_cached_prefix(seq))
 
-    def can_allocate(self, seq: Sequence, hits: list[Block], num_new_tokens: int) -> bool:
+    def _refresh(self, hits: list[Hit]) -> None:
+        self.pool.refresh([b for b in hits if isinstance(b, Block)])
+        if self.host is not None:
+            self.host.refresh(host_hits(hits))
+
+    def can_allocate(self, seq: Sequence, hits: list[Hit], num_new_tokens: int) -> bool:
         total_blocks = cdiv(len(hits) * self.block_size + num_new_tokens, self.block_size)
-        # Hits sitting in the free queue stop being free once we reference them.
-        revived = sum(1 for b in hits if b.ref_count == 0)
-        return total_blocks - len(hits) + revived <= self.pool.num_free
+        # GPU hits sitting in the free queue stop being free once we reference them; a host
+        # hit needs a fresh block like any computed one.
+        gpu = [b for b in hits if isinstance(b, Block)]
+        revived = sum(1 for b in gpu if b.ref_count == 0)
+        return total_blocks - len(gpu) + revived <= self.pool.num_free
 
-    def allocate(self, seq: Sequence, hits: list[Block], num_new_tokens: int) -> None:
+    def allocate(self, seq: Sequence, hits: list[Hit], num_new_tokens: int) -> None:
         assert not seq.block_table, "allocate on a sequence that holds blocks"
-        self.pool.touch(hits)
-        seq.block_table = [b.block_id for b in hits]
+        self.pool.touch([b for b in hits if isinstance(b, Block)])
+        loaded = self._load(host_hits(hits))
+        seq.block_table = [
+            h.block_id if isinstance(h, Block) else loaded.pop(0).block_id for h in hits
+        ]
         seq.num_cached_blocks = len(hits)
         seq.num_computed_tokens = len(hits) * self.block_size
+        self._publish_loaded(hits, seq)
         self.append_slots(seq, num_new_tokens)
+
+    def _load(self, entries: list[HostBlock]) -> list[Block]:
+        """Fresh GPU blocks holding host-tier hits' K/V, keyed as their GPU copies were."""
+        if not entries:
+            return []
+        assert self.host is not None
+        self.host.lock(entries)  # the evictions `take` causes must not drop them meanwhile
+        blocks = self.pool.take(len(entries))
+        self.host.load(entries, [b.block_id for b in blocks])
+        for block, entry in zip(blocks, entries, strict=True):
+            block.key, block.parent = entry.key, entry.parent
+            block.token_ids, block.extra_keys = entry.token_ids, entry.extra_keys
+            block.lora_name, block.depth = entry.lora_name, entry.depth
+        return blocks
+
+    def _publish_loaded(self, hits: list[Hit], seq: Sequence) -> None:
+        """Blocks copied back are cached on the GPU again: one BlockStored per run of them."""
+        run: list[Block] = []
+        for i, hit in enumerate([*hits, None]):
+            if isinstance(hit, HostBlock):
+                run.append(self.pool.blocks[seq.block_table[i]])
+            elif run:
+                self._publish(run, seq)
+                run = []
 
     # -- growth ------------------------------------------------------------------------------
 
@@ -146,6 +201,7 @@ class BlockManager:
             block.parent = seq.block_keys[i - 1] if i else None
             block.token_ids = seq.block_tokens(i, self.block_size)
             block.extra_keys = seq.block_extra[i]
+            block.lora_name = seq.lora_name
             block.depth = i
             run.append(block)
         if run:

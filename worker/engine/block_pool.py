@@ -14,16 +14,24 @@ from collections.abc import Sequence
 from cachekey import BlockKey
 from cachekey.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from worker.engine.free_queue import Block, FreeBlockQueue
+from worker.engine.host_tier import HostTier
 
 
 class BlockPool:
     """Owns every block. A block is in exactly one of: in use (ref_count > 0) or the free queue.
 
     A free block may still be cached (its key registered): it is evicted only when `take`
-    needs it, and every eviction is reported as BlockRemoved.
+    needs it, and every eviction is reported as BlockRemoved. With a host tier, an evicted
+    block's K/V is copied there first (its CPU events come before the GPU's BlockRemoved).
     """
 
-    def __init__(self, num_blocks: int, block_size: int, publish_events: bool) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        publish_events: bool,
+        host: HostTier | None = None,
+    ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.blocks = [Block(block_id=i) for i in range(num_blocks)]
@@ -33,6 +41,7 @@ class BlockPool:
         # Off with prefix caching: nothing is cached, so nothing is published.
         self.publish_events = publish_events
         self._events: list[KVEvent] = []
+        self.host = host
 
     @property
     def num_free(self) -> int:
@@ -53,14 +62,16 @@ class BlockPool:
         if n > self.num_free:
             raise RuntimeError(f"need {n} blocks, {self.num_free} free")
         taken = [self.free_queue.popleft() for _ in range(n)]
-        evicted = [b.key for b in taken if b.key is not None]
-        for block in taken:
-            if block.key is not None:
+        evicted = [b for b in taken if b.key is not None]
+        if evicted:
+            if self.host is not None:  # copied out first: the tier's events go first too
+                self._publish(self.host.offload(evicted))
+            self._publish([BlockRemoved(block_hashes=[b.key for b in evicted])])
+            for block in evicted:
                 self._forget(block)
                 block.clear_key()
+        for block in taken:
             block.ref_count = 1
-        if evicted and self.publish_events:
-            self._events.append(BlockRemoved(block_hashes=list(evicted)))
         return taken
 
     def touch(self, blocks: Sequence[Block]) -> None:
@@ -92,8 +103,8 @@ class BlockPool:
         for block in blocks:
             assert block.key is not None
             self.cached.setdefault(block.key, []).append(block)
-        if stored is not None and self.publish_events:
-            self._events.append(stored)
+        if stored is not None:
+            self._publish([stored])
 
     def reset(self) -> bool:
         """Forget every cached block. Refused while any block is in use (as vLLM does)."""
@@ -102,14 +113,19 @@ class BlockPool:
         for block in self.cached_blocks():
             block.clear_key()
         self.cached.clear()
-        if self.publish_events:
-            self._events.append(AllBlocksCleared())
+        if self.host is not None:
+            self.host.clear()
+        self._publish([AllBlocksCleared()])
         return True
 
     def drain_events(self) -> list[KVEvent]:
         """The events since the last drain, in the order they happened."""
         events, self._events = self._events, []
         return events
+
+    def _publish(self, events: list[KVEvent]) -> None:
+        if self.publish_events:
+            self._events += events
 
     def _forget(self, block: Block) -> None:
         assert block.key is not None

@@ -61,6 +61,17 @@ class EngineConfig:
         "--gpu-memory-utilization leaves after the weights and a profiled step",
         **_SIZE,
     )
+    kv_offload_bytes: int = option(
+        0,
+        "a host-memory KV tier of this size (0: off): evicted blocks are copied there (pinned "
+        "memory on CUDA) and a prefix hit in it is copied back instead of recomputed",
+        **_SIZE,
+    )
+    kv_offload_blocks: int | None = option(
+        None,
+        "the host KV tier in blocks instead of bytes (the sim engine without --sim-preset "
+        "knows no bytes per block)",
+    )
     gpu_memory_utilization: float = option(
         0.9,
         "CUDA: this engine's share of the GPU's memory (weights, the activation peak of a "
@@ -171,6 +182,12 @@ class EngineConfig:
             _positive("kv_cache_memory_bytes", self.kv_cache_memory_bytes)
         if self.max_model_len is not None:
             _positive("max_model_len", self.max_model_len)
+        if self.kv_offload_bytes < 0:
+            raise ValueError(f"kv_offload_bytes must be >= 0, got {self.kv_offload_bytes}")
+        if self.kv_offload_blocks is not None:
+            _positive("kv_offload_blocks", self.kv_offload_blocks)
+        if self.host_tier_on and not self.enable_prefix_caching:
+            raise ValueError("the host KV tier (--kv-offload-bytes) needs prefix caching")
         if self.encoder_cache_bytes < 0:
             raise ValueError(f"encoder_cache_bytes must be >= 0, got {self.encoder_cache_bytes}")
         if self.sim_prefill_s_per_token < 0 or self.sim_decode_s_per_step < 0:
@@ -193,6 +210,10 @@ class EngineConfig:
             parse_lora_module(module)
         if self.lora_modules:
             self.enable_lora = True
+
+    @property
+    def host_tier_on(self) -> bool:
+        return self.kv_offload_blocks is not None or self.kv_offload_bytes > 0
 
     def lora_module_paths(self) -> list[tuple[str, str]]:
         """(name, path) of each --lora-modules entry."""

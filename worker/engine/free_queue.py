@@ -23,6 +23,7 @@ class Block:
     parent: BlockKey | None = None
     token_ids: tuple[int, ...] = ()
     extra_keys: tuple[ExtraKey, ...] = ()
+    lora_name: str | None = None  # what its BlockStored named (the host tier's event repeats it)
     # Position of the block in its sequence: orders a snapshot parents-first.
     depth: int = 0
     prev_free: Block | None = field(default=None, repr=False)
@@ -33,6 +34,7 @@ class Block:
         self.parent = None
         self.token_ids = ()
         self.extra_keys = ()
+        self.lora_name = None
         self.depth = 0
 
 

@@ -17,6 +17,7 @@ from cachekey.render import Renderer
 from worker.engine.block_manager import BlockManager
 from worker.engine.config import EngineConfig
 from worker.engine.detokenizer import IncrementalDetokenizer
+from worker.engine.host_tier import HostTier
 from worker.engine.lora_adapter import LoRAError
 from worker.engine.lora_manager import LoRAManager, lora_manager
 from worker.engine.outputs import CachedBlock, EngineStats, LoRAStats, RequestOutput
@@ -55,6 +56,7 @@ class LLMEngine:
             config.block_size,
             config.enable_prefix_caching,
             config.mm_match_rule,  # type: ignore[arg-type]  # __post_init__ checked it
+            self._host_tier(config),
         )
         self.loras: LoRAManager | None = lora_manager(config, self.runner.lora)
         self.scheduler = Scheduler(
@@ -67,6 +69,12 @@ class LLMEngine:
         self._prompt_tokens_total = 0
         self._generation_tokens_total = 0
         self._prefix_hint_blocks = 0
+
+    def _host_tier(self, config: EngineConfig) -> HostTier | None:
+        if not config.host_tier_on:
+            return None
+        slots, copier = self.runner.host_copier(config)
+        return HostTier(slots, config.block_size, copier)
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -244,7 +252,19 @@ class LLMEngine:
             hidden_hits_tokens=self.runner.hidden.counters.hits_tokens,
             prefix_hint_blocks=self._prefix_hint_blocks,
             lora=None if self.loras is None else self._lora_stats(self.loras),
+            **self._host_stats(),
         )
+
+    def _host_stats(self) -> dict:
+        host = self.block_manager.host
+        if host is None:
+            return {}
+        counters = self.scheduler.counters
+        return {
+            "host_hits_tokens": counters.host_hits_tokens,
+            "host_queries_tokens": counters.prefix_queries_tokens,
+            **host.stats(),
+        }
 
     def _lora_stats(self, loras: LoRAManager) -> LoRAStats:
         sched = self.scheduler

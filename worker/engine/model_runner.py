@@ -19,6 +19,7 @@ from worker.engine.decode_runner import DecodeRunner
 from worker.engine.encoder_cache import EncoderCache
 from worker.engine.hidden_cache import HiddenStateCache, bytes_per_token
 from worker.engine.hidden_reads import HiddenReads
+from worker.engine.host_copy import HostKVCopier, block_bytes, block_planes
 from worker.engine.input_batch import prepare_inputs
 from worker.engine.memory import (
     cuda_budget,
@@ -74,6 +75,7 @@ class ModelRunner:
         # Before graph capture, so that the graphs write hidden states too.
         self.hidden_cache = self._hidden_cache(config.hidden_state_layers)
         self.hidden = HiddenReads(self.hidden_cache)
+        self.offload: HostKVCopier | None = None  # the host KV tier's copies, when it is on
         self.use_cuda_graphs = (
             self.device.type == "cuda"
             and not config.enforce_eager
@@ -104,6 +106,14 @@ class ModelRunner:
             self.device,
             self.dtype,
         )
+
+    def host_copier(self, config: EngineConfig) -> tuple[int, HostKVCopier]:
+        """The host KV tier's slots and copier: what a block owns (K/V, hidden states)."""
+        hidden = self.hidden_cache.cache if self.hidden_cache is not None else None
+        planes = block_planes(self.kv_cache, hidden, self.num_blocks + 1)
+        slots = config.kv_offload_blocks or config.kv_offload_bytes // block_bytes(planes)
+        self.offload = HostKVCopier(planes, slots, self.device)
+        return slots, self.offload
 
     def _decode_runner(self, config: EngineConfig) -> DecodeRunner:
         max_len = min(self.max_model_len, self.num_blocks * self.block_size)
@@ -240,6 +250,8 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, batch: list[ScheduledSeq]) -> list[int | None]:
         """Run one step; the sampled token of each sequence, None for a partial prefill."""
+        if self.offload is not None:
+            self.offload.wait()  # the host tier's copies this step's scheduling queued
         if self._is_decode_step(batch):
             hidden = self.decoder.run(batch)
             sampling = [i for i, item in enumerate(batch) if item.completes_prompt]

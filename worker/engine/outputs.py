@@ -46,6 +46,14 @@ class EngineStats:
     hidden_queries_tokens: int = 0  # prompt tokens of requests that wanted hidden states
     hidden_hits_tokens: int = 0  # of those, served from the prefix cache
     prefix_hint_blocks: int = 0  # cached blocks the gateway's x-kvgate-prefix hints refreshed
+    # The host KV tier (all 0 without one): prompt tokens found there, the queries it saw,
+    # bytes copied out to it and back, its blocks and their usage.
+    host_hits_tokens: int = 0
+    host_queries_tokens: int = 0
+    host_saved_bytes: int = 0
+    host_loaded_bytes: int = 0
+    host_num_blocks: int = 0
+    host_cache_usage: float = 0.0
     lora: LoRAStats | None = None  # None: LoRA is not enabled
 
 

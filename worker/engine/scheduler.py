@@ -20,7 +20,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from worker.engine.block_manager import BlockManager
+from worker.engine.block_manager import BlockManager, host_hits
 from worker.engine.lora_manager import NO_SLOT, LoRAManager
 from worker.engine.sequence import Sequence, SequenceStatus
 
@@ -40,7 +40,8 @@ class ScheduledSeq:
 @dataclass(slots=True)
 class SchedulerCounters:
     prefix_queries_tokens: int = 0
-    prefix_hits_tokens: int = 0
+    prefix_hits_tokens: int = 0  # found on the GPU
+    host_hits_tokens: int = 0  # found in the host tier (copied back, not computed)
     num_preemptions: int = 0
 
 
@@ -118,8 +119,10 @@ class Scheduler:
             bm.allocate(seq, hits, n)
             if seq.num_cached_tokens is None:
                 seq.num_cached_tokens = num_hit_tokens
+                from_host = len(host_hits(hits)) * bm.block_size
                 self.counters.prefix_queries_tokens += seq.num_tokens
-                self.counters.prefix_hits_tokens += num_hit_tokens
+                self.counters.prefix_hits_tokens += num_hit_tokens - from_host
+                self.counters.host_hits_tokens += from_host
             seq.status = SequenceStatus.RUNNING
             seq.scheduled_at = time.monotonic()
             self.running.append(seq)

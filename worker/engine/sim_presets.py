@@ -61,6 +61,13 @@ H200_LLAMA_1B_SERVER = (
     ("4 workers hot round_robin", 4, 0.865, 4 / 54.2),
     ("4 workers hot least_loaded", 4, 0.870, 4 / 55.4),
 )
+# The host KV tier's copy back: pinned host memory to the GPU, (bytes, seconds), measured on the
+# same H200 (/work/shared/reference/gpu-figures.md, *Host to device copies*: 32 MB in 0.62 ms,
+# 256 MB in 4.88 ms, MB being MiB). The rate is the larger copy's (the bandwidth); the smaller
+# one is held to it in tests/worker/engine/test_sim_presets.py.
+H200_HOST_TO_DEVICE = ((32 << 20, 0.62e-3), (256 << 20, 4.88e-3))
+# The llama-1b shape's K/V per token: 16 layers x (K, V) x 8 KV heads x 64 dims x 2 B (bf16).
+LLAMA_1B_KV_BYTES_PER_TOKEN = 16 * 2 * 8 * 64 * 2
 PROMPT, OUT, STEP_TOKENS = 2600, 16, 2048
 
 
@@ -77,6 +84,15 @@ class StepCost:
     server_request: float = 0.0
     server_stream: float = 0.0
     server_token: float = 0.0
+    # The host KV tier: the shape's bytes per token, and host -> device bytes per second.
+    kv_bytes_per_token: int = 0
+    host_to_device_bytes_per_s: float = 0.0
+
+    def host_load(self, tokens: int) -> float:
+        """Seconds to copy `tokens` tokens' K/V back from the host tier (0 without a rate)."""
+        if not self.host_to_device_bytes_per_s:
+            return 0.0
+        return tokens * self.kv_bytes_per_token / self.host_to_device_bytes_per_s
 
     def decode(self, batch: int, context: float) -> float:
         return self.graph_base + batch * (self.per_seq + self.ctx * context)
@@ -154,7 +170,13 @@ def residuals(c: StepCost) -> list[tuple[str, float, float]]:
 
 @cache
 def presets() -> dict[str, StepCost]:
-    return {"h200-llama-1b": fit()}
+    nbytes, seconds = H200_HOST_TO_DEVICE[-1]
+    h200 = replace(
+        fit(),
+        kv_bytes_per_token=LLAMA_1B_KV_BYTES_PER_TOKEN,
+        host_to_device_bytes_per_s=nbytes / seconds,
+    )
+    return {"h200-llama-1b": h200}
 
 
 def preset(name: str, server_scale: float = 1.0) -> StepCost:

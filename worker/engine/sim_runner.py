@@ -8,7 +8,10 @@ reproducible. No torch.
 A step's time: with `--sim-preset`, the step model fitted to a device's measured figures
 (sim_presets.py: the batch's decode sequences and contexts, its prompt chunks, and the worker
 server's own host cost per request it starts, scaled by `--sim-server-scale`); without one,
-`prefill_s_per_token * prefill tokens + decode_s_per_step` whatever the batch.
+`prefill_s_per_token * prefill tokens + decode_s_per_step` whatever the batch. With a host KV
+tier, a step also pays for the blocks copied back from it since the last step, at the preset's
+host-to-device rate (free without a preset); the copies out to it overlap the steps on a GPU
+(a side stream) and cost nothing here.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from cachekey.assets import ModelAssets
 from cachekey.keys import pack_tokens
 from worker.engine.config import SIM_DEFAULT_NUM_BLOCKS, EngineConfig
 from worker.engine.hidden_reads import HiddenReads
+from worker.engine.host_tier import CountingCopier
 from worker.engine.lora_manager import NoWeights
 from worker.engine.outputs import VisionCounters
 from worker.engine.scheduler import ScheduledSeq
@@ -70,6 +74,23 @@ class SimRunner:
         # Adapters are read and slotted as in the torch engine; only their weights are absent.
         self.lora = NoWeights() if config.enable_lora else None
         self.hidden = SimHiddenReads(config.hidden_state_cache, _text_config(assets))
+        self.block_size = config.block_size
+        self.offload: CountingCopier | None = None
+
+    def host_copier(self, config: EngineConfig) -> tuple[int, CountingCopier]:
+        """The host tier's slots and a copier that moves nothing but counts the loads."""
+        per_block = self.block_size * (self.step_cost.kv_bytes_per_token if self.step_cost else 0)
+        if config.kv_offload_blocks is not None:
+            slots = config.kv_offload_blocks
+        elif per_block:
+            slots = config.kv_offload_bytes // per_block
+        else:
+            raise ValueError(
+                "the sim engine sizes --kv-offload-bytes by a preset's bytes per token: "
+                "give --sim-preset, or --kv-offload-blocks"
+            )
+        self.offload = CountingCopier(per_block)
+        return slots, self.offload
 
     @property
     def vision_counters(self) -> VisionCounters:
@@ -102,6 +123,9 @@ class SimRunner:
             tokens.append(self._token(seq) if item.completes_prompt else None)
         if self.step_cost is not None:
             delay = self.step_seconds(batch)
+            if self.offload is not None:
+                loaded = self.offload.take_loads() * self.block_size
+                delay += self.step_cost.host_load(loaded)
         else:
             delay = self.prefill_s_per_token * prefill_tokens + self.decode_s_per_step
         delay *= self.time_scale

@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 
 from worker.engine.llm_engine import EngineStats, RequestOutput
 from worker.engine.outputs import LoRAStats
+from worker.server.tier_metrics import tier_metrics
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -86,6 +87,7 @@ class _EngineCollector(Collector):
             for values, s in stats:
                 family.add_metric(values, getattr(s, field))
             yield family
+        yield from tier_metrics(stats)
         info = GaugeMetricFamily(
             "vllm:cache_config_info", "KV-cache configuration.", labels=[*self._info, "engine"]
         )
@@ -112,7 +114,8 @@ _STATS_METRICS = (
     (
         _C,
         "vllm:prefix_cache_hits",
-        "Prompt tokens found in the prefix cache.",
+        "Prompt tokens found in the prefix cache (on the GPU; the host tier's: "
+        "vllm:external_prefix_cache_hits).",
         "prefix_hits_tokens",
     ),
     (_C, "vllm:prompt_tokens", "Prompt tokens processed.", "prompt_tokens_total"),

@@ -12,7 +12,13 @@ from tests.support.engine import run_all
 from worker.engine.config import EngineConfig
 from worker.engine.llm_engine import LLMEngine
 from worker.engine.sampling_params import SamplingParams
-from worker.engine.sim_presets import capacity_seconds, preset, presets, residuals
+from worker.engine.sim_presets import (
+    H200_HOST_TO_DEVICE,
+    capacity_seconds,
+    preset,
+    presets,
+    residuals,
+)
 
 # How far the fit may be from each kind of figure (relative): the engine's figures are smooth in
 # the batch; the one-worker runs are not (per-request time 82.6, 85.5, 98.0 ms at 1, 4, 16
@@ -27,6 +33,18 @@ def test_preset_reproduces_its_own_figures(name: str) -> None:
     for figure, measured, model in rows:
         bound = next(b for kind, b in BOUNDS.items() if figure.startswith(kind))
         assert abs(model - measured) <= bound * measured, (figure, measured, model)
+
+
+def test_host_tier_copy_back_is_the_measured_rate() -> None:
+    """The copy back from the host tier: both measured copies within 3% of the preset's rate,
+    and 8,000 tokens of the llama-1b shape (the issue's 256 MB) in about 4.9 ms."""
+    c = preset("h200-llama-1b")
+    assert c.kv_bytes_per_token == 32768
+    for nbytes, seconds in H200_HOST_TO_DEVICE:
+        tokens = nbytes // c.kv_bytes_per_token
+        assert abs(c.host_load(tokens) - seconds) <= 0.03 * seconds, (nbytes, seconds)
+    assert 4.6e-3 < c.host_load(8000) < 4.9e-3
+    assert c.host_load(8000) < 0.1 * (c.eager_base + c.prefill(8000, 0))  # vs its 57 ms prefill
 
 
 def test_preset_shape_is_the_gpu_s() -> None:
