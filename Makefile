@@ -47,7 +47,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
 # The real-vLLM suite starts vLLM servers (1-2 minutes each on 2 cores): bounded as a whole.
 VLLM_TEST_TIMEOUT ?= 1200
 
-.PHONY: test test-quick test-vllm vllm-env lint format demo clean bench images images-build images-test push-images lock
+.PHONY: test test-long test-quick test-vllm vllm-env lint format demo clean bench images images-build images-test push-images lock
 
 # Recreated when missing or when pyproject.toml or a lock changed since the last install.
 # pip's output goes to a log, a progress line every 20 s; on failure the log's tail is shown.
@@ -75,8 +75,12 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format .
 
 # --durations: the slowest tests in every run's log, to keep the suite within its 10 minutes.
+# Tests marked `long` (stress repetitions, fuzzers, benchmark A/B runs) are `make test-long`'s.
 test: lint
-	$(PY) -m pytest -q --durations=25 $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=25 -m "not long" $(PYTEST_ARGS)
+
+test-long: $(STAMP)
+	$(PY) -m pytest -q --durations=10 -m long $(PYTEST_ARGS)
 
 test-quick: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)

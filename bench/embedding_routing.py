@@ -98,7 +98,9 @@ def run_policy(cluster: Cluster, trace: list[str], policy: str, concurrency: int
     hits = sum(metric_total(w, HITS) - before[w][0] for w in cluster.worker_urls)
     queries = sum(metric_total(w, QUERIES) - before[w][1] for w in cluster.worker_urls)
     ok = [r for r in results if r["ok"]]
-    counts = [Counter(r["replica"] for r in ok).get(w, 0) for w in cluster.worker_urls]
+    # The header names a replica (its pod-style name), not its URL: count per name, idle ones as 0.
+    per_name = Counter(r["replica"] for r in ok)
+    counts = list(per_name.values()) + [0] * (len(cluster.worker_urls) - len(per_name))
     prompt = sum(r["prompt"] for r in ok)
     return Row(
         policy=policy,

@@ -22,6 +22,8 @@ kept up (no failure, the rate achieved, event lag under a second).
     python -m bench.fleet_scale --replicas 32,512 --gateways 1 --rates 10 --no-bound
     python -m bench.fleet_scale --replicas 64 --rates 10 --baseline /tmp/kvgate-before
     python -m bench.fleet_scale --idle-only --replicas 32,512 --baseline /tmp/a --baseline /tmp/b
+    python -m bench.fleet_scale --replicas 64 --gateways 4 --rates 60 --peers on --no-rr \\
+        --no-bound --kill-gateway 10,5     # each rate also with gateway 0 killed at 10 s, 5 s down
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import httpx
 from bench.lib import fleet_probe as probe
 from bench.lib.fleet_rows import COLUMNS, IDLE_COLUMNS, IdleRow, PointRow, make_row
 from bench.lib.fleet_trace import FleetTrace, TraceShape, build_trace
+from bench.lib.gateway_kill import GatewayKiller, KillPlan, print_windows, windows
 from bench.lib.report import args_dict, print_table, write_json
 from cachekey.headers import POLICY_HEADER
 from harness.cluster import ClusterSpec
@@ -74,13 +77,25 @@ def run_point(
     policy: str,
     label: str,
     args: argparse.Namespace,
+    base: list[Outcome] | None = None,  # given: the point again, one gateway killed mid-run
+    keep: dict[float, list[Outcome]] | None = None,  # the outcomes, by rate
 ) -> PointRow:
     assert c.fleet is not None and c.fleet.pid is not None
     probe.reset_caches(client, c.worker_urls, c.gateways)
+    killer = GatewayKiller(c.gateways[0], args.kill_gateway) if base is not None else None
+    label += " kill" if killer else ""
     print(f"{label}: {policy} at {rate:g} req/s ...", flush=True)
     before = probe.read(client, c.gateways, c.fleet.pid)
+    if killer:
+        killer.start()
     outcomes = drive([g.url for g in c.gateways], trace, rate, policy, args.seed)
+    if killer:
+        killer.join()
+        base_windows = windows(base, len(c.gateways), 0, 5.0)
+        print_windows(base_windows, windows(outcomes, len(c.gateways), 0, 5.0), killer)
     after = probe.read(client, c.gateways, c.fleet.pid)
+    if keep is not None:
+        keep[rate] = outcomes
     errors = Counter(o.error or f"status {o.status}" for o in outcomes if not o.ok)
     for error, n in errors.most_common(5):
         print(f"  {n} failed: {error[:200]}", flush=True)
@@ -174,7 +189,14 @@ def run_variant(
     idle = measure_idle(c, client, label, t0, args)
     if idle.ready_s is None or args.idle_only:
         return [idle]
-    block = [run_point(c, client, trace, rate, "cache_aware", label, args) for rate in args.rates]
+    kept: dict[float, list[Outcome]] = {}
+    block = [
+        run_point(c, client, trace, rate, "cache_aware", label, args, keep=kept)
+        for rate in args.rates
+    ]
+    if args.kill_gateway and len(c.gateways) > 1:
+        for rate in args.rates:
+            block.append(run_point(c, client, trace, rate, "cache_aware", label, args, kept[rate]))
     rr = None
     if args.rr:
         rr = run_point(c, client, trace, args.rr_rate or args.rates[0], "round_robin", label, args)
@@ -236,6 +258,12 @@ def parser() -> argparse.ArgumentParser:
         default=[False],
         help="off, on or off,on: the gateways (2 or more) share placements and load "
         "(--peer-port, --peers)",
+    )
+    ap.add_argument(
+        "--kill-gateway",
+        type=KillPlan.parse,
+        metavar="AT,DOWN",
+        help="each rate again with gateway 0 killed AT s into the run, restarted DOWN s later",
     )
     ap.add_argument("--idle-seconds", type=float, default=10.0)
     ap.add_argument("--idle-only", action="store_true", help="measure the idle gateways only")

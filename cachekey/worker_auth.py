@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import os
 from dataclasses import dataclass
 
@@ -100,3 +101,22 @@ class CurveKeys:
     def admits(self, client_public: bytes) -> bool:
         """The ZAP check: only the client key derived from the same token."""
         return hmac.compare_digest(client_public, self.client_public)
+
+
+class TokenHoldersOnly:
+    """The ZAP credentials check a CURVE server's authenticator calls (pyzmq's
+    `configure_curve_callback`): it admits the client key derived from the same token, nothing
+    else. The first refusal is logged, once: a scanner would otherwise fill the log."""
+
+    def __init__(self, keys: CurveKeys, sockets: str, log: logging.Logger) -> None:
+        self._keys, self._sockets, self._log = keys, sockets, log
+        self._refused = False
+
+    def callback(self, domain: str, client_key: bytes) -> bool:
+        ok = self._keys.admits(client_key)
+        if not ok and not self._refused:
+            self._refused = True
+            self._log.warning(
+                "%s: refused a client without the worker token's CURVE key", self._sockets
+            )
+        return ok

@@ -76,6 +76,25 @@ def build_discovery(config: GatewayConfig) -> Discovery:
     return StaticDiscovery(config.workers)
 
 
+def _find_peers(config: GatewayConfig, state: GatewayState) -> asyncio.Task | None:
+    """With --peers-from-kubernetes: a task that keeps the peer link subscribed to every
+    gateway pod the selector matches."""
+    link = state.peer_link
+    if config.peers_from_kubernetes is None or link is None:
+        return None
+    from gateway.discovery.k8s import default_namespace
+    from gateway.discovery.peer_pods import PeerPodDiscovery  # kubernetes: a heavy import
+
+    assert config.peer_port is not None  # GatewayConfig checks
+    namespace = config.k8s_namespace or default_namespace()
+    found = PeerPodDiscovery(namespace, config.peers_from_kubernetes, config.peer_port)
+
+    async def on_peers(peers: frozenset[str]) -> None:
+        link.set_peers(peers)
+
+    return asyncio.create_task(found.run(on_peers), name="kvgate-peer-discovery")
+
+
 def create_app(config: GatewayConfig, discovery: Discovery | None = None) -> FastAPI:
     if discovery is None and config.discovery == "static" and not config.workers:
         log.warning(
@@ -103,10 +122,13 @@ def create_app(config: GatewayConfig, discovery: Discovery | None = None) -> Fas
                 await epp.mark_synced()
 
         task = asyncio.create_task(discovery.run(on_change))
+        peers_task = _find_peers(config, state)
         try:
             yield
         finally:
             await cancel_and_wait(task)
+            if peers_task is not None:
+                await cancel_and_wait(peers_task)
             if epp is not None:
                 await epp.stop()  # bounded: gateway/epp/server.py
             await state.close()

@@ -29,11 +29,11 @@ class CostWeights:
         name="--recent-weight",
     )
     busy: float = option(
-        0.0,
-        "prefill time charged per prompt token the requests on a replica hold beyond the "
-        "least any candidate holds and 2 prompts of the request's size: a hot prefix's busy "
-        "holders lose to a replica that recomputes it (0: off; 0.5 spreads hot prefixes but "
-        "costs many-tenant traffic hits, docs/benchmarks.md)",
+        0.5,
+        "prefill time charged to a prefix's holder, per request it serves that shares the "
+        "prefix beyond 2, in the tokens it holds of the request: a hot prefix's busy holders "
+        "lose to a replica that recomputes it, so the prefix gets another holder, while "
+        "distinct tenants stay on their holders (0: off)",
         name="--busy-weight",
     )
     lora: float = option(
@@ -131,6 +131,21 @@ class GatewayConfig:
         "the gateway replicas' --peer-port addresses, comma-separated or repeated (this "
         "gateway's own may be listed: it ignores its own batches)",
         metavar="HOST:PORT[,HOST:PORT]",
+    )
+    peers_from_kubernetes: str | None = option(
+        None,
+        "also find the peers on Kubernetes: every pod in --k8s-namespace (else the pod's own) "
+        "matching this label selector, at its IP and --peer-port (the chart labels its "
+        "gateway and endpoint-picker pods alike)",
+        metavar="SELECTOR",
+    )
+    peer_admission: str = option(
+        "shares",
+        "how peers bound --max-inflight-per-replica together: shares (each gateway also keeps "
+        "within its share of every replica's cap, split by the gateways' demand: the cap holds "
+        "under bursts) or counted (the peers' load counted, nothing more: a burst at several "
+        "gateways overshoots it)",
+        choices=("shares", "counted"),
     )
     peer_timeout: float = option(
         1.0,

@@ -50,6 +50,10 @@ def _check_peers(c: GatewayConfig) -> None:
     c.peers = tuple(p.strip() for p in c.peers if p.strip())
     if c.peers and c.peer_port is None:
         raise ValueError("--peers needs --peer-port (where this gateway publishes to them)")
+    if c.peers_from_kubernetes is not None and c.peer_port is None:
+        raise ValueError("--peers-from-kubernetes needs --peer-port (the port every peer uses)")
+    if c.peers_from_kubernetes is not None and not c.peers_from_kubernetes.strip():
+        raise ValueError("--peers-from-kubernetes needs a label selector")
     if c.peer_port is not None and not 0 < c.peer_port < 65536:
         raise ValueError(f"peer port out of range: {c.peer_port}")
     for p in c.peers:

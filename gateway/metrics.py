@@ -209,7 +209,7 @@ class FittedModel(Protocol):
 
 class _InFlight(Collector):
     """Per-replica gauges read from the replicas when scraped: kvgate_in_flight_requests,
-    kvgate_in_flight_tokens (their prompts, cache_aware's busy term),
+    kvgate_in_flight_tokens (their prompts: the context they hold),
     kvgate_replica_prefill_seconds_per_token (the rate cache_aware measured; absent until then),
     kvgate_replica_ttft_model_seconds (its fitted latency model's coefficients, once fitted) and
     kvgate_replica_info (name and URL, the join between them)."""

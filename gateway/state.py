@@ -20,6 +20,7 @@ from gateway.index.block_index import BlockIndex
 from gateway.metrics import GatewayMetrics
 from gateway.peers.link import PeerLink
 from gateway.peers.outbox import PeerOutbox
+from gateway.peers.shares import PeerShares
 from gateway.peers.view import PeerView
 from gateway.routing.admission import Admission, RenderQueue
 from gateway.routing.policies import POLICIES, Policy
@@ -127,6 +128,8 @@ class GatewayState:
     async def close(self) -> None:
         if self.peer_link is not None:
             await self.peer_link.stop()
+        if self.admission.shares is not None:
+            self.admission.shares.close()
         await self.replicas.close()
         await self.http.aclose()
         self.fetcher.close()
@@ -141,6 +144,11 @@ def _build_peers(state: GatewayState) -> tuple[PeerOutbox, PeerLink]:
     outbox = PeerOutbox()
     curve = CurveKeys.from_token(c.worker_token) if c.worker_token else None
     link = PeerLink(c.host, c.peer_port, c.peers, view, outbox, state.metrics, curve)
+    admission = state.admission
+    view.own_demand = admission.demand
+    if c.peer_admission == "shares" and admission.cap is not None:
+        nudge, wake = outbox.ready.set, admission.wake
+        admission.shares = PeerShares(view, link.sender, admission.cap, nudge, wake)
     return outbox, link
 
 

@@ -40,7 +40,9 @@ _ACCESS_LOG_FORMAT = {
 
 @dataclass(slots=True)
 class EnvoySpec:
-    epp: str  # the EPP's gRPC address, host:port ("": the EPP scaled to zero, no endpoint)
+    # The EPP's gRPC address, host:port; several, comma-separated: EPP replicas Envoy balances
+    # its ext_proc streams over ("": the EPP scaled to zero, no endpoint).
+    epp: str
     workers: Sequence[str] = ()  # worker base URLs: override_host's cluster members
     lb: str = "original_dst"  # how the pick is applied: original_dst or override_host
     body_mode: str = "FULL_DUPLEX_STREAMED"  # the request body mode sent to the EPP
@@ -214,7 +216,8 @@ def bootstrap(spec: EnvoySpec, port: int, admin_port: int, access_log: Path) -> 
     }  # fmt: skip
     clusters = [pool_cluster(spec)]
     if spec.ext_proc:
-        clusters.append(_static_cluster("epp", [spec.epp] if spec.epp else [], http2=True))
+        epps = [e for e in spec.epp.split(",") if e]
+        clusters.append(_static_cluster("epp", epps, http2=True))
     return {
         "admin": {"address": _address(f"{HOST}:{admin_port}")},
         "static_resources": {"listeners": [listener], "clusters": clusters},

@@ -3,6 +3,9 @@
 `static.StaticDiscovery` serves `--workers`; `k8s.KubernetesDiscovery` watches EndpointSlices.
 Both implement `Discovery`: `run(on_change)` calls `on_change(workers)` with the whole set every
 time it changes (at least once), and runs until cancelled.
+
+`peer_pods.PeerPodDiscovery` finds the other gateways the same way (their pods, by a label), for
+the peer link (gateway/peers/link.py, `--peers-from-kubernetes`).
 """
 
 from __future__ import annotations

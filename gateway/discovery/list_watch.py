@@ -17,14 +17,14 @@ import random
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
-from gateway.discovery.endpoints import WorkerEndpoint
-
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")  # what a discovery finds: workers (WorkerEndpoint) or peer gateways (str)
 
 _GONE = 410
 
@@ -197,17 +197,17 @@ class ListWatch:
 
 async def run_watches(
     watches: list[ListWatch],
-    workers: Callable[[], frozenset[WorkerEndpoint]],
-    on_change: Callable[[frozenset[WorkerEndpoint]], Awaitable[None]],
+    workers: Callable[[], frozenset[T]],
+    on_change: Callable[[frozenset[T]], Awaitable[None]],
     what: str,
 ) -> None:
     """Run each watch in its own thread; call `on_change` with `workers()` whenever it changes
     (at least once), until cancelled. `workers()` runs under the watches' lock."""
     loop = asyncio.get_running_loop()
-    updates: asyncio.Queue[frozenset[WorkerEndpoint]] = asyncio.Queue()
+    updates: asyncio.Queue[frozenset[T]] = asyncio.Queue()
     stop = threading.Event()
     # A new subscriber gets the current set first.
-    emitted: list[frozenset[WorkerEndpoint] | None] = [None]
+    emitted: list[frozenset[T] | None] = [None]
 
     def changed() -> None:
         with watches[0].lock:
@@ -215,7 +215,7 @@ async def run_watches(
             if current == emitted[0]:
                 return
             emitted[0] = current
-        log.info("%s: %d ready worker(s)", what, len(current))
+        log.info("%s: %d found", what, len(current))
         with contextlib.suppress(RuntimeError):  # the loop closed under us: we are stopping
             loop.call_soon_threadsafe(updates.put_nowait, current)
 

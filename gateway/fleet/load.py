@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 
 from cachekey.documents import LoRAAdapters
+from cachekey.types import BlockKey
 from gateway.fleet.latency import LatencyModel
 from gateway.fleet.prefill_rate import PrefillRate
 
@@ -32,8 +33,11 @@ class ReplicaLoad:
     # How many of them (each pays the worker's per-request admission work before its token).
     in_flight_prefills: int = 0
     # Prompt tokens (cached or not) of this gateway's requests here until they end: the KV
-    # context they hold and decode over (cache_aware's busy term, Dynamo's active blocks).
+    # context they hold and decode over (Dynamo's active blocks; exported as a metric).
     in_flight_tokens: int = 0
+    # This gateway's requests here by their prefixes (prefix_load.py: a few keys a request):
+    # cache_aware's busy term charges a holder for those sharing the request's prefix.
+    in_flight_prefixes: dict[BlockKey, int] = field(default_factory=dict)
     prefill_rate: PrefillRate = field(default_factory=PrefillRate)  # from the worker's metrics
     # Seconds per token copied back from its host tier (copy_rate.py), measured alike.
     copy_rate: PrefillRate = field(default_factory=PrefillRate)

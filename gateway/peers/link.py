@@ -1,7 +1,9 @@
 """PeerLink: the sockets between gateway replicas and the two loops that use them.
 
 Each gateway binds one PUB (`--peer-port`) and connects one SUB to every peer in `--peers`
-(its own address may be in the list: a gateway ignores its own batches). With a worker token
+(its own address may be in the list: a gateway ignores its own batches), and to every peer
+discovery names (`set_peers`, --peers-from-kubernetes): ZMQ connects and reconnects on its own,
+so a peer not up yet or gone costs nothing but its silence. With a worker token
 both are CURVE-secured with the KV events' keys (cachekey.worker_auth): the PUB is a CURVE
 server that admits only the client key derived from the same token.
 
@@ -17,13 +19,14 @@ import contextlib
 import logging
 import time
 import uuid
+from collections.abc import Iterable
 
 import msgspec
 import zmq
 import zmq.asyncio
 from zmq.auth.asyncio import AsyncioAuthenticator
 
-from cachekey.worker_auth import ZAP_DOMAIN, CurveKeys
+from cachekey.worker_auth import ZAP_DOMAIN, CurveKeys, TokenHoldersOnly
 from gateway.metrics import GatewayMetrics
 from gateway.peers.outbox import PeerOutbox
 from gateway.peers.view import PeerView
@@ -48,7 +51,9 @@ class PeerLink:
         curve: CurveKeys | None = None,
     ) -> None:
         self.sender = uuid.uuid4().hex
-        self._endpoints = [f"tcp://{p}" for p in peers]
+        self._static = frozenset(f"tcp://{p}" for p in peers)
+        self._connected: set[str] = set()
+        self._sub: zmq.asyncio.Socket | None = None
         self._bind = f"tcp://{host}:{port}"
         self.view, self.outbox, self.metrics = view, outbox, metrics
         self._curve = curve
@@ -69,16 +74,35 @@ class PeerLink:
             self._auth = AsyncioAuthenticator(self._ctx)
             self._auth.start()
             keys = self._curve
-            self._auth.configure_curve_callback(ZAP_DOMAIN.decode(), _SameToken(keys))
+            self._auth.configure_curve_callback(
+                ZAP_DOMAIN.decode(), TokenHoldersOnly(keys, "peers", log)
+            )
             keys.serve(pub)
             keys.connect(sub)
         pub.bind(self._bind)
-        for endpoint in self._endpoints:
-            sub.connect(endpoint)
+        self._sub = sub
+        self.set_peers(())
         self._tasks = [
             asyncio.create_task(self._send_loop(pub), name="kvgate-peers-send"),
             asyncio.create_task(self._receive_loop(sub), name="kvgate-peers-receive"),
         ]
+
+    def set_peers(self, discovered: Iterable[str]) -> None:
+        """Subscribe to the `HOST:PORT`s `--peers` lists and `discovered` names, no others.
+        A peer left out is no longer heard; the view drops it after --peer-timeout."""
+        assert self._sub is not None, "start() first"
+        want = self._static | {f"tcp://{p}" for p in discovered}
+        for endpoint in self._connected - want:
+            with contextlib.suppress(zmq.ZMQError):  # already gone
+                self._sub.disconnect(endpoint)
+            self._connected.discard(endpoint)
+        for endpoint in want - self._connected:
+            try:
+                self._sub.connect(endpoint)
+            except zmq.ZMQError as e:  # an address ZMQ cannot parse: skip it, keep the rest
+                log.warning("peer %s: %s", endpoint, e)
+                continue
+            self._connected.add(endpoint)
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -95,7 +119,8 @@ class PeerLink:
                     await outbox.ready.wait()
             self._seq += 1
             load = self.view.own_load()
-            batch = PeerBatch(self.sender, self._seq, time.time(), load, outbox.take())
+            demand = self.view.publish_demand()
+            batch = PeerBatch(self.sender, self._seq, time.time(), load, outbox.take(), demand)
             with contextlib.suppress(zmq.Again):
                 pub.send(encode(batch), zmq.NOBLOCK)
             self._count(batch)
@@ -123,13 +148,3 @@ class PeerLink:
             view.apply(batch)
             m.peer_placements_received.inc(view.received - received)
             m.peer_placements_applied.inc(view.applied - applied)
-
-
-class _SameToken:
-    """ZAP credentials check: only a gateway holding the same worker token."""
-
-    def __init__(self, keys: CurveKeys) -> None:
-        self._keys = keys
-
-    def callback(self, domain: str, client_key: bytes) -> bool:
-        return self._keys.admits(client_key)

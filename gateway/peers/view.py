@@ -31,6 +31,7 @@ class Peer:
     sender: str
     seen: float  # monotonic time of its last batch
     seq: int = 0
+    demand: int = 0  # its requests holding or awaiting a slot (gateway/peers/shares.py)
     load: dict[str, int] = field(default_factory=dict)
     guesses: dict[int, Guess] = field(default_factory=dict)
 
@@ -50,6 +51,8 @@ class PeerView:
         self.timeout = timeout
         self._freed = freed  # wakes admission's waiters when peers' load goes down
         self.peers: dict[str, Peer] = {}
+        self.own_demand: Callable[[], int] = lambda: 0  # what this gateway tells its peers
+        self.sent_demand = 0  # ... as its last batch said (its share: shares.py)
         self.received = 0
         self.applied = 0
         self.gaps = 0
@@ -67,6 +70,9 @@ class PeerView:
             self.gaps += 1
             self._release_all(peer)
         peer.seen, peer.seq = now, batch.seq
+        if batch.demand != peer.demand:
+            peer.demand = batch.demand
+            self._freed()  # the shares moved: waiters look again
         by_id = {r.id: r for r in self._replicas()}
         self._set_load(peer, batch.load, by_id)
         for p in batch.placements:
@@ -120,12 +126,22 @@ class PeerView:
             return
         self._set_load(peer, {}, {r.id: r for r in self._replicas()})
         self._release_all(peer)
+        self._freed()  # its share of the cap is the others' now
 
     @staticmethod
     def _release_all(peer: Peer) -> None:
         for guess in peer.guesses.values():
             guess.release()  # its TTL, then the workers' events say the rest
         peer.guesses.clear()
+
+    def publish_demand(self) -> int:
+        """This gateway's demand for the batch being sent: the last one published unless it
+        moved by more than a quarter, or to or from zero (a steady load keeps the split still)."""
+        demand, sent = self.own_demand(), self.sent_demand
+        if demand != sent and (not demand or not sent or 4 * abs(demand - sent) > sent):
+            self.sent_demand = demand
+            self._freed()  # the shares moved
+        return self.sent_demand
 
     def own_load(self) -> dict[str, int]:
         """This gateway's own requests per replica (what it tells its peers)."""

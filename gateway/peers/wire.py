@@ -27,6 +27,8 @@ class PeerBatch(msgspec.Struct, array_like=True, frozen=True):
     sent: float  # wall-clock time (peer lag; clocks in step, as for the KV events)
     load: dict[str, int]  # replica id -> the sender's own requests holding a slot there
     placements: list[Placement] = []
+    # The sender's requests holding a slot or waiting for one (its share of the cap: shares.py).
+    demand: int = 0
 
 
 _encoder = msgspec.msgpack.Encoder()

@@ -6,6 +6,9 @@ admitted-but-not-yet-placed request has claimed (`pending`). Once ranked it is p
 best-ranked replica with room; a retry moves its slot to the next replica with room. Past the
 queue (`max_queue` waiters, `queue_timeout` seconds) a request gets `Overloaded`, a 429 with
 Retry-After. The only per-request state is a few counters, so memory stays bounded under any load.
+
+With peer gateways (`shares`, gateway/peers/shares.py) a slot must also be within this gateway's
+share of the replica's cap, so the cap holds for the gateways together.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import TypeVar
 from gateway.config import GatewayConfig
 from gateway.errors import Overloaded
 from gateway.fleet.replica import Replica
+from gateway.peers.shares import PeerShares, Shares, room
 
 T = TypeVar("T")
 
@@ -30,25 +34,39 @@ class Admission:
         self.cap = config.max_inflight_per_replica
         self.pending = 0  # admitted, not yet placed on a replica
         self.waiting = 0
+        self.held = 0  # slots this gateway's requests hold (Replica.in_flight adds the peers')
+        self.shares: PeerShares | None = None  # with peers: this gateway's share of each cap
         self._freed = asyncio.Event()
+
+    def demand(self) -> int:
+        """Requests holding a slot or waiting for one (what the shares are split by)."""
+        return self.held + self.pending + self.waiting
+
+    def _split(self) -> Shares | None:
+        return None if self.shares is None else self.shares.split()
 
     def _has_room(self, candidates: list[Replica]) -> bool:
         cap = self.cap
         if cap is None:
             return True
-        free = 0
+        split, free = self._split(), 0
         for r in candidates:
-            if r.in_flight < cap:
-                free += cap - r.in_flight
+            n = cap - r.in_flight if split is None else _room(split, cap, r)
+            if n > 0:
+                free += n
                 if free > self.pending:
                     return True
         return False
 
     def _take(self, ranked: list[Replica]) -> Replica | None:
-        cap = self.cap
+        cap, split = self.cap, self._split()
         for rep in ranked:
-            if cap is None or rep.in_flight < cap:
+            room_there = cap is None or (
+                rep.in_flight < cap if split is None else _room(split, cap, rep) > 0
+            )
+            if room_there:
                 rep.in_flight += 1
+                self.held += 1
                 return rep
         return None
 
@@ -80,10 +98,12 @@ class Admission:
         """Move a slot from `rep` to `to` whatever its cap: the request already runs there
         (EPP mode: the proxy sent it elsewhere than the pick)."""
         to.in_flight += 1
+        self.held += 1
         self.release(rep)
 
     def release(self, rep: Replica) -> None:
         rep.in_flight -= 1
+        self.held -= 1
         self._wake()
 
     def wake(self) -> None:
@@ -107,6 +127,8 @@ class Admission:
             )
         deadline = time.monotonic() + c.queue_timeout
         self.waiting += 1
+        if self.shares is not None:
+            self.shares.nudge()  # its demand grew: tell the peers now, the share follows
         try:
             while (left := deadline - time.monotonic()) > 0:
                 freed = self._freed
@@ -125,6 +147,10 @@ class Admission:
             f"{c.queue_timeout:g}s (--max-inflight-per-replica {self.cap})",
             retry,
         )
+
+
+def _room(split: Shares | None, cap: int, rep: Replica) -> int:
+    return room(split, cap, rep.in_flight, rep.in_flight - rep.peer_in_flight, rep.id)
 
 
 class RenderQueue:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from cachekey.types import BlockKey
 from gateway.config import GatewayConfig
 from gateway.fleet.latency import Sample
+from gateway.fleet.prefix_load import hold, marks, unhold
 from gateway.fleet.replica import Replica
 from gateway.index.block_index import BlockIndex
 from gateway.index.speculative import Guess
@@ -43,6 +44,7 @@ class Lease:
     guess: Guess | None = None  # its speculative entry on `replica`
     sample: Sample | None = None  # the load `replica` had when it was sent there (latency.py)
     held: int = 0  # prompt tokens charged to `replica`'s in_flight_tokens until the request ends
+    marks: tuple[BlockKey, ...] = ()  # its prefix marks counted there meanwhile (prefix_load)
     # What the request is, wherever the lease moves (set by `take`):
     prompt_tokens: int = 0
     keys: Sequence[BlockKey] = ()  # the keys the replica holds once it has prefilled it
@@ -61,6 +63,7 @@ class Lease:
     ) -> None:
         """`rep` holds the request's slot (admission placed it there): charge it the request."""
         self.prompt_tokens, self.keys, self.lora_name = prompt_tokens, keys, lora_name
+        self.marks = marks(keys)
         self._charge(rep, predicted)
 
     def move(
@@ -130,6 +133,7 @@ class Lease:
         rep.in_flight_prefills += 1
         self.held = self.prompt_tokens
         rep.in_flight_tokens += self.held
+        hold(rep.in_flight_prefixes, self.marks)
         self.prefilling = True
         now = time.monotonic()
         rep.add_recent_prefill(uncached, now, self.config.recent_half_life)
@@ -166,5 +170,7 @@ class Lease:
             self.replica.in_flight_prefills -= 1
 
     def _unhold(self, rep: Replica) -> None:
+        if self.held:
+            unhold(rep.in_flight_prefixes, self.marks)
         rep.in_flight_tokens -= self.held
         self.held = 0

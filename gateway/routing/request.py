@@ -19,6 +19,7 @@ from cachekey.errors import RenderError
 from cachekey.keys import HashNamespace, usable_match
 from cachekey.openai.errors import APIError
 from cachekey.openai.protocol import OpenAIRequest
+from cachekey.render import ImageOptions, Renderer
 from cachekey.types import BlockKey, Prompt
 from gateway import accounting
 from gateway.fleet.replica import Replica
@@ -116,15 +117,20 @@ class ProxyRequest:
         await self.state.admission.admit(self.candidates)
         self.admitted = True
 
+    async def render_inputs(self) -> tuple[Renderer, ImageOptions]:
+        """The renderer (a 503 when its assets cannot be loaded) and the request's image options:
+        one time and byte budget for all its remote images (docs/security.md)."""
+        st = self.state
+        try:
+            renderer = await st.get_renderer()
+        except RuntimeError as e:
+            raise APIError(503, str(e), code="assets_unavailable") from e
+        return renderer, image_options(st.fetcher, st.config.allow_image_uuids, self.tenant)
+
     async def render(self) -> None:
         st = self.state
         t0 = time.perf_counter()
-        try:
-            renderer = await st.get_renderer()
-        except RuntimeError as e:  # the render assets could not be loaded
-            raise APIError(503, str(e), code="assets_unavailable") from e
-        # One time and byte budget for all the request's remote images (docs/security.md).
-        images = image_options(st.fetcher, st.config.allow_image_uuids, self.tenant)
+        renderer, images = await self.render_inputs()
         if is_small_text(self.body):
             self.prompt, self.keys = render_request(
                 renderer, self.body, self.ns, images, self.lora_name

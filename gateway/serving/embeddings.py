@@ -20,7 +20,6 @@ from cachekey.openai.errors import INVALID_VALUE, APIError
 from cachekey.render import ImageOptions
 from cachekey.types import BlockKey, Prompt
 from gateway.fleet.replica import Replica
-from gateway.images.fetch import image_options
 from gateway.images.parts import pin_images
 from gateway.protocol import _Request
 from gateway.routing.request import ProxyRequest
@@ -76,13 +75,8 @@ class EmbeddingProxyRequest(ProxyRequest):
     async def render(self) -> None:
         st = self.state
         t0 = time.perf_counter()
-        try:
-            renderer = await st.get_renderer()
-        except RuntimeError as e:  # the render assets could not be loaded
-            raise APIError(503, str(e), code="assets_unavailable") from e
+        renderer, images = await self.render_inputs()
         assert isinstance(self.body, EmbeddingRequest)
-        # One time and byte budget for all the request's remote images (docs/security.md).
-        images = image_options(st.fetcher, st.config.allow_image_uuids, self.tenant)
         rendered = await st.render_queue.run(
             render_embedding, renderer, self.body, self.ns, images, self.lora_name
         )

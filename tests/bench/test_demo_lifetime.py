@@ -75,6 +75,7 @@ class Demo:
         self.proc.wait(10)
 
 
+@pytest.mark.long
 def test_kill9_of_a_kept_demo_takes_its_cluster_and_a_second_demo_keeps_apart(
     tmp_path: Path,
 ) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 import transformers
 
@@ -46,6 +47,7 @@ def test_engine_bench_reports_every_figure(tmp_path: Path) -> None:
         assert figures[name] > 0, name
 
 
+@pytest.mark.long
 def test_engine_ab_alternates_the_sides_and_reports_ratios(tmp_path: Path) -> None:
     args = ["--side", "torch:--elementwise-kernels=reference", "--side", "auto", "--rounds", "2",
             "--model", "llama-tiny", "--models-dir", str(tmp_path), "--reps", "1",

@@ -33,3 +33,4 @@ def test_routing_run_counts_like_the_workers(tmp_path: Path) -> None:
     assert row["exact_predictions"] == 1.0
     assert row["hit_rate"] > 0.5
     assert row["worker_hidden_hit_rate"] == pytest.approx(row["hit_rate"], abs=1e-9)
+    assert 1.0 <= row["max_over_mean"] <= 2.0  # replicas counted by the name the header gives

@@ -49,6 +49,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
             "0",
             "--peer-timeout",
             str(PEER_TIMEOUT),
+            # The load the peers count, alone: with a cap of 1 on 2 replicas, the shares on top
+            # (tests/gateway/test_peer_share_cap.py) would give each gateway one replica.
+            "--peer-admission",
+            "counted",
         ),
         log_dir=tmp_path_factory.mktemp("logs"),
         startup_timeout=90,

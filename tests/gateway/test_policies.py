@@ -9,6 +9,7 @@ import pytest
 
 from cachekey.keys import HashNamespace, block_keys
 from gateway.config import CostWeights, GatewayConfig
+from gateway.fleet.prefix_load import hold, marks, sharing, unhold
 from gateway.fleet.ranks import parse_engine_load
 from gateway.fleet.replica import Replica
 from gateway.names import ReplicaId
@@ -97,30 +98,56 @@ def test_cache_aware_keeps_cold_prefills_off_busy_replicas():
 
 
 def test_cache_aware_busy_holders_lose_a_hot_prefix_to_an_idle_replica():
-    """Each replica is charged the context its requests hold beyond the least any candidate
-    holds and 2 prompts of the request's size (--busy-weight per token): a prefix's holder
-    wins while it is not much busier than an idle replica that would recompute it, then the
-    idle one takes it."""
+    """A holder is charged for its requests in flight that share the request's prefix beyond
+    2, each at --busy-weight (0.5 by default) x the tokens it holds of the request: the holder
+    wins while it is not much busier with the prefix than an idle replica that would recompute
+    it, then the idle one takes it. Requests of other prefixes there cost no busy term."""
     reps = _reps(2)
     tokens = list(range(320))
     ctx = _ctx(reps, tokens, {reps[0].id: 19})
-    policy = POLICIES["cache_aware"](GatewayConfig(weights=CostWeights(busy=0.5)))
-    for n in range(1, 8):
-        reps[0].in_flight, reps[0].in_flight_tokens = n, n * 320
+    same = marks(ctx.keys)
+    policy = POLICIES["cache_aware"](GatewayConfig())
+    for n in range(1, 9):
+        reps[0].in_flight, reps[0].in_flight_prefixes = n, {}
+        for _ in range(n):
+            hold(reps[0].in_flight_prefixes, same)
         if policy.rank(ctx)[0] is reps[1]:
             break
     # Idle, the other costs its recompute and the next request's wait behind it (2 x 320
     # tokens); the holder its 16 uncached tokens (prefill, and interference with the n there
-    # and the next) and 0.5 x 320 per request there past 2: 32 + 16 n + 160 (n - 2), dearer
-    # at 6.
+    # and the next) and 0.5 x 304 held tokens per request sharing it past 2:
+    # 32 + 16 n + 152 (n - 2), dearer at 6.
     assert n == 6
-    assert "busy=640 " in explain(policy, ctx)
-    # Other gateways' requests (the worker's counts) are charged at this request's size.
-    reps[0].in_flight, reps[0].in_flight_tokens, reps[0].running = 0, 0, 6
-    assert policy.rank(ctx)[0] is reps[1]
-    # No busy term (the default): the holder keeps it however busy.
-    lazy = POLICIES["cache_aware"](GatewayConfig())
+    assert "busy=608 sharing=6 " in explain(policy, ctx)
+    # The same load from other tenants' prefixes: no busy term, the holder keeps its hit.
+    other = marks(_ctx(reps, [t + 5000 for t in tokens]).keys)
+    reps[0].in_flight_prefixes = {}
+    for _ in range(n):
+        hold(reps[0].in_flight_prefixes, other)
+    assert policy.rank(ctx)[0] is reps[0]
+    assert "busy=0 sharing=0 " in explain(policy, ctx)
+    # --busy-weight 0: the holder keeps it however busy with the prefix.
+    reps[0].in_flight_prefixes = {}
+    for _ in range(8):
+        hold(reps[0].in_flight_prefixes, same)
+    lazy = POLICIES["cache_aware"](GatewayConfig(weights=CostWeights(busy=0.0)))
     assert lazy.rank(ctx)[0] is reps[0]
+
+
+def test_prefix_marks_count_requests_sharing_half_the_held_prefix():
+    """`sharing` counts the requests in flight whose keys agree with the request's at the
+    largest power of two of blocks the replica holds; `unhold` gives each mark back."""
+    a = block_keys(list(range(320)), NS)  # 20 blocks
+    b = block_keys(list(range(256)) + [9000 + t for t in range(64)], NS)  # shares 16 blocks
+    counts: dict = {}
+    hold(counts, marks(a))
+    hold(counts, marks(b))
+    assert [sharing(counts, a, m) for m in (0, 1, 15, 16, 19, 20)] == [0, 2, 2, 2, 2, 2]
+    c = block_keys(list(range(128)) + [7000 + t for t in range(192)], NS)  # shares 8 blocks
+    assert sharing(counts, c, 8) == 2 and sharing(counts, c, 16) == 0
+    unhold(counts, marks(b))
+    unhold(counts, marks(a))
+    assert counts == {}
 
 
 def test_ties_are_reproducible_per_request_and_spread_across_requests():

@@ -139,6 +139,7 @@ def _held(index: BlockIndex, tokens: list[int]) -> int:
     return index.lookup.match(block_keys(tokens, NS), [R])[R]
 
 
+@pytest.mark.long
 @settings(
     max_examples=EXAMPLES,
     deadline=None,

@@ -172,7 +172,9 @@ def test_default_values(chart: Any) -> None:
             "apiGroups": ["discovery.k8s.io"],
             "resources": ["endpointslices"],
             "verbs": ["get", "list", "watch"],
-        }
+        },
+        # its peers, the release's other gateway pods (gateway.peers: tests/k8s/test_peers_chart.py)
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
     ]
     binding = one(docs, "RoleBinding")
     assert binding["subjects"] == [

@@ -333,7 +333,8 @@ def test_only_the_scraper_reaches_the_gateways_admin_port() -> None:
     assert not _selects(spec["podSelector"], _pod_labels(docs, "StatefulSet"))
 
     ports = _gateway_ports(docs)
-    assert set(ports) == {"http", "admin"} and ports["admin"]["containerPort"] == 9090
+    # peers: the gateway.peers port, open to the peer group alone (tests/k8s/test_peers_chart.py)
+    assert set(ports) == {"http", "admin", "peers"} and ports["admin"]["containerPort"] == 9090
     assert _admitted(policy, ports["http"]) == ANYONE  # clients, Ingress controllers, LBs
     # The admin port: the scraper alone, by the same selectors as on the workers' HTTP port.
     assert _admitted(policy, ports["admin"]) == [DEFAULT_SCRAPER]
@@ -365,7 +366,11 @@ def test_gateway_policy_switches() -> None:
     kubernetes_validate.validate(policy, kubernetes_validate.latest_version(), strict=True)
     assert _admitted(policy, ports["admin"]) == []
     assert _admitted(policy, ports["http"]) == ANYONE
-    assert policy["spec"]["ingress"] == [{"ports": [{"port": "http", "protocol": "TCP"}]}]
+    group = {"podSelector": {"matchLabels": {"kvgate.io/peer-group": "kvgate"}}}
+    assert policy["spec"]["ingress"] == [
+        {"ports": [{"port": "http", "protocol": "TCP"}]},
+        {"from": [group], "ports": [{"port": "peers", "protocol": "TCP"}]},
+    ]
 
     # Extra peers, alone or besides the scraper (whose selectors merge as on the workers).
     extra = [
@@ -420,7 +425,7 @@ def test_the_epps_admin_port_is_the_scrapers_alone() -> None:
     c, cfg = _config(epp)
     assert cfg.epp and cfg.admin_port == 9090 and "--admin-port=9090" in c["args"]
     ports = _epp_ports(docs)
-    assert set(ports) == {"grpc", "http", "admin"}
+    assert set(ports) == {"grpc", "http", "admin", "peers"}
     assert ports["admin"] == {"name": "admin", "containerPort": 9090, "protocol": "TCP"}
 
     # Scraped on the admin port, through a headless Service of its own; the EPP Service (the
@@ -481,7 +486,7 @@ def test_epp_without_admin_port_serves_metrics_on_http_and_has_no_policy() -> No
     epp = _one(docs, "Deployment", "epp")
     c, cfg = _config(epp)
     assert cfg.admin_port is None and not [a for a in c["args"] if "admin" in a]
-    assert set(_epp_ports(docs)) == {"grpc", "http"}
+    assert set(_epp_ports(docs)) == {"grpc", "http", "peers"}
     assert _policies_on(docs, epp) == []
     assert _kind(docs, "NetworkPolicy") == [_policy(docs, "worker")]
     assert not [d for d in _kind(docs, "Service") if "admin" in d["metadata"]["name"]]

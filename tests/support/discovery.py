@@ -1,4 +1,5 @@
-"""What the discovery tests share: a callback that records every worker set a discovery emits."""
+"""What the discovery tests share: a callback that records every set a discovery emits (worker
+URLs, or peer addresses)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ class Recorder:
         self.sets: list[frozenset[str]] = []
         self.changed = asyncio.Event()
 
-    async def __call__(self, workers: frozenset[WorkerEndpoint]) -> None:
-        self.sets.append(frozenset(w.url for w in workers))
+    async def __call__(self, found: frozenset[WorkerEndpoint] | frozenset[str]) -> None:
+        self.sets.append(frozenset(w if isinstance(w, str) else w.url for w in found))
         self.changed.set()
 
     async def until(self, expected: set[str]) -> None:

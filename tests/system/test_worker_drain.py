@@ -3,7 +3,7 @@ processes behind a real gateway.
 
 The rollout runs as a StatefulSet runs one: from the highest ordinal down, each pod gets SIGTERM,
 exits, and only then is its successor started under the same name (here: the same ports), and
-the next pod waits until it is ready. 16 clients stream ~20 s generations through the gateway
+the next pod waits until it is ready. 16 clients stream 6 s generations through the gateway
 all along. A draining worker refuses new connections at once (the gateway sends new requests to
 the other worker) and finishes its streams: none is cut. With `--drain-timeout 2` the streams
 still running are cut with an SSE error event (`server_shutting_down`) and the gateway counts
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.slow
 
 CHAT = "/v1/chat/completions"
 DECODE_S = 0.1
-TOKENS = 200  # 20 s per stream on the sim worker
+TOKENS = 60  # 6 s per stream on the sim worker: every drain outlasts a second
 CLIENTS = 16
 RUNNING = "vllm:num_requests_running"
 STOPPED = (0, -signal.SIGTERM)
@@ -125,8 +125,19 @@ def running(c: Cluster) -> float:
     return sum(metric_total(w.url, RUNNING) for w in c.workers)
 
 
+def wait_running(c: Cluster, at_least: int, w: Proc | None = None, timeout: float = 30) -> None:
+    """Until the workers (or `w`) run `at_least` streams: a fixed sleep let a loaded host's first
+    SIGTERM land on a worker with none."""
+    deadline = time.monotonic() + timeout
+    count = lambda: metric_total(w.url, RUNNING) if w else running(c)  # noqa: E731
+    while (n := count()) < at_least:
+        assert time.monotonic() < deadline, f"{n} streams running after {timeout} s, not {at_least}"
+        time.sleep(0.1)
+
+
 def roll(c: Cluster, w: Proc) -> dict:
     """A StatefulSet's step: SIGTERM, wait for the exit, start the successor, wait until ready."""
+    wait_running(c, 4, w)
     running = metric_total(w.url, RUNNING)
     assert w.popen is not None
     t0 = time.monotonic()
@@ -146,7 +157,7 @@ def test_rolling_the_workers_under_16_streaming_clients_cuts_no_stream(cluster) 
     async def rollout() -> tuple[Tally, list[dict]]:
         stop, tally = asyncio.Event(), Tally()
         tasks = [asyncio.create_task(client(c.gateway_url, i, stop, tally)) for i in range(16)]
-        await asyncio.sleep(3.0)  # every client has a stream in flight
+        await asyncio.to_thread(wait_running, c, CLIENTS)  # every client has a stream in flight
         steps = []
         for w in reversed(c.workers):
             steps.append(await asyncio.to_thread(roll, c, w))

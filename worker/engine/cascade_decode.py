@@ -7,7 +7,11 @@ reads B * L keys and values; that read, not the model's few matmuls, is what a C
 costs at batch 16 (docs/benchmarks.md, issue 35). Here each group of rows reads its common prefix
 once and attends to it with all its queries stacked, every row attends alone to what follows its
 group's prefix (its suffix), and the two partial softmaxes are merged by their log-sum-exp, as
-vLLM's cascade attention does. The result equals the plain kernel's up to float rounding.
+vLLM's cascade attention does. The result equals the plain kernel's up to float rounding. Both
+parts run in torch's CPU flash kernel, which reads the gathered K/V through strides and returns
+the log-sum-exps (the matmul form built transposed copies and a softmax of its own: ~25% more
+decode attention per request on issue 35's workload); the matmul form stays for a torch
+without that kernel.
 
 Grouping is host work over the block tables, so it is planned only where the tables already are
 host memory (the CPU); on CUDA the reference stays the plain gather (Triton is the CUDA kernel).
@@ -15,11 +19,14 @@ host memory (the CPU); on CUDA the reference stays the plain gather (Triton is t
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import Tensor
+
+from worker.models.attention import FLASH_CPU as _FLASH_CPU
 
 # A group must share at least this many full blocks: below it, the per-group calls cost more
 # than the reads they save.
@@ -39,6 +46,7 @@ class CascadePlan:
     groups: list[PrefixGroup]
     blocks: Tensor  # [B * W] each row's W suffix blocks (past its group's prefix), row-major
     mask: Tensor  # [B, 1, 1, W * block_size] the suffix positions a row sees
+    bias: Tensor | None = None  # the mask as the flash kernel takes it (0 or -inf), made once
 
 
 def shared_prefixes(tables: np.ndarray, lens: np.ndarray, block_size: int) -> list[tuple]:
@@ -90,6 +98,41 @@ def run_cascade(
     q: Tensor, k_cache: Tensor, v_cache: Tensor, plan: CascadePlan, scale: float
 ) -> Tensor:
     """q [B, H, D] over one layer's caches [num_blocks, block_size, KV, D] -> [B, H, D]."""
+    if _FLASH_CPU is None:
+        return run_cascade_matmul(q, k_cache, v_cache, plan, scale)
+    batch, heads, dim = q.shape
+    kv = k_cache.shape[2]
+    # A KV head's query heads stand as that head's queries (no expanded keys); the flash kernel
+    # reads the gathered keys through strides (no transposed copy) and gives the log-sum-exps.
+    grouped = q.view(batch, kv, heads // kv, dim)
+    keys = _blocks(k_cache, plan.blocks, batch)
+    values = _blocks(v_cache, plan.blocks, batch)
+    if plan.bias is None or plan.bias.dtype != q.dtype:
+        plan.bias = torch.zeros(plan.mask.shape, dtype=q.dtype).masked_fill_(~plan.mask, -math.inf)
+    out, lse = _FLASH_CPU(grouped, keys, values, attn_mask=plan.bias, scale=scale)
+    for group in plan.groups:
+        rows = group.rows
+        num = rows.shape[0]
+        stacked = grouped[rows].transpose(0, 1).reshape(1, kv, -1, dim)  # [1, KV, R * G, D]
+        p_keys = _blocks(k_cache, group.blocks, 1)
+        p_values = _blocks(v_cache, group.blocks, 1)
+        p_out, p_lse = _FLASH_CPU(stacked, p_keys, p_values, scale=scale)
+        p_out = p_out.view(kv, num, -1, dim).transpose(0, 1)
+        p_lse = p_lse.view(kv, num, -1).transpose(0, 1)
+        out[rows], lse[rows] = _merge(out[rows].float(), lse[rows], p_out.float(), p_lse)
+    return out.reshape(batch, heads, dim).to(q.dtype)
+
+
+def _blocks(cache: Tensor, blocks: Tensor, rows: int) -> Tensor:
+    """The blocks' K or V as [rows, KV, L, D]: a strided view of one gathered copy."""
+    kv, dim = cache.shape[-2:]
+    return cache.index_select(0, blocks).view(rows, -1, kv, dim).transpose(1, 2)
+
+
+def run_cascade_matmul(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, plan: CascadePlan, scale: float
+) -> Tensor:
+    """run_cascade written with matmuls, for a torch without the CPU flash kernel."""
     batch, heads, dim = q.shape
     kv = k_cache.shape[2]
     grouped = q.float().view(batch, kv, heads // kv, dim)

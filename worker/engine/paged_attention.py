@@ -21,7 +21,7 @@ from typing import Any
 from torch import Tensor
 
 from worker.engine.decode_attention import DecodeKernel
-from worker.models.attention import causal_attention
+from worker.models.attention import causal_attention, chunk_after_prefix
 
 
 def write_kv(kv_cache: Tensor, layer_idx: int, slots: Tensor, k: Tensor, v: Tensor) -> None:
@@ -100,12 +100,17 @@ class PagedAttentionContext:
         flat_v = v_cache.view(-1, *v_cache.shape[-2:])
         for span in self.prefills:
             rows = slice(span.q_start, span.q_start + span.num_q)
-            if span.slots is None:
-                keys, values = k[rows], v[rows]
-            else:
-                keys, values = flat_k[span.slots], flat_v[span.slots]
+            q_rows, k_rows, v_rows = q[rows], k[rows], v[rows]
             start = span.context_len - span.num_q
-            out[rows] = causal_attention(q[rows], keys, values, scale, q_start=start)
+            if span.slots is None:
+                out[rows] = causal_attention(q_rows, k_rows, v_rows, scale)
+            elif q.device.type == "cpu":  # the prefix unmasked, the chunk causal (see there)
+                prefix = span.slots[:start]
+                p_k, p_v = flat_k.index_select(0, prefix), flat_v.index_select(0, prefix)
+                out[rows] = chunk_after_prefix(q_rows, k_rows, v_rows, p_k, p_v, scale)
+            else:  # CUDA's flash kernels take the lower-right mask without building it
+                keys, values = flat_k[span.slots], flat_v[span.slots]
+                out[rows] = causal_attention(q_rows, keys, values, scale, q_start=start)
         d = self.decodes
         if d is not None:
             if d.plan is None:

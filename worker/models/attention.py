@@ -55,6 +55,40 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool) -> Tensor
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
 
 
+# The CPU flash kernel, which also returns each query's log-sum-exp (SDPA's public call does not).
+FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def chunk_after_prefix(
+    q: Tensor, k: Tensor, v: Tensor, prefix_k: Tensor, prefix_v: Tensor, scale: float
+) -> Tensor:
+    """Attention of a chunk's queries over a cached prefix and, causally, over the chunk itself.
+
+    q: [T, Hq, D]; k/v: [T, Hkv, D] the chunk's own keys; prefix_k/v: [P, Hkv, D], every one
+    visible to every query. Equal to `causal_attention` over the concatenated keys. On the CPU it
+    runs as two unmasked calls merged by their log-sum-exp: the prefix with the query heads of
+    each KV head stacked (one call, no mask: the mask is what made the one-call form slow, its
+    T x (P + T) booleans built, converted and read per layer), the chunk square-causal.
+    """
+    if q.device.type != "cpu" or FLASH_CPU is None:
+        keys, values = torch.cat([prefix_k, k]), torch.cat([prefix_v, v])
+        return causal_attention(q, keys, values, scale, q_start=prefix_k.shape[0])
+    num_q, heads, dim = q.shape
+    kv = k.shape[1]
+    stacked = q.reshape(num_q, kv, heads // kv, dim).permute(1, 2, 0, 3).reshape(1, kv, -1, dim)
+    p_out, p_lse = FLASH_CPU(
+        stacked, *(x.transpose(0, 1)[None] for x in (prefix_k, prefix_v)), scale=scale
+    )
+    p_out, p_lse = p_out.reshape(heads, num_q, dim), p_lse.reshape(heads, num_q)
+    own_k, own_v = (x.transpose(0, 1).repeat_interleave(heads // kv, 0)[None] for x in (k, v))
+    c_out, c_lse = FLASH_CPU(q.transpose(0, 1)[None], own_k, own_v, is_causal=True, scale=scale)
+    lse = torch.logaddexp(p_lse, c_lse[0])
+    out = p_out * (p_lse - lse).exp().unsqueeze(-1) + c_out[0] * (c_lse[0] - lse).exp().unsqueeze(
+        -1
+    )
+    return out.transpose(0, 1).to(q.dtype)  # the log-sum-exps, and so the merge, are float32
+
+
 def causal_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, q_start: int = 0) -> Tensor:
     """Attention of the queries q (absolute positions q_start..) over keys k (positions 0..).
 

@@ -13,24 +13,9 @@ import logging
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
-from cachekey.worker_auth import ZAP_DOMAIN, CurveKeys
+from cachekey.worker_auth import ZAP_DOMAIN, CurveKeys, TokenHoldersOnly
 
 logger = logging.getLogger(__name__)
-
-
-class _GatewaysOnly:
-    """ZAP credentials check: the client key derived from the worker token, nothing else."""
-
-    def __init__(self, keys: CurveKeys) -> None:
-        self._keys = keys
-        self._refused = False
-
-    def callback(self, domain: str, client_key: bytes) -> bool:
-        ok = self._keys.admits(client_key)
-        if not ok and not self._refused:
-            self._refused = True  # once: a scanner would otherwise fill the log
-            logger.warning("kv-events: refused a client without the worker token's CURVE key")
-        return ok
 
 
 class CurveGuard:
@@ -40,7 +25,9 @@ class CurveGuard:
         self._keys = keys
         self._auth = ThreadAuthenticator(ctx, log=logging.getLogger(f"{__name__}.zap"))
         self._auth.start()
-        self._auth.configure_curve_callback(ZAP_DOMAIN.decode(), _GatewaysOnly(keys))
+        self._auth.configure_curve_callback(
+            ZAP_DOMAIN.decode(), TokenHoldersOnly(keys, "kv-events", logger)
+        )
 
     def secure(self, sock: zmq.Socket) -> None:
         self._keys.serve(sock)

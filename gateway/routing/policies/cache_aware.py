@@ -32,16 +32,20 @@ why not each one's):
                (prefill and interference), times 0 when the adapter is resident, 0.5 when a slot
                is free, 1 when loading it evicts another (gateway/routing/adapters.py): keeps an
                adapter's requests on the replicas that hold it
-  busy         the prompt tokens the requests already there hold (`in_flight_tokens`, cached
-               or not; other gateways' requests at this one's size) beyond the least any
-               candidate holds and `BUSY_SLACK` prompts of this request's size, times
-               `--busy-weight` (0, off, by default): Dynamo's charge for the context a replica
-               serves, faded in past the least-loaded one's. A full hit costs little else, so
-               without it a hot prefix's every request went to its first holder; with it the
-               prefix gets another holder once its holders are that much busier than a replica
-               would be with the recompute, and then its traffic spreads over them
-               (docs/gateway.md). The slack keeps the ordinary imbalance of a few requests from
-               costing a hit
+  busy         a holder's requests in flight that share this request's prefix
+               (gateway/fleet/prefix_load.py) beyond `BUSY_SLACK`, each charged the tokens
+               the replica holds of the request, times `--busy-weight` (0.5): Dynamo's charge
+               for the context a replica serves, here only the context this prefix's own
+               traffic holds. A full hit costs little else, so without it a hot prefix's every
+               request went to its first holder; with it the prefix gets another holder once
+               its holders are that much busier with it than a replica would be with the
+               recompute, and its traffic then spreads over its holders (docs/gateway.md). Only
+               the prefix's own traffic counts: distinct tenants, each with a few requests in
+               flight, stay on the replicas that hold their prefixes (charging all the load
+               there moved them off and cost their hits). The slack keeps a prefix's ordinary
+               few requests from costing a hit. A new holder keeps the prefix cached (the
+               charge counts requests in flight, not what is held), so the prefix gains
+               holders as its load grows and does not move back and forth
 
 queue + prefill is its time to first token; interference is what it costs the others. A longer
 prefix wins until the queue behind it costs more than recomputing it elsewhere: that is a spill
@@ -67,6 +71,7 @@ from dataclasses import dataclass
 from gateway.config import GatewayConfig
 from gateway.fleet.copy_rate import copy_seconds_per_token
 from gateway.fleet.latency import FleetFit, fleet_fit
+from gateway.fleet.prefix_load import sharing
 from gateway.fleet.replica import Replica
 from gateway.routing.adapters import adapter_miss
 from gateway.routing.policies.base import RouteContext, tie_order
@@ -76,7 +81,7 @@ log = logging.getLogger(__name__)
 TOP = 8  # places ranked exactly when most candidates are idle and hold nothing of the request
 FLEET_SAMPLE = 32  # fitted candidates whose samples are pooled (bounded per request)
 POOL_TTL = 0.25  # seconds a pooled fit is reused for the same candidates
-BUSY_SLACK = 2  # prompts of the request's size a replica may hold beyond the least, uncharged
+BUSY_SLACK = 2  # requests sharing the prefix a holder may serve before the busy term charges
 
 
 @dataclass(slots=True)
@@ -116,14 +121,13 @@ class CacheAwarePolicy:
         rate: float,
         fleet: FleetFit | None = None,
         floor: float = 0.0,
-        least: int = 0,
     ) -> Cost:
         """Its cost on `r`: predicted by `fleet` (the candidates' pooled latency fit) at `r`'s
         load, or without one in prompt tokens at `rate`. `floor`: the least the learned model
-        may price an uncached token at (the workers' measured prefill rate); `least`: the
-        fewest tokens any candidate holds (`held`)."""
+        may price an uncached token at (the workers' measured prefill rate)."""
         bs = ctx.block_size
-        uncached = max(ctx.num_prompt_tokens - ctx.matched.get(r.id, 0) * bs, 0)
+        blocks = ctx.matched.get(r.id, 0)
+        uncached = max(ctx.num_prompt_tokens - blocks * bs, 0)
         # The worker's own counts see other gateways' requests too.
         on_replica = max(r.in_flight, r.running + r.waiting)
         if fleet is not None:
@@ -138,8 +142,11 @@ class CacheAwarePolicy:
             miss = adapter_miss(r, ctx.lora_name, now, self.lora_ttl)
             adapter = rate * self.w.lora * bs * miss * (on_replica + 2)
         spread = rate * self.w.recent * r.recent_prefill_at(now, self.half_life)
-        over = held(ctx, r) - least - BUSY_SLACK * ctx.num_prompt_tokens
-        busy = rate * self.w.busy * over if over > 0 else 0.0
+        busy = 0.0
+        if blocks and self.w.busy:
+            over = sharing(r.in_flight_prefixes, ctx.keys, blocks) - BUSY_SLACK
+            if over > 0:
+                busy = rate * self.w.busy * over * (ctx.num_prompt_tokens - uncached)
         if fleet is not None:
             c = fleet.ttft
             return Cost(
@@ -167,11 +174,10 @@ class CacheAwarePolicy:
         rate = floor or 1.0
         exact = self.temperature > 0 or ctx.lora_name is not None or len(ctx.candidates) <= 2 * TOP
         contenders = ctx.candidates if exact else self._contenders(ctx)
-        least = min(held(ctx, r) for r in contenders)
         scored = sorted(
             (
                 (
-                    self.cost(ctx, r, now, rate, fleet, floor, least).total,
+                    self.cost(ctx, r, now, rate, fleet, floor).total,
                     tie_order(ctx.tie_seed, r),
                     r,
                 )
@@ -223,13 +229,6 @@ class CacheAwarePolicy:
         return busy + quietest(idle, TOP, ctx.tie_seed)
 
 
-def held(ctx: RouteContext, r: Replica) -> int:
-    """The prompt tokens the requests on `r` hold: this gateway's, and this request's size for
-    each more the worker counts (other gateways')."""
-    extra = max(r.running + r.waiting - r.in_flight, 0)
-    return r.in_flight_tokens + int(extra * ctx.num_prompt_tokens)
-
-
 def quietest(idle: list[Replica], k: int, seed: bytes) -> list[Replica]:
     """The `k` replicas with the least recent prefill now (`Replica.recent_key` orders them
     at any time), ties in rendezvous order; only a tie at the k-th place is hashed."""
@@ -247,9 +246,8 @@ def explain(policy: CacheAwarePolicy, ctx: RouteContext) -> str:
     with a model, whose it is (own or fleet) and its mean relative error so far."""
     now, floor, fleet = time.monotonic(), measured_rate(ctx.candidates), fleet_model(ctx.candidates)
     unit, scale = ("ms", 1e3) if floor or fleet is not None else ("tokens", 1.0)
-    least = min(held(ctx, r) for r in ctx.candidates)
     costs = sorted(
-        ((policy.cost(ctx, r, now, floor or 1.0, fleet, floor, least), r) for r in ctx.candidates),
+        ((policy.cost(ctx, r, now, floor or 1.0, fleet, floor), r) for r in ctx.candidates),
         key=lambda t: t[0].total,
     )
     return f"({unit}) " + "; ".join(
@@ -257,6 +255,7 @@ def explain(policy: CacheAwarePolicy, ctx: RouteContext) -> str:
         f" prefill={c.prefill * scale:.0f} interference={c.interference * scale:.0f}"
         f" spread={c.spread * scale:.0f} adapter={c.adapter * scale:.0f}"
         f" busy={c.busy * scale:.0f}"
+        f" sharing={sharing(r.in_flight_prefixes, ctx.keys, ctx.matched.get(r.id, 0))}"
         f" in_flight={r.in_flight} running={r.running} waiting={r.waiting}"
         f"{model_note(r, fleet)}"
         for c, r in costs

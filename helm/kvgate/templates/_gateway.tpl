@@ -136,3 +136,25 @@ preStop:
         path: {{ .Values.auth.secretKey }}
 {{- end }}
 {{- end }}
+
+{{/* Peers (values.yaml, gateway.peers): the gateway and EPP pods are one group, found by this
+label, so the in-flight cap and the placements hold across both. */}}
+{{- define "kvgate.peerLabel" -}}
+kvgate.io/peer-group: {{ include "kvgate.fullname" . }}
+{{- end }}
+
+{{- define "kvgate.peerArgs" -}}
+{{- if .Values.gateway.peers.enabled }}
+- --peer-port={{ .Values.gateway.peers.port }}
+- --peers-from-kubernetes=kvgate.io/peer-group={{ include "kvgate.fullname" . }}
+- --peer-timeout={{ .Values.gateway.peers.timeoutSeconds }}
+{{- end }}
+{{- end }}
+
+{{- define "kvgate.peerPort" -}}
+{{- if .Values.gateway.peers.enabled }}
+- name: peers
+  containerPort: {{ .Values.gateway.peers.port }}
+  protocol: TCP
+{{- end }}
+{{- end }}

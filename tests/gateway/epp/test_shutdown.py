@@ -98,6 +98,7 @@ def _start(c: Cluster, log_dir: Path, n: int) -> tuple[Proc, str]:
     return proc, f"{HOST}:{grpc_port}"
 
 
+@pytest.mark.long
 def test_fifty_sigterms_under_load(workers) -> None:
     c, log_dir = workers
     clean, slowest = 0, 0.0

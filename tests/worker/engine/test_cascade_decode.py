@@ -3,14 +3,22 @@ written out, and an engine whose batched decode runs it giving each request's gr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from tests.support.engine import generate, make_engine, run_all, sampled_logits, tokens
 from tests.worker.engine.test_paged_attention import naive_attention, slots_of
-from worker.engine.cascade_decode import MIN_SHARED_BLOCKS, CascadePlan, shared_prefixes
+from worker.engine.cascade_decode import (
+    MIN_SHARED_BLOCKS,
+    CascadePlan,
+    run_cascade,
+    run_cascade_matmul,
+    shared_prefixes,
+)
 from worker.engine.decode_attention import ReferenceDecode
 from worker.engine.sampling_params import SamplingParams
 
@@ -42,7 +50,9 @@ def test_groups_share_only_full_blocks_every_row_holds() -> None:
     assert MIN_SHARED_BLOCKS == 4
 
 
-def test_cascade_equals_softmax_attention_written_out() -> None:
+@pytest.mark.parametrize("run", [run_cascade, run_cascade_matmul], ids=["flash", "matmul"])
+def test_cascade_equals_softmax_attention_written_out(run: Callable) -> None:
+    """Both forms: the CPU flash kernel's, and the matmuls kept for a torch without it."""
     torch.manual_seed(3)
     kv = torch.randn((1, 2, BLOCKS, BS, KV_HEADS, DIM))
     width = max(len(t) for t in TABLES)
@@ -52,7 +62,7 @@ def test_cascade_equals_softmax_attention_written_out() -> None:
     plan = kernel.plan(tables, lens, BS)
     assert isinstance(plan, CascadePlan) and len(plan.groups) == 2
     q = torch.randn(len(TABLES), HEADS, DIM)
-    out = kernel.run(q, kv[0, 0], kv[0, 1], plan, 0.4)
+    out = run(q, kv[0, 0], kv[0, 1], plan, 0.4)
     flat_k, flat_v = kv[0, 0].view(-1, KV_HEADS, DIM), kv[0, 1].view(-1, KV_HEADS, DIM)
     for i, (table, n) in enumerate(zip(TABLES, LENGTHS, strict=True)):
         slots = slots_of(table, n)

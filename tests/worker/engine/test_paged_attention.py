@@ -19,7 +19,7 @@ from worker.engine.paged_attention import (
     PagedAttentionContext,
     PrefillSpan,
 )
-from worker.models.attention import causal_attention
+from worker.models.attention import causal_attention, chunk_after_prefix
 
 BS, LAYERS, HEADS, KV_HEADS, DIM, BLOCKS = 4, 2, 4, 2, 8, 64
 
@@ -48,6 +48,30 @@ def test_causal_attention_aligns_the_mask_to_the_end_of_the_keys(q_start: int) -
     v = torch.randn(q_start + 6, KV_HEADS, DIM)
     got = causal_attention(q, k, v, 0.4, q_start=q_start)
     torch.testing.assert_close(got, naive_attention(q, k, v, 0.4, q_start), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("prefix", "chunk", "dtype"),
+    [
+        (1, 1, torch.float32),
+        (37, 9, torch.float32),
+        (300, 64, torch.float32),
+        (40, 16, torch.bfloat16),
+    ],
+)
+def test_chunk_after_prefix_equals_causal_attention_over_both(
+    prefix: int, chunk: int, dtype: torch.dtype
+) -> None:
+    """The CPU's two unmasked calls merged by log-sum-exp against the softmax written out."""
+    torch.manual_seed(prefix + chunk)
+    q = torch.randn(chunk, HEADS, DIM, dtype=dtype)
+    k = torch.randn(prefix + chunk, KV_HEADS, DIM, dtype=dtype)
+    v = torch.randn(prefix + chunk, KV_HEADS, DIM, dtype=dtype)
+    got = chunk_after_prefix(q, k[prefix:], v[prefix:], k[:prefix], v[:prefix], 0.4)
+    assert got.shape == q.shape and got.dtype == dtype
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    want = naive_attention(q, k, v, 0.4, prefix)
+    torch.testing.assert_close(got, want, atol=tol, rtol=tol)
 
 
 def test_causal_attention_rejects_mismatched_keys() -> None:
