@@ -3,9 +3,11 @@
 Fills a `BlockIndex` with `--blocks` distinct blocks spread over `--replicas` replicas, as their
 `BlockStored` events would (chains of 64 blocks; kvgate workers' 16-byte hashes, or vLLM's int
 hashes), then has a second replica store every chain again (two copies of each block, as when
-a prefix is cached on two replicas). Reports the process's RSS growth (the figure to size a
-pod by: it includes the allocator's overhead), the index's own estimate (`kvgate_index_bytes`)
-and the bytes per block for each step.
+a prefix is cached on two replicas), then the first replica's host-memory tier (`medium: "CPU"`)
+every chain too (a block in both tiers of one replica: one more bit, no engine hash more).
+Reports the process's RSS growth (the figure to size a pod by: it includes the allocator's
+overhead), the index's own estimate (`kvgate_index_bytes`) and the bytes per block for each
+step.
 
     python -m bench.index_memory                      # 1M blocks over 512 replicas
     python -m bench.index_memory --blocks 2000000 --hashes int
@@ -34,15 +36,18 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * resource.getpagesize()
 
 
-def fill(index: BlockIndex, blocks: int, replicas: int, hashes: str, shift: int) -> None:
+def fill(
+    index: BlockIndex, blocks: int, replicas: int, hashes: str, shift: int, medium: str = "GPU"
+) -> None:
     """Chains of CHAIN blocks, chain c on replica (c + shift) % replicas; the same chains (and
-    engine hashes) whatever `shift`, so a second pass adds a copy of each block elsewhere."""
+    engine hashes) whatever `shift`, so a second pass adds a copy of each block elsewhere, and
+    a pass with `medium` "CPU" a copy in a replica's host tier."""
     for c in range(blocks // CHAIN):
         tokens = [(c * 7919 + i) % 50_000 for i in range(CHAIN * 16)]
         keys = block_keys(tokens, NS)
         engine = list(keys) if hashes == "bytes" else [c * CHAIN + i for i in range(CHAIN)]
         rid = ReplicaId(f"http://10.0.{(c + shift) % replicas // 256}.{(c + shift) % 256}:8000")
-        index.store(rid, NS, BlockStored(engine, None, tokens, 16))
+        index.store(rid, NS, BlockStored(engine, None, tokens, 16, medium=medium))
 
 
 def main() -> None:
@@ -56,9 +61,10 @@ def main() -> None:
     gc.collect()
     rows = []
     base = rss_bytes()
-    for step, shift in (("one copy", 0), ("two copies", 1)):
+    steps = [("one copy", 0, "GPU"), ("two copies", 1, "GPU"), ("host tier too", 0, "CPU")]
+    for step, shift, medium in steps:
         t0 = time.process_time()
-        fill(index, args.blocks, args.replicas, args.hashes, shift)
+        fill(index, args.blocks, args.replicas, args.hashes, shift, medium)
         cpu = time.process_time() - t0
         gc.collect()
         grown = rss_bytes() - base
@@ -76,7 +82,7 @@ def main() -> None:
         )
         r = rows[-1]
         print(
-            f"{step:>10}: {r['blocks']:,} blocks, {r['copies']:,} copies: RSS +{r['rss_mb']:.0f} MB"
+            f"{step:>13}: {r['blocks']:,} blocks, {r['copies']:,} copies: RSS +{r['rss_mb']:.0f} MB"
             f" = {r['rss_bytes_per_block']:.0f} B/block (index estimate "
             f"{r['estimate_bytes_per_block']:.0f}); {r['store_s_per_million']:.1f} s CPU per "
             "million blocks stored",

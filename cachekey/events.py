@@ -34,6 +34,7 @@ GroupIdx = Annotated[int, Meta(ge=0, lt=MAX_KV_CACHE_GROUPS)]
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 MEDIUM_GPU = "GPU"
+MEDIUM_CPU = "CPU"  # vLLM's offloading connector's host-memory tier (kvgate's worker's too)
 
 
 class BlockStored(msgspec.Struct, tag=True, omit_defaults=True, gc=False):

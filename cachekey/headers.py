@@ -22,6 +22,9 @@ POLICY_HEADER = "x-kvgate-routing-policy"  # a request's choice of routing polic
 SESSION_HEADER = "x-session-id"  # the default header the session policy hashes
 REPLICA_HEADER = "x-kvgate-replica"  # the replica that served a response
 PREDICTED_HEADER = "x-kvgate-predicted-cached-tokens"  # the cached tokens the gateway predicted
+# ... of which the worker's GPU holds, and its host-memory tier (`medium: "CPU"`) holds
+PREDICTED_GPU_HEADER = "x-kvgate-predicted-gpu-cached-tokens"
+PREDICTED_CPU_HEADER = "x-kvgate-predicted-cpu-cached-tokens"
 
 # ---- proxy <-> endpoint picker (Gateway API inference extension; gateway/epp/wire.py) -----
 

@@ -54,17 +54,21 @@ def finished(
     policy: str,
     status: str,
     prompt_tokens: int,
-    predicted: int,
+    predicted: tuple[int, int],
     usage: dict | None,
 ) -> None:
-    """A request a replica answered: its status and, if served, predicted vs reported cached
-    tokens."""
+    """A request a replica answered: its status and, if served, predicted (in all, and of
+    those its host tier's) vs reported cached tokens (the worker reports both tiers as one,
+    as vLLM does)."""
     m = state.metrics
     m.child(m.requests, rep.name, policy, status).inc()
     if not served(status):
         return
     m.child(m.prompt_tokens, rep.name).inc(prompt_tokens)
+    predicted, host = predicted
     m.child(m.predicted_cached, rep.name).inc(predicted)
+    if host:
+        m.child(m.predicted_host_cached, rep.name).inc(host)
     details = (usage or {}).get("prompt_tokens_details") or {}
     reported = details.get("cached_tokens")
     if reported is not None:

@@ -169,6 +169,12 @@ class GatewayConfig:
         "ignore the workers' KV events: the index holds only what the gateway routed "
         "(speculative entries), as an approximate router does",
     )
+    ignore_host_tier: bool = option(
+        False,
+        'route as if the workers had no host-memory tier: their `medium: "CPU"` KV events are '
+        "kept in the index but a prefix held only there counts as uncached (the behaviour "
+        "before the host tier; for comparison)",
+    )
     speculative_ttl: float | None = option(
         None,
         "seconds a routed request's keys still count for its replica after it ended, for its "

@@ -42,6 +42,13 @@ class GatewayMetrics:
             ["replica"],
             registry=r,
         )
+        self.predicted_host_cached = Counter(
+            "kvgate_predicted_cpu_cached_tokens",
+            "Of the predicted cached prompt tokens, those the replica's host-memory tier serves "
+            "(copied back to the GPU, not recomputed)",
+            ["replica"],
+            registry=r,
+        )
         self.reported_cached = Counter(
             "kvgate_reported_cached_tokens",
             "Cached prompt tokens the workers reported (usage.prompt_tokens_details)",

@@ -30,6 +30,8 @@ class Result:
     ok: bool
     error: str | None = None
     sent_at: float = 0.0  # perf_counter() when it was sent (orders a run's requests in time)
+    # Of `predicted_cached_tokens`, those the gateway expected the host KV tier to serve.
+    predicted_cpu_tokens: int | None = None
 
 
 def _cached(usage: object) -> int:
@@ -44,7 +46,7 @@ async def _send(
     max_tokens: int,
     headers: dict[str, str],
     stream: bool = False,
-) -> tuple[str, str, int, int, int | None, float, float | None]:
+) -> tuple[str, str, int, int, int | None, float, float | None, int | None]:
     t0 = time.perf_counter()
     raw = await client.chat.completions.with_raw_response.create(
         model=model,
@@ -55,6 +57,7 @@ async def _send(
         **({"stream": True, "stream_options": {"include_usage": True}} if stream else {}),
     )
     predicted = raw.headers.get("x-kvgate-predicted-cached-tokens")
+    cpu = raw.headers.get("x-kvgate-predicted-cpu-cached-tokens")
     replica = raw.headers.get("x-kvgate-replica", "direct")
     ttft = None
     if stream:
@@ -81,6 +84,7 @@ async def _send(
         int(predicted) if predicted is not None else None,
         latency,
         ttft,
+        int(cpu) if cpu is not None else None,
     )
 
 
@@ -96,14 +100,14 @@ async def send_turn(
     """One turn's request: its Result and the reply's text ("" when it failed)."""
     sent_at = time.perf_counter()
     try:
-        text, replica, pt, ct, pred, lat, ttft = await _send(
+        text, replica, pt, ct, pred, lat, ttft, cpu = await _send(
             client, model, messages, max_tokens, headers, stream
         )
     except Exception as e:  # a failed request is a result too: it is counted, not hidden
         error = f"{type(e).__name__}: {e}"
         return Result(turn.conversation, turn.turn, "-", 0, 0, None, 0.0, None, False, error), ""
     res = Result(turn.conversation, turn.turn, replica, pt, ct, pred, lat, ttft, True)
-    res.sent_at = sent_at
+    res.sent_at, res.predicted_cpu_tokens = sent_at, cpu
     return res, text
 
 

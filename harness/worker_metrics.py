@@ -19,6 +19,8 @@ _SAMPLES = {
     "vllm:prefix_cache_hits_total": "hit_tokens",
     "vllm:prompt_tokens_total": "prompt_tokens",
     "vllm:generation_tokens_total": "generation_tokens",
+    # A KV connector's hits past the GPU's: vLLM's offloading connector's and kvgate's host tier.
+    "vllm:external_prefix_cache_hits_total": "host_hit_tokens",
 }
 
 
@@ -29,6 +31,7 @@ class WorkerCounters:
     hit_tokens: float = 0.0
     prompt_tokens: float = 0.0
     generation_tokens: float = 0.0
+    host_hit_tokens: float = 0.0
 
     def minus(self, before: WorkerCounters) -> WorkerCounters:
         return WorkerCounters(

@@ -52,7 +52,7 @@ def settle(state: GatewayState, px: ProxyRequest, msg, rank: int | None) -> None
     if target is not rep:
         reason = f"the proxy sent it to {target.name}"
         accounting.attempt_failed(state, rep, px.policy_name, reason)
-        lease.transfer(target, px.predicted_for(target))
+        lease.transfer(target, px.prediction(target))
 
 
 def replica_at(state: GatewayState, endpoint: str, rank: int | None) -> Replica | None:

@@ -39,6 +39,8 @@ class ReplicaLoad:
     # cache_aware's busy term charges a holder for those sharing the request's prefix.
     in_flight_prefixes: dict[BlockKey, int] = field(default_factory=dict)
     prefill_rate: PrefillRate = field(default_factory=PrefillRate)  # from the worker's metrics
+    # Seconds per token copied back from its host tier (copy_rate.py), measured alike.
+    copy_rate: PrefillRate = field(default_factory=PrefillRate)
     # Its TTFT against the load it was sent into, fitted from the gateway's own timings.
     latency: LatencyModel = field(default_factory=LatencyModel)
     # Its requests' whole time (to the end of the answer) against the same load.

@@ -28,6 +28,7 @@ from cachekey.worker_auth import CurveKeys, bearer
 from gateway.config import GatewayConfig
 from gateway.discovery.endpoints import WorkerEndpoint
 from gateway.events.followers import EventFollowers, event_context
+from gateway.fleet.copy_rate import parse_copy_sums
 from gateway.fleet.health import ReplicaHealth, refusal
 from gateway.fleet.health_state import NOT_POLLED
 from gateway.fleet.link import ReplicaLink
@@ -211,8 +212,10 @@ class ReplicaSet:
         if metrics_r.status == 200:
             self._set_load(rep, parse_engine_load(metrics_r.text))
             sums = parse_prefill_sums(metrics_r.text)  # the worker's, shared by its ranks
+            copies = parse_copy_sums(metrics_r.text)
             for r in rep.ranks:
                 r.prefill_rate.observe(sums)
+                r.copy_rate.observe(copies)
         for r in rep.ranks:
             self.health.set_health(r, health_r)
 
@@ -257,6 +260,7 @@ class ReplicaSet:
             rep.fingerprint = info.fingerprint
             rep.namespace = info.namespace()
             rep.prefill_rate.reset()
+            rep.copy_rate.reset()
             self.index.set_traits(rep.id, info.defers_shared_prefill, slot.num_blocks)
         check_parity(self.replicas.values(), self.metrics)
         for rep in reps:

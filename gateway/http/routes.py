@@ -121,7 +121,8 @@ async def metrics(request: Request) -> Response:
 
 
 async def index_debug(request: Request) -> Response:
-    """Per replica: blocks, seq, instance id and a digest of its key set."""
+    """Per replica: blocks (GPU, and its host tier's), seq, instance id and a digest of its
+    GPU's key set."""
     st = _state(request)
     s = st.index.stats()
     replicas = {}
@@ -133,6 +134,7 @@ async def index_debug(request: Request) -> Response:
             "healthy": r.healthy,
             "parity_ok": r.parity_ok,
             "blocks": st.index.lookup.replica_blocks(r.id),
+            "host_blocks": st.index.lookup.replica_blocks(r.id, host=True),
             "seq": sub.last_seq if sub is not None else None,
             "synced": sub.synced.is_set() if sub is not None else False,
             "digest": st.index.lookup.replica_digest(r.id),

@@ -16,6 +16,9 @@ computed twice in one step is cached twice). vLLM's `kv_cache_report_mode="full"
 the blocks a request hit as a `BlockStored` from block 0 (no parent); for a replica marked as
 re-announcing, such a store of a block the slot already holds is not a new copy.
 
+Tiers: a replica's host-memory tier (`medium: "CPU"`) is one more slot of it (`HOST_GROUP`): a
+block may be in both tiers; `IndexLookup.hits` follows it past the GPU's hit.
+
 Thread safety: events are hashed and applied on an ingestion thread while `match` runs on the
 event loop. Mutations take `_lock`; `match` reads without it (single dict reads and ints, and
 per-replica tuples replaced whole), taking the lock only to expire speculative entries.
@@ -27,13 +30,19 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from itertools import islice
 
-from cachekey.events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from cachekey.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from cachekey.keys import HashNamespace
 from cachekey.types import BlockKey
+from gateway.index.eviction import evict_oldest, forget_blocks
 from gateway.index.lookup import IndexLookup, IndexStats, IndexTables
-from gateway.index.replica_blocks import ReplicaBlocks, is_sparse, stored_keys
+from gateway.index.replica_blocks import (
+    HOST_GROUP,
+    ReplicaBlocks,
+    is_sparse,
+    stored_keys,
+    tier_group,
+)
 from gateway.index.speculative import Guess, SpeculativeEntries
 from gateway.names import ReplicaId
 
@@ -104,9 +113,12 @@ class BlockIndex:
         return applied
 
     def store(self, replica: ReplicaId, ns: HashNamespace, ev: BlockStored) -> bool:
-        if ev.medium not in (None, MEDIUM_GPU):
-            self.other_tier_events += 1  # a CPU/storage copy is not a prefix-cache hit
+        tier = tier_group(ev.medium, ev.group_idx)
+        self.other_tier_events += tier is None
+        if tier is None:
             return False
+        if tier == HOST_GROUP and replica in self._reannouncing:
+            return self.store_sparse(replica, ev, final=True)
         bs = ev.block_size
         if bs != ns.block_size or len(ev.token_ids) != bs * len(ev.block_hashes):
             self.errors["length_mismatch" if bs == ns.block_size else "block_size"] += 1
@@ -138,17 +150,19 @@ class BlockIndex:
                 rep.lookahead = len(ev.lookahead_token_ids[0]) if ev.lookahead_token_ids else 0
                 if rep.lookahead and rep not in self._t.lookahead:
                     self._t.lookahead = (*self._t.lookahead, rep)
-            self._add_copies(rep, ev, hashes, hkeys, values)
+            self._add_copies(rep, ev, tier, hashes, hkeys, values)
             self._evict_over_cap()
         return True
 
     def store_sparse(self, replica: ReplicaId, ev: BlockStored, *, final: bool) -> bool:
-        """A sparse group's store: its blocks' keys are those the replica's other groups stored
-        under the same engine hashes (vLLM hashes a block alike in every group). False, unless
-        `final`, while one is still unknown; when `final`, the known ones are stored and the
-        rest skipped as blocks with an unknown parent are (never guessed)."""
-        if ev.medium not in (None, MEDIUM_GPU):
-            self.other_tier_events += 1
+        """A store by engine hash: a sparse group's, and plain vLLM's host tier's (its events
+        carry no extra keys, so its keys are never recomputed: no image or salt is lost). Its
+        keys are those the replica's GPU groups stored under the same engine hashes (vLLM hashes
+        a block alike in every group and tier). False, unless `final`, while one is still
+        unknown; when `final`, the known ones are stored, the rest skipped (never guessed)."""
+        tier = tier_group(ev.medium, ev.group_idx)
+        self.other_tier_events += tier is None
+        if tier is None:
             return True
         rep = self._t.replicas.get(replica) or self._add_replica(replica)
         engine = rep.engine
@@ -161,24 +175,32 @@ class BlockIndex:
         hkeys = [v if type(v) is bytes else v[1] for _, v in known]
         with self._t.lock:
             if self._t.replicas.get(replica) is rep:
-                self._add_copies(rep, ev, [h for h, _ in known], hkeys, [v for _, v in known])
+                hashes = [h for h, _ in known]
+                self._add_copies(rep, ev, tier, hashes, hkeys, [v for _, v in known])
         return True
 
     def _add_copies(
         self,
         rep: ReplicaBlocks,
         ev: BlockStored,
+        tier: int,
         hashes: Sequence,
         hkeys: Sequence[BlockKey],
         values: Sequence,
     ) -> None:
-        """Each block one more copy in the event's group: engine hash -> value (the key, or
-        (key, lookahead key)), held in the index as `hkeys`."""
+        """Each block one more copy in group `tier`: engine hash -> value (the key, or (key,
+        lookahead key)), held as `hkeys`. A host store is never vLLM's re-announcement."""
         rep.block_size = ev.block_size
-        group = rep.group(ev.group_idx, ev.kv_cache_spec_kind, ev.kv_cache_spec_sliding_window)
+        host = tier == HOST_GROUP
+        kind, window = (
+            (None, None) if host else (ev.kv_cache_spec_kind, ev.kv_cache_spec_sliding_window)
+        )
+        group = rep.group(tier, kind, window)
+        if host:
+            rep.set_host_rule(gpu_after_host=rep.id not in self._reannouncing)
         self._t.by_bit[group.bit] = rep
         bit = group.bit
-        reannounce = ev.parent_block_hash is None and rep.id in self._reannouncing
+        reannounce = not host and ev.parent_block_hash is None and rep.id in self._reannouncing
         held, engine, spec, extra = self._t.held, rep.engine, self._t.spec.mask, self._extra
         new = dup = 0
         for engine_hash, hkey, value in zip(hashes, hkeys, values, strict=True):
@@ -204,16 +226,17 @@ class BlockIndex:
         replica: ReplicaId,
         engine_hashes: Sequence,
         group_idx: int | None = None,
-        medium: str | None = MEDIUM_GPU,
+        medium: str | None = "GPU",
     ) -> bool:
-        if medium not in (None, MEDIUM_GPU):
-            self.other_tier_events += 1
+        tier = tier_group(medium, group_idx)
+        self.other_tier_events += tier is None
+        if tier is None:
             return False
         rep = self._t.replicas.get(replica)
-        group = rep.groups.get(group_idx or 0) if rep is not None else None
+        group = rep.groups.get(tier) if rep is not None else None
         if group is None:
             return True  # nothing held there
-        bit, held, engine = group.bit, self._t.held, rep.engine
+        bit, held, engine, spec = group.bit, self._t.held, rep.engine, self._t.spec
         with self._t.lock:
             for engine_hash in engine_hashes:
                 value = engine.get(engine_hash)
@@ -231,6 +254,8 @@ class BlockIndex:
                     continue
                 mask &= ~bit
                 group.blocks -= 1
+                if bit == rep.home_bit and hkey in spec.mask:
+                    spec.confirm(hkey, bit)  # gone from the GPU: a guess must not outlive it
                 if mask:
                     held[hkey] = mask
                 else:
@@ -245,19 +270,7 @@ class BlockIndex:
             rep = self._t.replicas.pop(replica, None)
             if rep is None:
                 return
-            held, bits = self._t.held, rep.all_bits
-            for value in rep.engine.values():
-                hkey = value if type(value) is bytes else value[1]
-                mask = held.get(hkey, 0)
-                if not mask & bits:
-                    continue
-                for group in rep.groups.values():
-                    self._copies -= self._extra.pop((hkey, group.bit), 0)
-                if mask & ~bits:
-                    held[hkey] = mask & ~bits
-                else:
-                    del held[hkey]
-            self._copies -= rep.blocks()
+            self._copies -= forget_blocks(self._t.held, self._extra, rep)
             self._t.spec.drop(rep.home_bit)
             self._free_slots.extend(rep.slots())
             for group in rep.groups.values():
@@ -280,20 +293,8 @@ class BlockIndex:
         return self._next_slot - 1
 
     def _evict_over_cap(self) -> None:
-        excess = len(self._t.held) - self.max_blocks
-        if excess <= 0:
-            return
-        # In batches: finding the oldest keys walks past the dict's deleted slots each time.
-        n = excess + self.max_blocks // 64
-        by_bit = {g.bit: g for r in self._t.replicas.values() for g in r.groups.values()}
-        for key in list(islice(self._t.held, n)):
-            mask = self._t.held.pop(key)
-            while mask:
-                bit = mask & -mask
-                mask ^= bit
-                self._copies -= 1 + self._extra.pop((key, bit), 0)
-                if bit in by_bit:
-                    by_bit[bit].blocks -= 1
+        if len(self._t.held) > self.max_blocks:
+            self._copies -= evict_oldest(self._t, self._extra, self.max_blocks)
 
     # ---- speculative entries (gateway/index/speculative.py) ------------------------------------
 

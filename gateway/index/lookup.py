@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from cachekey.types import BlockKey, MMItem
-from gateway.index.replica_blocks import ReplicaBlocks
+from gateway.index.replica_blocks import HOST_GROUP, ReplicaBlocks
 from gateway.index.speculative import SpeculativeEntries
 from gateway.names import ReplicaId
 
@@ -80,6 +80,7 @@ class IndexLookup:
         now: float | None = None,
         tokens: Sequence[int] | None = None,
         mm_items: Sequence[MMItem] = (),
+        gpu: dict[ReplicaId, int] | None = None,
     ) -> dict[ReplicaId, int]:
         """The replicas that would hit at least block 0 of `keys`, and how many blocks.
 
@@ -87,8 +88,9 @@ class IndexLookup:
         lookahead keys (EAGLE/MTP, whose hit needs the request's `tokens`): a replica that
         holds nothing of the request costs nothing. One pass over the keys for all of their
         full-attention slots at once: a slot drops out at its first miss. Then per replica,
-        where it applies, the sliding-window rule of a hybrid model.
-        """
+        where it applies, the sliding-window rule of a hybrid model, and with `gpu` (a dict it
+        fills with the GPU's part of each host-tier replica's hit) the host tier past the GPU's
+        hit (`host_extent`); without it (`--ignore-host-tier`) the GPU's hit alone."""
         now = time.monotonic() if now is None else now
         t = self._t
         if speculative and t.spec.due(now):
@@ -124,29 +126,39 @@ class IndexLookup:
         found = {}
         for rid, rep in reps.items():
             n = rep.hit(held, keys, stops, tokens, mm_items)
+            if gpu is not None and rep.host_bit and not (rep.sliding or rep.lookahead):
+                gpu[rid] = n
+                n = rep.host_extent(held, keys, n)
             if n:
                 found[rid] = n
         return found
 
     def holds(self, replica: ReplicaId, key: BlockKey) -> bool:
+        """`replica`'s GPU holds `key`."""
         rep = self._t.replicas.get(replica)
-        return rep is not None and bool(self._t.held.get(key, 0) & rep.all_bits)
+        return rep is not None and bool(self._t.held.get(key, 0) & rep.gpu_bits)
 
     # ---- introspection ---------------------------------------------------------------------
 
-    def replica_blocks(self, replica: ReplicaId) -> int:
+    def replica_blocks(self, replica: ReplicaId, host: bool = False) -> int:
+        """Blocks `replica`'s GPU holds (its largest group's), or with `host` its host tier."""
         rep = self._t.replicas.get(replica)
-        return max((g.blocks for g in rep.groups.values()), default=0) if rep else 0
+        if rep is None:
+            return 0
+        if host:
+            return g.blocks if (g := rep.groups.get(HOST_GROUP)) is not None else 0
+        return max((g.blocks for i, g in rep.groups.items() if i != HOST_GROUP), default=0)
 
     def replica_digest(self, replica: ReplicaId) -> str:
-        """Order-independent digest of the gateway keys a replica holds (for comparing indexes)."""
+        """Order-independent digest of the gateway keys a replica's GPU holds (for comparing
+        indexes, and with a worker's snapshot)."""
         rep = self._t.replicas.get(replica)
         h = hashlib.sha256()
         if rep is not None:
             held = self._t.held
             values = list(rep.engine.values())
             keys = {v if type(v) is bytes else v[1] for v in values}
-            for key in sorted(k for k in keys if held.get(k, 0) & rep.all_bits):
+            for key in sorted(k for k in keys if held.get(k, 0) & rep.gpu_bits):
                 h.update(key)
         return h.hexdigest()
 

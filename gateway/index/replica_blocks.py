@@ -7,12 +7,26 @@ from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from cachekey.events import BlockStored, EngineHash
+from cachekey.events import MEDIUM_CPU, MEDIUM_GPU, BlockStored, EngineHash
 from cachekey.keys import chain_keys, lookahead_key, request_lookahead_keys
 from cachekey.types import BlockKey, MMItem
 
 _SLIDING = ("sliding_window", "sliding_window_mla")
 _MAMBA = "mamba"
+# The group index of a replica's host-memory tier (vLLM's `medium: "CPU"`): a slot of its own,
+# so one block may be held in both tiers and each tier's removals clear only its own bit.
+HOST_GROUP = -1
+
+
+def tier_group(medium: str | None, group_idx: int | None) -> int | None:
+    """The group an event's blocks are held in: their own on the GPU; `HOST_GROUP` for the host
+    tier (a plain model's group 0 only: a hybrid's other groups' hit needs more than their
+    blocks). None: not applied (storage tiers, other groups' host copies)."""
+    if medium in (None, MEDIUM_GPU):
+        return group_idx or 0
+    if medium == MEDIUM_CPU and not group_idx:
+        return HOST_GROUP
+    return None
 
 
 def is_sparse(ev: BlockStored) -> bool:
@@ -44,8 +58,10 @@ class Group:
 class ReplicaBlocks:
     """Engine hash -> gateway key (or (key, lookahead key)), and the replica's groups.
 
-    `full_bits`, `full_bit_list` and `sliding` are derived and replaced whole when a group
-    appears or changes, so that `BlockIndex.match` can read them from another thread.
+    `full_bits`, `full_bit_list`, `sliding`, `gpu_bits` and `host_bit` are derived and replaced
+    whole when a group appears or changes, so that `BlockIndex.match` can read them from another
+    thread. The host tier is the group `HOST_GROUP`: in `all_bits` (its blocks keep their engine
+    hashes), not in `gpu_bits` (what the device holds: digests, `holds`).
     """
 
     __slots__ = (
@@ -55,8 +71,11 @@ class ReplicaBlocks:
         "engine",
         "full_bit_list",
         "full_bits",
+        "gpu_bits",
         "groups",
         "home_bit",
+        "host_bit",
+        "host_mask",
         "id",
         "lookahead",
         "sliding",
@@ -69,7 +88,7 @@ class ReplicaBlocks:
         self._take_slot = take_slot
         self.block_size = 0
         self.lookahead = 0
-        self.all_bits = self.full_bits = 0
+        self.all_bits = self.full_bits = self.gpu_bits = self.host_bit = self.host_mask = 0
         self.full_bit_list: tuple[int, ...] = ()
         self.sliding: tuple[tuple[int, int], ...] = ()
         self.home_bit = self.group(0, None, None).bit
@@ -88,20 +107,39 @@ class ReplicaBlocks:
         return g
 
     def _derive(self) -> None:
-        groups = list(self.groups.values())
+        host = self.groups.get(HOST_GROUP)
+        groups = [g for i, g in self.groups.items() if i != HOST_GROUP]
         bs = self.block_size or 1
         tails = [(g.bit, g.tail_blocks(bs)) for g in groups]
         full = tuple(bit for bit, need in tails if need is None)
         self.sliding = tuple((bit, need) for bit, need in tails if need is not None)
         self.full_bit_list = full or (groups[0].bit,)
         self.full_bits = sum(self.full_bit_list)
-        self.all_bits = sum(g.bit for g in groups)
+        self.gpu_bits = sum(g.bit for g in groups)
+        self.host_bit = host.bit if host is not None else 0
+        self.all_bits = self.gpu_bits | self.host_bit
 
     def slots(self) -> list[int]:
         return [g.bit.bit_length() - 1 for g in self.groups.values()]
 
     def blocks(self) -> int:
         return sum(g.blocks for g in self.groups.values())
+
+    def set_host_rule(self, gpu_after_host: bool) -> None:
+        """How a hit continues past the GPU's: block after block in either tier (kvgate's
+        worker looks each block up on the GPU, then in its host tier), or with `gpu_after_host`
+        False in the host tier only (vLLM's offloading connector looks up the host tier from
+        the end of the GPU's hit)."""
+        self.host_mask = self.host_bit | (self.full_bits if gpu_after_host else 0)
+
+    def host_extent(self, held: dict[BlockKey, int], keys: Sequence[BlockKey], hit: int) -> int:
+        """How far the prefix reaches past the GPU's `hit` through the host tier
+        (`set_host_rule`). Not for hybrid or lookahead replicas (their hit needs more than the
+        full-attention blocks; their host events are not applied)."""
+        mask, n = self.host_mask, len(keys)
+        while hit < n and held.get(keys[hit], 0) & mask:
+            hit += 1
+        return hit
 
     def hit(
         self,

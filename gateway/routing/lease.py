@@ -26,6 +26,9 @@ from gateway.peers.outbox import PeerOutbox
 from gateway.routing.adapters import note_routed
 from gateway.routing.admission import Admission
 
+# The cached tokens a replica is expected to hit: in all, and of those its host tier's.
+Prediction = tuple[int, int]
+
 
 @dataclass(slots=True, eq=False)
 class Lease:
@@ -34,7 +37,8 @@ class Lease:
     config: GatewayConfig  # the half-life of recent prefill, the speculative TTL
     metrics: GatewayMetrics  # the error of the time to first token its replica predicted
     replica: Replica | None = None  # holds the request's slot (None: none yet, or given back)
-    predicted: int = 0  # cached tokens expected on `replica`
+    predicted: int = 0  # cached tokens expected on `replica` (both tiers)
+    predicted_host: int = 0  # of those, the ones its host tier serves
     uncached: int = 0  # prompt tokens it computes there: charged as queued prefill
     prefilling: bool = False  # `uncached` is still charged to `replica`
     guess: Guess | None = None  # its speculative entry on `replica`
@@ -52,7 +56,7 @@ class Lease:
     def take(
         self,
         rep: Replica,
-        predicted: int,
+        predicted: Prediction,
         prompt_tokens: int,
         keys: Sequence[BlockKey],
         lora_name: str | None,
@@ -62,7 +66,9 @@ class Lease:
         self.marks = marks(keys)
         self._charge(rep, predicted)
 
-    def move(self, ranked: list[Replica], predict: Callable[[Replica], int]) -> Replica | None:
+    def move(
+        self, ranked: list[Replica], predict: Callable[[Replica], Prediction]
+    ) -> Replica | None:
         """After a failed attempt: the slot and the load move to the first of `ranked` with
         room, which `predict` tells the expected hit of (None: no room, or `ranked` empty,
         and the slot is given back)."""
@@ -72,7 +78,7 @@ class Lease:
             self._charge(nxt, predict(nxt))
         return nxt
 
-    def transfer(self, target: Replica, predicted: int) -> None:
+    def transfer(self, target: Replica, predicted: Prediction) -> None:
         """EPP mode: the proxy sent the request to `target`, not to the replica holding the
         slot. The slot and the load move there even over its cap: it is running there."""
         rep = self._leave()
@@ -114,8 +120,9 @@ class Lease:
         self._tell_ended(refused)
         self.admission.release(rep)
 
-    def _charge(self, rep: Replica, predicted: int) -> None:
+    def _charge(self, rep: Replica, predicted: Prediction) -> None:
         self.replica = rep
+        predicted, self.predicted_host = predicted
         self.predicted = predicted
         self.uncached = uncached = self.prompt_tokens - predicted
         # `admission` counted it in `in_flight` already: the load it meets is the others'.
@@ -148,7 +155,7 @@ class Lease:
             self.guess.discard()
             self.guess = None
         self._tell_ended(refused=True)
-        self.replica, self.predicted = None, 0
+        self.replica, self.predicted, self.predicted_host = None, 0, 0
         return rep
 
     def _tell_ended(self, refused: bool) -> None:

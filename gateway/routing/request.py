@@ -52,7 +52,8 @@ class ProxyRequest:
     admitted: bool = False
     prompt: Prompt = field(default_factory=lambda: Prompt([]))
     keys: list[BlockKey] = field(default_factory=list)
-    matched: dict[ReplicaId, int] = field(default_factory=dict)
+    matched: dict[ReplicaId, int] = field(default_factory=dict)  # prefix blocks, both tiers
+    gpu: dict[ReplicaId, int] = field(default_factory=dict)  # of those, the GPU's (host tiers)
     ranked: list[Replica] = field(default_factory=list)
     lease: Lease = field(init=False)  # its slot and load on the replica it was sent to
     released: bool = False
@@ -163,7 +164,10 @@ class ProxyRequest:
         prompt = self.prompt  # its tokens: lookahead (EAGLE/MTP) and sliding-window replicas
         # Only replicas holding a prefix: those holding none cost nothing
         # (gateway/index/lookup.py, `hits`).
-        hits = st.index.lookup.hits(keys, tokens=prompt.token_ids, mm_items=prompt.mm_items)
+        gpu = None if st.config.ignore_host_tier else self.gpu
+        hits = st.index.lookup.hits(
+            keys, tokens=prompt.token_ids, mm_items=prompt.mm_items, gpu=gpu
+        )
         if hits:
             allowed = {r.id for r in self.candidates if r.parity_ok}
             hits = {rid: n for rid, n in hits.items() if rid in allowed}
@@ -180,6 +184,7 @@ class ProxyRequest:
             self.headers,
             seed,
             self.lora_name,
+            {rid: n - self.gpu[rid] for rid, n in hits.items() if self.gpu.get(rid, n) < n},
         )
         ranked = self.policy.rank(ctx)
         st.metrics.routing_seconds.observe(time.perf_counter() - t0)
@@ -189,7 +194,7 @@ class ProxyRequest:
         lease = self.lease
         lease.take(
             rep,
-            self.predicted_for(rep),
+            self.prediction(rep),
             self.num_prompt_tokens,
             self.speculative_keys(),
             self.lora_name,
@@ -237,7 +242,13 @@ class ProxyRequest:
             return
         lease.end(refused=status.startswith("4"))
         accounting.finished(
-            st, rep, self.policy_name, status, self.num_prompt_tokens, lease.predicted, usage
+            st,
+            rep,
+            self.policy_name,
+            status,
+            self.num_prompt_tokens,
+            (lease.predicted, lease.predicted_host),
+            usage,
         )
 
     # -- what the lease charges ----------------------------------------------------------------
@@ -251,6 +262,25 @@ class ProxyRequest:
         n = self.matched.get(rep.id, 0) * bs
         return usable_match(n, len(self.prompt), bs, self.prompt.mm_items, rep.mm_match_rule)
 
+    def prediction(self, rep: Replica) -> tuple[int, int]:
+        """What the lease charges `rep` with: `predicted_for`, and its host tier's part."""
+        return self.predicted_for(rep), self.predicted_host_for(rep)
+
+    def predicted_host_for(self, rep: Replica) -> int:
+        """Of `predicted_for`, the tokens `rep`'s host tier is expected to serve: past its
+        GPU's hit (each part as the worker's rule for a match inside an image leaves it)."""
+        gpu_blocks = self.gpu.get(rep.id)
+        if gpu_blocks is None or not rep.parity_ok:
+            return 0
+        bs, n, mm, rule = (
+            self.ns.block_size,
+            len(self.prompt),
+            self.prompt.mm_items,
+            rep.mm_match_rule,
+        )
+        total = usable_match(self.matched.get(rep.id, 0) * bs, n, bs, mm, rule)
+        return total - min(usable_match(gpu_blocks * bs, n, bs, mm, rule), total)
+
     def speculative_keys(self) -> list[BlockKey]:
         """The keys the replica will hold once it has prefilled the request."""
         return self.keys
@@ -260,7 +290,7 @@ class ProxyRequest:
         block of the hit predicted there, which a kvgate worker keeps cached while it renders
         the request (docs/gateway.md); None when no hit is predicted, and for plain vLLM."""
         lease = self.lease
-        n = lease.predicted // self.ns.block_size
+        n = lease.predicted // self.ns.block_size  # the worker refreshes it in either tier
         info = lease.replica.info if lease.replica is not None else None
         if n == 0 or n > len(self.keys) or info is None or info.engine == "vllm":
             return None

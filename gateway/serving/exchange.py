@@ -11,7 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Collection, Mapping
 
-from cachekey.headers import PREDICTED_HEADER, REPLICA_HEADER
+from cachekey.headers import (
+    PREDICTED_CPU_HEADER,
+    PREDICTED_GPU_HEADER,
+    PREDICTED_HEADER,
+    REPLICA_HEADER,
+)
 from cachekey.openai.protocol import OpenAIRequest
 from gateway import accounting
 from gateway.names import ReplicaId
@@ -90,10 +95,15 @@ class Exchange:
 
     def replica_headers(self, status: int) -> dict[str, str]:
         """The response headers naming the replica and, for an answer it served (not a refusal),
-        its predicted cached tokens (both modes)."""
+        its predicted cached tokens, in all and per tier (both modes)."""
         assert self.px is not None
         lease = self.px.lease
         assert lease.replica is not None
         if status >= 400:
             return {REPLICA_HEADER: lease.replica.name}
-        return {REPLICA_HEADER: lease.replica.name, PREDICTED_HEADER: str(lease.predicted)}
+        return {
+            REPLICA_HEADER: lease.replica.name,
+            PREDICTED_HEADER: str(lease.predicted),
+            PREDICTED_GPU_HEADER: str(lease.predicted - lease.predicted_host),
+            PREDICTED_CPU_HEADER: str(lease.predicted_host),
+        }

@@ -38,7 +38,7 @@ async def send_with_retries(px: ProxyRequest, payload: bytes) -> UpstreamRespons
             failed = UpstreamFailed(f"{rep.id}: {reason}", resp.status, await resp.read())
         accounting.attempt_failed(st, rep, px.policy_name, reason)
         rest = [] if len(tried) >= attempts else [r for r in px.ranked if r.id not in tried]
-        lease.move(rest, px.predicted_for)
+        lease.move(rest, px.prediction)
     raise failed
 
 

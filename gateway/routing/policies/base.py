@@ -23,6 +23,9 @@ class RouteContext:
     headers: Mapping[str, str] = field(default_factory=dict)
     tie_seed: bytes = b""  # identical for identical requests on every gateway
     lora_name: str | None = None  # the LoRA adapter the request names (None: a base model)
+    # Of `matched`, the blocks each replica's host tier serves (copied back, not recomputed);
+    # only replicas with some.
+    host: dict[ReplicaId, int] = field(default_factory=dict)
 
 
 class Policy(Protocol):

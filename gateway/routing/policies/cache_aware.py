@@ -8,7 +8,8 @@ and applied to each candidate's own load):
   queue        what the requests there add: per request there (the gateway's in flight or
                the worker's running + waiting), per request and per prefill token queued
                there (the gateway's without a first token yet)
-  prefill      the model's base plus its own uncached prompt tokens there (the index match)
+  prefill      the model's base plus its own uncached prompt tokens there (the index match),
+               plus the copy of the tokens its host tier serves (`copy`, below)
   interference the slowdown it causes the requests already there: each is delayed by what one
                more request adds to a request's whole time there (the duration fit's per
                request, `FleetFit.slowdown`) and by its uncached tokens' prefill
@@ -20,7 +21,9 @@ why not each one's):
 
   queue        prefill tokens ahead of it there: this gateway's requests routed there that have
                no first token yet
-  prefill      its own uncached prompt tokens there (the index match)
+  prefill      its own uncached prompt tokens there (the index match), plus the copy of
+               those its host tier serves: at the replica's measured copy rate, or at
+               `PRIOR_RATIO` of a computed token's (gateway/fleet/copy_rate.py)
   interference its uncached tokens again for each request on the replica and for the next
                one to arrive there: its prefill steps are their steps too (decode load)
   spread       recent uncached prefill routed there (decayed), times a small weight: spreads
@@ -66,6 +69,7 @@ import time
 from dataclasses import dataclass
 
 from gateway.config import GatewayConfig
+from gateway.fleet.copy_rate import copy_seconds_per_token
 from gateway.fleet.latency import FleetFit, fleet_fit
 from gateway.fleet.prefix_load import sharing
 from gateway.fleet.replica import Replica
@@ -128,6 +132,10 @@ class CacheAwarePolicy:
         on_replica = max(r.in_flight, r.running + r.waiting)
         if fleet is not None:
             rate = max(fleet.ttft.per_token, floor)
+        copy = 0.0
+        if ctx.host and (host := ctx.host.get(r.id)):  # its host tier serves part of the hit
+            measured = r.copy_rate.seconds_per_token if floor or fleet is not None else None
+            copy = host * bs * copy_seconds_per_token(measured, rate)
         adapter = 0.0
         if ctx.lora_name is not None:
             # Priced as that many uncached prompt blocks: its prefill plus its interference.
@@ -145,16 +153,16 @@ class CacheAwarePolicy:
                 queue=c.per_queued * r.in_flight_prefill_tokens
                 + c.per_waiting * r.in_flight_prefills
                 + c.per_request * on_replica,
-                prefill=c.base + rate * uncached,
-                interference=on_replica * (fleet.slowdown + rate * uncached),
+                prefill=c.base + rate * uncached + copy,
+                interference=on_replica * (fleet.slowdown + rate * uncached + copy),
                 spread=spread,
                 adapter=adapter,
                 busy=busy,
             )
         return Cost(
             queue=rate * r.in_flight_prefill_tokens,
-            prefill=rate * uncached,
-            interference=rate * uncached * (on_replica + 1),
+            prefill=rate * uncached + copy,
+            interference=(rate * uncached + copy) * (on_replica + 1),
             spread=spread,
             adapter=adapter,
             busy=busy,

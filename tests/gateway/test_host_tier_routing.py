@@ -1,0 +1,110 @@
+"""Tier-aware routing end to end: sim workers with a host KV tier (`--kv-offload-blocks`) publish
+`medium: "CPU"` events over real ZMQ, and a real gateway routes by them: a replica holding a
+prefix only in its host tier beats a cold replica (a copy is cheaper than a prefill), and loses
+to one holding it on its GPU (a copy is dearer than nothing), loads being equal; the predicted
+cached tokens, per tier, are what the worker reports."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from harness.cluster import Cluster, ClusterSpec
+from harness.waits import wait_index_converged, wait_until
+from tests.support.chat import chat
+from tests.support.waits import wait_synced
+
+SYSTEM = {"role": "system", "content": "You audit invoices for a shipping company. " * 25}
+GPU_BLOCKS = 40  # 640 tokens: the six flushing prompts below evict the system prompt's blocks
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory):
+    spec = ClusterSpec(
+        workers=2,
+        engine="sim",
+        num_blocks=GPU_BLOCKS,
+        worker_args=("--kv-offload-blocks", "400"),
+        gateway_args=("--poll-interval", "0.2"),
+        log_dir=tmp_path_factory.mktemp("logs"),
+        startup_timeout=60,
+    )
+    with Cluster(spec) as c:
+        wait_synced(c.gateway_url, 2)
+        yield c
+
+
+def _flush_gpu(worker_url: str, tag: str) -> None:
+    """Evict everything from a worker's GPU cache into its host tier: prompts sent to it
+    directly (the gateway routes none of them) that fill its cache twice over."""
+    for i in range(6):
+        words = f"Unrelated ledger {tag} {i} entry lines follow. " * 12
+        r = chat(worker_url, [{"role": "user", "content": words}])
+        assert r.status_code == 200, r.text
+
+
+def _host_blocks(gateway_url: str, worker_url: str) -> int:
+    return httpx.get(f"{gateway_url}/kvgate/index").json()["replicas"][worker_url]["host_blocks"]
+
+
+def _ask(cluster: Cluster, question: str) -> tuple[str, int, int, int]:
+    """(the worker that served it, predicted GPU and CPU tokens, reported cached tokens)."""
+    r = chat(cluster.gateway_url, [SYSTEM, {"role": "user", "content": question}])
+    assert r.status_code == 200, r.text
+    gpu = int(r.headers["x-kvgate-predicted-gpu-cached-tokens"])
+    cpu = int(r.headers["x-kvgate-predicted-cpu-cached-tokens"])
+    assert gpu + cpu == int(r.headers["x-kvgate-predicted-cached-tokens"])
+    cached = r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+    return cluster.served_by(r), gpu, cpu, cached
+
+
+def _settle(cluster: Cluster, host_holder: str) -> None:
+    gw = cluster.gateway_url
+    wait_until(lambda: _host_blocks(gw, host_holder) > 0, 15, "the host tier's events")
+    wait_index_converged(gw, cluster.worker_urls)
+
+
+def test_host_tier_holder_beats_cold_and_loses_to_gpu_holder(cluster):
+    gw = cluster.gateway_url
+    first, _, _, _ = _ask(cluster, "What is an invoice?")
+    other = next(u for u in cluster.worker_urls if u != first)
+    _flush_gpu(first, "a")
+    _settle(cluster, first)
+    # `first` holds the system prompt in its host tier only; `other` holds nothing of it.
+    served, gpu, cpu, cached = _ask(cluster, "What is a credit note?")
+    assert served == first
+    assert gpu == 0 and cpu >= 16 * 16  # the system prompt's blocks, from the host tier
+    assert gpu + cpu == cached  # the worker copied back exactly what the gateway predicted
+    # Now `other` computes the prompt (sent to it directly) and `first` evicts it again.
+    assert chat(other, [SYSTEM, {"role": "user", "content": "hello"}]).status_code == 200
+    _flush_gpu(first, "b")
+    _settle(cluster, first)
+    served, gpu, cpu, cached = _ask(cluster, "What is a bill of lading?")
+    assert served == other
+    assert cpu == 0 and gpu >= 16 * 16 and gpu == cached
+    metrics = httpx.get(f"{gw}/metrics").text
+    assert "kvgate_predicted_cpu_cached_tokens_total" in metrics
+
+
+def test_ignoring_the_host_tier_sees_only_the_gpu(cluster):
+    """A second gateway on the same fleet with --ignore-host-tier: a prefix held only in a host
+    tier is no hit to it (predicted 0), though the worker still serves it from there."""
+    blind = cluster.make_gateway(1)
+    blind.args.append("--ignore-host-tier")
+    blind.start()
+    try:
+        blind.wait_healthy(60)
+        wait_synced(blind.url, 2)  # before the host tier's events: snapshots hold only the GPU's
+        holder, _, _, _ = _ask(cluster, "Who signs an invoice?")
+        _flush_gpu(holder, "c")
+        _settle(cluster, holder)
+        wait_until(lambda: _host_blocks(blind.url, holder) > 0, 15, "the host tier's events")
+        r = chat(blind.url, [SYSTEM, {"role": "user", "content": "Who pays it?"}])
+        assert r.status_code == 200, r.text
+        assert r.headers["x-kvgate-predicted-cached-tokens"] == "0"
+        assert r.headers["x-kvgate-predicted-cpu-cached-tokens"] == "0"
+        if cluster.served_by(r) == holder:  # else it went to the cold one: no hit at all
+            # The worker still copied the prefix back: the prediction the flag gives up.
+            assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= 16 * 16
+    finally:
+        blind.kill()
