@@ -94,7 +94,7 @@ def test_ignoring_the_host_tier_sees_only_the_gpu(cluster):
     blind.start()
     try:
         blind.wait_healthy(60)
-        wait_synced(blind.url, 2)  # before the host tier's events: snapshots hold only the GPU's
+        wait_synced(blind.url, 2)
         holder, _, _, _ = _ask(cluster, "Who signs an invoice?")
         _flush_gpu(holder, "c")
         _settle(cluster, holder)
@@ -108,3 +108,28 @@ def test_ignoring_the_host_tier_sees_only_the_gpu(cluster):
             assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= 16 * 16
     finally:
         blind.kill()
+
+
+def test_a_gateway_started_later_learns_the_host_tier_from_the_snapshot(cluster):
+    """A worker's host tier fills before a gateway exists; that gateway's only source for it is
+    the worker's `/kv/snapshot` (it replays events after the snapshot's seq only), and it
+    predicts the host-tier hit exactly."""
+    audit = {"role": "system", "content": "You reconcile freight manifests against customs. " * 25}
+    holder = cluster.worker_urls[0]
+    assert chat(holder, [audit, {"role": "user", "content": "hi"}]).status_code == 200
+    _flush_gpu(holder, "d")
+    late = cluster.make_gateway(2)
+    late.start()
+    try:
+        late.wait_healthy(60)
+        wait_synced(late.url, 2)
+        assert _host_blocks(late.url, holder) > 0
+        r = chat(late.url, [audit, {"role": "user", "content": "What is a manifest?"}])
+        assert r.status_code == 200, r.text
+        assert cluster.served_by(r) == holder
+        gpu = int(r.headers["x-kvgate-predicted-gpu-cached-tokens"])
+        cpu = int(r.headers["x-kvgate-predicted-cpu-cached-tokens"])
+        assert gpu == 0 and cpu >= 16 * 16
+        assert cpu == r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+    finally:
+        late.kill()

@@ -221,6 +221,9 @@ class LLMEngine:
     def snapshot_blocks(self) -> list[CachedBlock]:
         return self.block_manager.snapshot()
 
+    def snapshot_host_blocks(self) -> list[CachedBlock]:
+        return self.block_manager.host_snapshot()
+
     def refresh_prefix(self, last: BlockKey) -> int:
         """A request predicted to hit the cached chain ending at `last` is on its way: keep that
         chain from being evicted first (BlockManager.refresh_chain)."""
