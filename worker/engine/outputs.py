@@ -20,6 +20,8 @@ class RequestOutput:
     num_prompt_tokens: int
     num_cached_tokens: int
     num_output_tokens: int
+    # Of num_cached_tokens, those copied back from the host KV tier; None: the engine has none.
+    num_host_cached_tokens: int | None = None
     # On a request's first token only (vLLM's intervals): seconds from arrival to its latest
     # admission, and from there to this token; None on later tokens.
     queue_s: float | None = None
