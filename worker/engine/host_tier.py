@@ -31,6 +31,9 @@ class KVCopier(Protocol):
     """Moves blocks' K/V between the device cache and host slots."""
 
     block_bytes: int
+    # Seconds the loads (host -> device) took so far: vLLM's `vllm:kv_offload_load_time`, which
+    # a gateway divides by the host-tier hits to price a host hit per replica.
+    load_seconds: float
 
     def save(self, pairs: Sequence[tuple[int, int]]) -> None:
         """(device block id, host slot) each: copy out before the device block is reused."""
@@ -45,6 +48,7 @@ class CountingCopier:
     def __init__(self, block_bytes: int = 0) -> None:
         self.block_bytes = block_bytes
         self.pending_loads = 0  # blocks loaded since the runner last charged them
+        self.load_seconds = 0.0  # the time the runner charged for them
 
     def save(self, pairs: Sequence[tuple[int, int]]) -> None:
         pass
@@ -100,6 +104,7 @@ class HostTier:
         return {
             "host_saved_bytes": self.counters.saved_blocks * nbytes,
             "host_loaded_bytes": self.counters.loaded_blocks * nbytes,
+            "host_load_seconds": self.copier.load_seconds,
             "host_num_blocks": self.num_slots,
             "host_cache_usage": self.usage(),
         }

@@ -77,6 +77,7 @@ def test_outputs_equal_with_the_tier_on_and_off(demo_model_dir: Path, adapters) 
     # Each request's host part, summed, is what the engine counts as the tier's hits.
     assert sum(host_parts) == stats.host_hits_tokens  # type: ignore[arg-type]
     assert stats.host_saved_bytes > 0 and off.stats().host_hits_tokens == 0
+    assert stats.host_load_seconds > 0  # the plain copies' time (vllm:kv_offload_load_time)
 
 
 def test_a_different_image_never_hits_the_host_tier(demo_model_dir: Path, adapters) -> None:
