@@ -54,7 +54,8 @@ class EngineStats:
     host_queries_tokens: int = 0
     host_saved_bytes: int = 0
     host_loaded_bytes: int = 0
-    host_load_seconds: float = 0.0  # the host -> GPU copies' time (the sim's: charged)
+    # The host -> GPU copies' time (the sim's: charged); None: not timed (sim without a preset).
+    host_load_seconds: float | None = None
     host_num_blocks: int = 0
     host_cache_usage: float = 0.0
     lora: LoRAStats | None = None  # None: LoRA is not enabled

@@ -67,6 +67,9 @@ def _offload_metrics(stats: Labelled, labels: list[str]) -> Iterator:
         hits.add_metric(values, s.host_hits_tokens)
         moved.add_metric([*values, "GPU_to_CPU"], s.host_saved_bytes)
         moved.add_metric([*values, "CPU_to_GPU"], s.host_loaded_bytes)
-        load_time.add_metric(values, s.host_load_seconds)
+        if s.host_load_seconds is not None:  # timed: not the sim engine without a preset
+            load_time.add_metric(values, s.host_load_seconds)
         usage.add_metric(values, s.host_cache_usage)
-    yield from (queries, hits, moved, load_time, usage)
+    yield from (queries, hits, moved, usage)
+    if load_time.samples:
+        yield load_time
