@@ -43,3 +43,7 @@ def test_three_sides_rotate_and_report_the_host_tier(tmp_path: Path) -> None:
         if r["side"] == "ignore_tier" and r["host_answered"]:
             assert tier_exact < answered  # it predicts no host part, and one was served
     assert set(out["ttft_p50_ratios"]) == {"tier_off", "ignore_tier"}
+    for m in out["medians"]:  # the exact counts are summed over the rounds, not a median
+        mine = [r for r in rows if r["side"] == m["side"]]
+        exact = sum(int(r["tier_exact"].split("/")[0]) for r in mine)
+        assert m["tier_exact"] == f"{exact}/{sum(r['requests'] for r in mine)}"
