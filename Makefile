@@ -75,7 +75,8 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format .
 
 # --durations: the slowest tests in every run's log, to keep the suite within its 10 minutes.
-# Tests marked `long` (stress repetitions, fuzzers, benchmark A/B runs) are `make test-long`'s.
+# Tests marked `long` (the benchmark scripts end to end, fault injection over whole clusters,
+# fuzzers, stress repetitions) are `make test-long`'s: .ci/run runs both.
 test: lint
 	$(PY) -m pytest -q --durations=25 -m "not long" $(PYTEST_ARGS)
 
@@ -83,7 +84,7 @@ test-long: $(STAMP)
 	$(PY) -m pytest -q --durations=10 -m long $(PYTEST_ARGS)
 
 test-quick: $(STAMP)
-	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not slow and not long" $(PYTEST_ARGS)
 
 $(VLLM_STAMP): harness/vllm-requirements.txt harness/vllm_cpu.py | $(STAMP)
 	$(PY) -m harness.vllm_cpu setup $(VLLM_VENV) $(if $(TORCH_INDEX),--torch-index $(TORCH_INDEX))

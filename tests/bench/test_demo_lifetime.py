@@ -20,7 +20,7 @@ from tests.support.processes import alive, wait_dead
 
 TINY = "--workers 1 --tenants 1 --users 1 --turns 1"
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 
 def children(pid: int) -> list[int]:
@@ -75,7 +75,6 @@ class Demo:
         self.proc.wait(10)
 
 
-@pytest.mark.long
 def test_kill9_of_a_kept_demo_takes_its_cluster_and_a_second_demo_keeps_apart(
     tmp_path: Path,
 ) -> None:

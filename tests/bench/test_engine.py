@@ -14,6 +14,8 @@ from tests.support.bench_runs import run_bench
 from worker.models.attention import DenseCausalContext
 from worker.models.loader import load_model
 
+pytestmark = pytest.mark.long
+
 
 def test_random_shape_is_the_same_model_for_engine_and_transformers(tmp_path: Path) -> None:
     params = write_random_llama(tmp_path, "llama-tiny")
@@ -47,7 +49,6 @@ def test_engine_bench_reports_every_figure(tmp_path: Path) -> None:
         assert figures[name] > 0, name
 
 
-@pytest.mark.long
 def test_engine_ab_alternates_the_sides_and_reports_ratios(tmp_path: Path) -> None:
     args = ["--side", "torch:--elementwise-kernels=reference", "--side", "auto", "--rounds", "2",
             "--model", "llama-tiny", "--models-dir", str(tmp_path), "--reps", "1",

@@ -9,6 +9,8 @@ import pytest
 
 from tests.support.bench_runs import run_bench
 
+pytestmark = pytest.mark.long
+
 
 def test_prefill_compares_equal_embeddings(demo_model_dir: Path, tmp_path: Path) -> None:
     small = ["--prompts", "3", "--tokens", "300", "--rounds", "1", "--seed", "1"]

@@ -9,6 +9,8 @@ import pytest
 
 from tests.support.bench_runs import run_bench
 
+pytestmark = pytest.mark.long
+
 
 @pytest.mark.slow
 def test_hit_rate_runs_are_cold_and_counted_by_workers(tmp_path: Path):

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.support.bench_runs import run_bench
+
+pytestmark = pytest.mark.long
 
 
 def test_rounds_time_all_three_and_rotate(demo_model_dir: Path, tmp_path: Path) -> None:

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.support.bench_runs import run_bench
+
+pytestmark = pytest.mark.long
 
 
 def test_three_sides_rotate_and_report_the_host_tier(tmp_path: Path) -> None:

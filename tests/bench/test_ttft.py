@@ -11,6 +11,8 @@ import pytest
 
 from tests.support.bench_runs import run_bench
 
+pytestmark = pytest.mark.long
+
 
 @pytest.mark.slow
 def test_ttft_sim_rounds_are_warmed_rotated_and_reported(tmp_path: Path):

@@ -10,8 +10,9 @@ import pytest
 from tests.support.bench_runs import run_bench
 from tests.support.paths import REPO
 
+pytestmark = pytest.mark.long
 
-@pytest.mark.long
+
 def test_worker_ab_rotates_the_trees_and_reports_cpu_per_request(tmp_path: Path) -> None:
     args = ["--baseline", str(REPO), "--concurrency", "1,2", "--rounds", "2",
             "--users-per-tenant", "1", "--turns", "1", "--system-words", "40",

@@ -29,7 +29,7 @@ from PIL import Image
 
 from harness.cluster import Cluster, ClusterSpec
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 EXAMPLES = int(os.environ.get("KVGATE_FUZZ_EXAMPLES", "150"))
 ANSWER_WITHIN_S = 10.0

@@ -17,7 +17,7 @@ from harness.prom import metric_total
 from harness.waits import wait_index_converged, wait_until
 from tests.support.k8s_fake_api import FakeApi, FakeApiServer, make_slice
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 SIM_TIMING = ("--sim-prefill-s-per-token", "0.0002", "--sim-decode-s-per-step", "0.01")
 # Refused connections (the gateway was down) and keep-alive connections closed or reset by the

@@ -20,7 +20,7 @@ from harness.load import Tally, hold_one_per_worker, run_load
 from harness.prom import metric_total
 from harness.waits import wait_index_converged, wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 SIM_TIMING = ("--sim-prefill-s-per-token", "0.0002", "--sim-decode-s-per-step", "0.01")
 

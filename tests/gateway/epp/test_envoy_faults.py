@@ -26,7 +26,7 @@ from harness.ports import HOST
 from tests.support.chat import chat, user
 from tests.support.epp import TOKEN, ep, start_epp
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 CHAT = "/v1/chat/completions"
 
