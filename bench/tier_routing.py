@@ -16,8 +16,10 @@ caches (both tiers reset) in an order turned by one place every round, every rou
 Per side: the hit rate per tier (the workers' own counters: `vllm:prefix_cache_hits` for the
 GPU, `vllm:external_prefix_cache_hits` for the host tier, over the tokens looked up), TTFT p50 /
 p90 as the client sees it (streams), and how many predictions were exact: in all
-(`x-kvgate-predicted-cached-tokens` == the usage's cached tokens) and per tier (the predicted
-host-tier tokens summed == the workers' host-tier hits).
+(`x-kvgate-predicted-cached-tokens` == the usage's cached tokens) and per request per tier
+("tier exact": `x-kvgate-predicted-gpu-cached-tokens` and `-cpu-` == the GPU's part and the
+worker's `usage.prompt_tokens_details.cpu_cached_tokens`), with the host-tier tokens predicted,
+served (the workers' counters) and answered (the responses' usage) summed.
 
     python -m bench.tier_routing        # 4 workers x 600 blocks, 35 tenants (3x), 3 rounds
     python -m bench.tier_routing --workers 2 --num-blocks 200 --tenants 6 --rounds 1  # quick
@@ -39,6 +41,7 @@ from bench.lib.rounds import medians, rotated, warm_up
 from bench.lib.runs import Measured, add_workload_args, drive_policy, upper_bound, workload_spec
 from harness import worker_metrics as wm
 from harness.cluster import Cluster, ClusterSpec
+from harness.driver import Result
 from harness.workload import Workload
 
 SIDES = ("tier_aware", "tier_off", "ignore_tier")
@@ -56,8 +59,10 @@ class Row:
     ttft_p50_ms: float = col("TTFT p50", 10, ".0f", "ms")
     ttft_p90_ms: float = col("TTFT p90", 10, ".0f", "ms")
     exact: str = col("exact", 10)  # predicted == reported cached tokens, of the answered
+    tier_exact: str = col("tier exact", 11)  # ... for the GPU's part and the host tier's both
     host_predicted: int = col("host pred", 11)  # host-tier tokens the gateway predicted
     host_reported: int = col("host hits", 11)  # host-tier tokens the workers served
+    host_answered: int = col("host usage", 11)  # the same, summed from the responses' usage
     max_over_mean: float = col("max/mean", 9, ".2f")  # requests per worker
     seconds: float = col("s", 7, ".1f")
 
@@ -80,11 +85,22 @@ def make_row(side: str, m: Measured, round_: int) -> Row:
         ttft_p50_ms=round(percentile(ttfts, 0.5), 1),
         ttft_p90_ms=round(percentile(ttfts, 0.9), 1),
         exact=f"{sum(r.predicted_cached_tokens == r.cached_tokens for r in ok)}/{len(ok)}",
+        tier_exact=f"{sum(tier_exact(r) for r in ok)}/{len(ok)}",
         host_predicted=sum(r.predicted_cpu_tokens or 0 for r in ok),
+        host_answered=sum(r.cpu_cached_tokens or 0 for r in ok),
         host_reported=int(sum(c.host_hit_tokens for c in workers)),
         max_over_mean=round(wm.max_over_mean([c.requests for c in workers]), 2),
         seconds=round(m.seconds, 2),
     )
+
+
+def tier_exact(r: Result) -> bool:
+    """The gateway predicted this request's GPU part and host-tier part exactly. A worker
+    without a host tier reports no host part: none of its cached tokens came from one."""
+    predicted_cpu = r.predicted_cpu_tokens or 0
+    reported_cpu = r.cpu_cached_tokens or 0
+    predicted_gpu = (r.predicted_cached_tokens or 0) - predicted_cpu
+    return (predicted_gpu, predicted_cpu) == (r.cached_tokens - reported_cpu, reported_cpu)
 
 
 def side_spec(args: argparse.Namespace, side: str) -> ClusterSpec:

@@ -16,7 +16,7 @@ from typing import Annotated, TypeVar
 import msgspec
 import xxhash
 
-from cachekey.events import BlockStored
+from cachekey.events import MEDIUM_CPU, MEDIUM_GPU, BlockStored
 from cachekey.keys import HashNamespace, MMMatchRule
 
 Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
@@ -119,23 +119,53 @@ class SnapshotBlock(msgspec.Struct, frozen=True):
 
 
 class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
-    """`GET /kv/snapshot`: every cached block, parents first, as of event batch `seq`."""
+    """`GET /kv/snapshot`: every cached block, parents first, as of event batch `seq`: the GPU's
+    in `blocks`, the host KV tier's (`medium: "CPU"`) in `host_blocks` (absent from a worker
+    without one, or older than the field)."""
 
     instance_id: str
     seq: Annotated[int, msgspec.Meta(ge=0)] | None  # None: before the first batch, or no events
     block_size: PositiveInt
     blocks: list[SnapshotBlock]
+    host_blocks: list[SnapshotBlock] = []
 
     def stored_events(self) -> Iterator[BlockStored]:
-        """Each block as the BlockStored event that would have announced it."""
-        for b in self.blocks:
+        """Each block as the BlockStored event that would have announced it, every parent
+        before its children across both tiers (a GPU block's parent may be in the host tier
+        only, and the other way round)."""
+        for block, medium in _parents_first(self.blocks, self.host_blocks):
             yield BlockStored(
-                block_hashes=[bytes.fromhex(b.key)],
-                parent_block_hash=bytes.fromhex(b.parent) if b.parent is not None else None,
-                token_ids=b.token_ids,
+                block_hashes=[bytes.fromhex(block.key)],
+                parent_block_hash=bytes.fromhex(block.parent) if block.parent else None,
+                token_ids=block.token_ids,
                 block_size=self.block_size,
-                extra_keys=[b.extra_keys],
+                medium=medium,
+                extra_keys=[block.extra_keys],
             )
+
+
+def _parents_first(
+    gpu: list[SnapshotBlock], host: list[SnapshotBlock]
+) -> Iterator[tuple[SnapshotBlock, str]]:
+    """Both tiers' blocks, each after its parent when the snapshot holds that parent (in either
+    tier); each list is parents first already, so a block waits only for the other list's."""
+    tiered = [(b, MEDIUM_GPU) for b in gpu] + [(b, MEDIUM_CPU) for b in host]
+    present = {b.key.lower() for b, _ in tiered}
+    done: set[str] = set()
+    waiting: dict[str, list[tuple[SnapshotBlock, str]]] = {}
+    for item in tiered:
+        parent = item[0].parent.lower() if item[0].parent else None
+        if parent is not None and parent in present and parent not in done:
+            waiting.setdefault(parent, []).append(item)
+            continue
+        ready = [item]
+        while ready:
+            block, medium = ready.pop()
+            yield block, medium
+            key = block.key.lower()
+            done.add(key)
+            ready.extend(waiting.pop(key, ()))
+    # A cycle (a malformed snapshot) leaves blocks waiting: they are not announced.
 
 
 class AssetFiles(msgspec.Struct, frozen=True):

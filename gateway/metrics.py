@@ -211,14 +211,15 @@ class _InFlight(Collector):
     """Per-replica gauges read from the replicas when scraped: kvgate_in_flight_requests,
     kvgate_in_flight_tokens (their prompts: the context they hold),
     kvgate_replica_prefill_seconds_per_token (the rate cache_aware measured; absent until then),
+    kvgate_replica_copy_seconds_per_token (its host-tier copy rate, likewise),
     kvgate_replica_ttft_model_seconds (its fitted latency model's coefficients, once fitted) and
     kvgate_replica_info (name and URL, the join between them)."""
 
     def __init__(self) -> None:
         # (name, replica id, in-flight requests, their prompt tokens, measured seconds per
-        # prefill token or None, its latency model)
+        # prefill token and per host-tier token copied back, or None, its latency model)
         self.source: Callable[
-            [], Iterable[tuple[str, str, int, int, float | None, FittedModel]]
+            [], Iterable[tuple[str, str, int, int, tuple[float | None, float | None], FittedModel]]
         ] = tuple
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
@@ -237,6 +238,12 @@ class _InFlight(Collector):
             "Seconds per uncached prompt token, from the worker's vllm:request_prefill_* sums",
             labels=["replica"],
         )
+        copy = GaugeMetricFamily(
+            "kvgate_replica_copy_seconds_per_token",
+            "Seconds per prompt token copied back from the host KV tier, from the worker's "
+            "vllm:kv_offload_load_time over its vllm:external_prefix_cache_hits",
+            labels=["replica"],
+        )
         model = GaugeMetricFamily(
             "kvgate_replica_ttft_model_seconds",
             "The replica's fitted TTFT model (gateway/fleet/latency.py), by term: base, "
@@ -250,12 +257,14 @@ class _InFlight(Collector):
             "1 per replica: its name (the replica label everywhere) and its worker URL, to join",
             labels=["replica", "url"],
         )
-        for name, url, n, tokens, seconds, latency in self.source():
+        for name, url, n, tokens, (seconds, copying), latency in self.source():
             g.add_metric([name], n)
             held.add_metric([name], tokens)
             info.add_metric([name, url], 1)
             if seconds is not None:
                 rate.add_metric([name], seconds)
+            if copying is not None:
+                copy.add_metric([name], copying)
             if latency.fitted:
                 c = latency.coefficients()
                 for term in ("base", "per_token", "per_queued", "per_waiting", "per_request"):
@@ -264,5 +273,6 @@ class _InFlight(Collector):
         yield g
         yield held
         yield rate
+        yield copy
         yield model
         yield info

@@ -67,7 +67,7 @@ class GatewayState:
                 r.id,
                 r.in_flight,
                 r.in_flight_tokens,
-                r.prefill_rate.seconds_per_token,
+                (r.prefill_rate.seconds_per_token, r.copy_rate.seconds_per_token),
                 r.latency,
             )
             for r in replicas

@@ -32,11 +32,20 @@ class Result:
     sent_at: float = 0.0  # perf_counter() when it was sent (orders a run's requests in time)
     # Of `predicted_cached_tokens`, those the gateway expected the host KV tier to serve.
     predicted_cpu_tokens: int | None = None
+    # Of `cached_tokens`, those the worker copied back from its host KV tier (kvgate's
+    # `usage.prompt_tokens_details.cpu_cached_tokens`); None: a worker without the tier.
+    cpu_cached_tokens: int | None = None
 
 
 def _cached(usage: object) -> int:
     details = getattr(usage, "prompt_tokens_details", None)
     return int(getattr(details, "cached_tokens", 0) or 0) if details is not None else 0
+
+
+def _cpu_cached(usage: object) -> int | None:
+    """kvgate's host-tier part of the cached tokens (an extra field to the OpenAI client)."""
+    value = getattr(getattr(usage, "prompt_tokens_details", None), "cpu_cached_tokens", None)
+    return int(value) if value is not None else None
 
 
 async def _send(
@@ -46,7 +55,7 @@ async def _send(
     max_tokens: int,
     headers: dict[str, str],
     stream: bool = False,
-) -> tuple[str, str, int, int, int | None, float, float | None, int | None]:
+) -> tuple[str, str, int, int, int | None, float, float | None, tuple[int | None, int | None]]:
     t0 = time.perf_counter()
     raw = await client.chat.completions.with_raw_response.create(
         model=model,
@@ -84,7 +93,7 @@ async def _send(
         int(predicted) if predicted is not None else None,
         latency,
         ttft,
-        int(cpu) if cpu is not None else None,
+        (int(cpu) if cpu is not None else None, _cpu_cached(usage)),
     )
 
 
@@ -107,7 +116,7 @@ async def send_turn(
         error = f"{type(e).__name__}: {e}"
         return Result(turn.conversation, turn.turn, "-", 0, 0, None, 0.0, None, False, error), ""
     res = Result(turn.conversation, turn.turn, replica, pt, ct, pred, lat, ttft, True)
-    res.sent_at, res.predicted_cpu_tokens = sent_at, cpu
+    res.sent_at, (res.predicted_cpu_tokens, res.cpu_cached_tokens) = sent_at, cpu
     return res, text
 
 

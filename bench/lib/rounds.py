@@ -63,8 +63,8 @@ def medians(rows: list, key: str = "policy") -> list:
             elif isinstance(values[f.name], (int, float)):
                 middle = statistics.median(getattr(r, f.name) for r in mine)
                 values[f.name] = type(values[f.name])(middle)
-            elif f.name == "exact":
-                values[f.name] = exact_sum([r.exact for r in mine])
+            elif f.name in ("exact", "tier_exact"):  # 'a/b' counts: summed over the rounds
+                values[f.name] = exact_sum([getattr(r, f.name) for r in mine])
         out.append(type(mine[0])(**values))
     return out
 

@@ -93,6 +93,34 @@ def test_snapshot_blocks_index_to_the_keys_the_gateway_computes() -> None:
     assert index.lookup.match(keys, [replica])[replica] == 3
 
 
+def test_snapshot_host_blocks_apply_to_the_host_tier_parents_first() -> None:
+    """A snapshot's host-tier blocks become `medium: "CPU"` stores, each after its parent in
+    either tier (here the GPU's block 2 hangs under a block only the host tier holds); a
+    document without `host_blocks` (an older worker) still decodes, with none."""
+    ns = HashNamespace("demo", 4)
+    tokens = list(range(10, 22))
+    keys = block_keys(tokens, ns)
+    blocks = [
+        SnapshotBlock(k.hex(), keys[i - 1].hex() if i else None, tokens[i * 4 : i * 4 + 4])
+        for i, k in enumerate(keys)
+    ]
+    doc = Snapshot(
+        instance_id="i", seq=3, block_size=4, blocks=[blocks[0], blocks[2]], host_blocks=blocks
+    )
+    events = list(decode_document(encode_document(doc), Snapshot).stored_events())
+    order = [(ev.block_hashes[0], ev.medium) for ev in events]
+    assert order.index((keys[1], "CPU")) < order.index((keys[2], "GPU"))
+    gpu = [(keys[0], "GPU"), (keys[2], "GPU")]
+    assert sorted(order) == sorted(gpu + [(k, "CPU") for k in keys])
+    index, replica = BlockIndex(), ReplicaId("w")
+    assert all(index.store(replica, ns, ev) for ev in events)
+    assert index.lookup.replica_blocks(replica, host=True) == 3
+    gpu: dict = {}  # the GPU's hit stops at block 1, which the host tier holds: all three hit
+    assert index.lookup.hits(keys, gpu=gpu) == {replica: 3} and gpu == {replica: 1}
+    old = json.dumps({"instance_id": "i", "seq": 0, "block_size": 4, "blocks": []})
+    assert decode_document(old, Snapshot).host_blocks == []
+
+
 def test_malformed_snapshot_and_assets_name_the_field() -> None:
     block = {"key": "0a0", "parent": None, "token_ids": [1, 2, 3, 4]}
     doc = {"instance_id": "i", "seq": 0, "block_size": 4, "blocks": [block]}

@@ -233,3 +233,10 @@ class BlockManager:
             for b in blocks
             if b.key is not None
         ]
+
+    def host_snapshot(self) -> list[CachedBlock]:
+        """Every host-tier entry, parents first (empty without a tier)."""
+        if self.host is None:
+            return []
+        entries = sorted(self.host.entries.values(), key=lambda e: e.depth)
+        return [CachedBlock(e.key, e.parent, e.token_ids, e.extra_keys) for e in entries]

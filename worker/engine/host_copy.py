@@ -9,11 +9,13 @@ On CUDA the host buffers are pinned and every copy runs on a side stream, after 
 step's stream has queued (the block's K/V is complete) and before the next step's forward,
 which waits for the side stream (`wait`): a reused block is not overwritten before its copy out
 has read it, and a loaded block is not read before its copy in has landed. On the CPU the
-streams are absent and the same code copies synchronously (the tested path).
+streams are absent and the same code copies synchronously (the tested path). The loads' time
+is vLLM's `vllm:kv_offload_load_time`: the plain copies' on the CPU, CUDA events' on a GPU.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
@@ -33,6 +35,9 @@ class HostKVCopier:
         ]
         self.stream = torch.cuda.Stream(device) if pin else None
         self.block_bytes = block_bytes(planes)
+        self._load_seconds = 0.0
+        # CUDA: each load's (start, end) events on the side stream, until they have completed.
+        self._timing: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
 
     def save(self, pairs: Sequence[tuple[int, int]]) -> None:
         """(device block, host slot) each: device -> host."""
@@ -49,7 +54,7 @@ class HostKVCopier:
         """(host slot, device block) each: host -> device."""
         if not pairs:
             return
-        with self._side():
+        with self._side(), self._timed():
             ids = torch.tensor([b for _, b in pairs], device=self.device)
             for plane, host in zip(self.planes, self.host, strict=True):
                 shape = (len(pairs), *host.shape[1:])
@@ -57,6 +62,28 @@ class HostKVCopier:
                 for j, (slot, _) in enumerate(pairs):
                     staged[j].copy_(host[slot], non_blocking=True)
                 plane.index_copy_(1, ids, staged.transpose(0, 1))
+
+    @property
+    def load_seconds(self) -> float:
+        """Seconds the loads took: on the CPU each plain copy's; on CUDA the side stream's time
+        between each load's events, counted once the load has completed (none is waited for)."""
+        while self._timing and self._timing[0][1].query():
+            start, end = self._timing.pop(0)
+            self._load_seconds += start.elapsed_time(end) / 1000.0
+        return self._load_seconds
+
+    @contextmanager
+    def _timed(self) -> Iterator[None]:
+        if self.stream is None:
+            t0 = time.perf_counter()
+            yield
+            self._load_seconds += time.perf_counter() - t0
+            return
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()  # on the side stream: `_timed` runs inside `_side`
+        yield
+        end.record()
+        self._timing.append((start, end))
 
     def wait(self) -> None:
         """The step's stream waits for every copy queued so far (a no-op on the CPU)."""

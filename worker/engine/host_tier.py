@@ -32,6 +32,12 @@ class KVCopier(Protocol):
 
     block_bytes: int
 
+    @property
+    def load_seconds(self) -> float | None:
+        """Seconds the loads (host -> device) took so far: vLLM's `vllm:kv_offload_load_time`,
+        which a gateway divides by the host-tier hits to price a host hit per replica. None:
+        not timed (the sim engine without a preset, whose copies are free)."""
+
     def save(self, pairs: Sequence[tuple[int, int]]) -> None:
         """(device block id, host slot) each: copy out before the device block is reused."""
 
@@ -42,9 +48,11 @@ class KVCopier(Protocol):
 class CountingCopier:
     """Moves nothing; counts the blocks that would move (the sim engine charges their time)."""
 
-    def __init__(self, block_bytes: int = 0) -> None:
+    def __init__(self, block_bytes: int = 0, *, timed: bool = False) -> None:
         self.block_bytes = block_bytes
         self.pending_loads = 0  # blocks loaded since the runner last charged them
+        # The time the runner charged for them; None when it charges none.
+        self.load_seconds: float | None = 0.0 if timed else None
 
     def save(self, pairs: Sequence[tuple[int, int]]) -> None:
         pass
@@ -55,6 +63,11 @@ class CountingCopier:
     def take_loads(self) -> int:
         n, self.pending_loads = self.pending_loads, 0
         return n
+
+    def charge(self, seconds: float) -> None:
+        """The runner's time for the loads it took (only a timed copier is charged)."""
+        assert self.load_seconds is not None
+        self.load_seconds += seconds
 
 
 @dataclass(slots=True, eq=False)
@@ -94,12 +107,13 @@ class HostTier:
     def usage(self) -> float:
         return len(self.entries) / self.num_slots
 
-    def stats(self) -> dict[str, float]:
+    def stats(self) -> dict[str, float | None]:
         """EngineStats' host_* fields the tier itself knows."""
         nbytes = self.copier.block_bytes
         return {
             "host_saved_bytes": self.counters.saved_blocks * nbytes,
             "host_loaded_bytes": self.counters.loaded_blocks * nbytes,
+            "host_load_seconds": self.copier.load_seconds,
             "host_num_blocks": self.num_slots,
             "host_cache_usage": self.usage(),
         }

@@ -174,6 +174,8 @@ class LLMEngine:
             reason = "stop"
         elif seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self._max_seq_len:
             reason = "length"
+        has_host = self.block_manager.host is not None
+        host_cached = seq.num_host_cached_tokens if has_host else None
         out = RequestOutput(
             request_id=seq.request_id,
             new_token_ids=[token],
@@ -183,6 +185,7 @@ class LLMEngine:
             num_prompt_tokens=seq.num_prompt_tokens,
             num_cached_tokens=seq.num_cached_tokens or 0,
             num_output_tokens=seq.num_output_tokens,
+            num_host_cached_tokens=host_cached,
             queue_s=queue_s,
             prefill_s=prefill_s,
         )
@@ -220,6 +223,9 @@ class LLMEngine:
 
     def snapshot_blocks(self) -> list[CachedBlock]:
         return self.block_manager.snapshot()
+
+    def snapshot_host_blocks(self) -> list[CachedBlock]:
+        return self.block_manager.host_snapshot()
 
     def refresh_prefix(self, last: BlockKey) -> int:
         """A request predicted to hit the cached chain ending at `last` is on its way: keep that

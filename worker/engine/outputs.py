@@ -20,6 +20,8 @@ class RequestOutput:
     num_prompt_tokens: int
     num_cached_tokens: int
     num_output_tokens: int
+    # Of num_cached_tokens, those copied back from the host KV tier; None: the engine has none.
+    num_host_cached_tokens: int | None = None
     # On a request's first token only (vLLM's intervals): seconds from arrival to its latest
     # admission, and from there to this token; None on later tokens.
     queue_s: float | None = None
@@ -52,6 +54,8 @@ class EngineStats:
     host_queries_tokens: int = 0
     host_saved_bytes: int = 0
     host_loaded_bytes: int = 0
+    # The host -> GPU copies' time (the sim's: charged); None: not timed (sim without a preset).
+    host_load_seconds: float | None = None
     host_num_blocks: int = 0
     host_cache_usage: float = 0.0
     lora: LoRAStats | None = None  # None: LoRA is not enabled

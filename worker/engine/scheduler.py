@@ -120,6 +120,7 @@ class Scheduler:
             if seq.num_cached_tokens is None:
                 seq.num_cached_tokens = num_hit_tokens
                 from_host = len(host_hits(hits)) * bm.block_size
+                seq.num_host_cached_tokens = from_host
                 self.counters.prefix_queries_tokens += seq.num_tokens
                 self.counters.prefix_hits_tokens += num_hit_tokens - from_host
                 self.counters.host_hits_tokens += from_host

@@ -38,6 +38,7 @@ class Sequence:
         "num_cached_blocks",
         "num_cached_tokens",
         "num_computed_tokens",
+        "num_host_cached_tokens",
         "num_prompt_tokens",
         "params",
         "request_id",
@@ -75,6 +76,7 @@ class Sequence:
         self.num_cached_blocks = 0
         # Prefix hit at first admission (what the user is told); None until admitted.
         self.num_cached_tokens: int | None = None
+        self.num_host_cached_tokens = 0  # of those, the host KV tier's (copied back)
         self.block_extra: list[tuple[ExtraKey, ...]] = []
         self.block_keys: list[BlockKey] = block_keys(
             self.token_ids,

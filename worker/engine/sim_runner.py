@@ -89,7 +89,7 @@ class SimRunner:
                 "the sim engine sizes --kv-offload-bytes by a preset's bytes per token: "
                 "give --sim-preset, or --kv-offload-blocks"
             )
-        self.offload = CountingCopier(per_block)
+        self.offload = CountingCopier(per_block, timed=self.step_cost is not None)
         return slots, self.offload
 
     @property
@@ -124,8 +124,9 @@ class SimRunner:
         if self.step_cost is not None:
             delay = self.step_seconds(batch)
             if self.offload is not None:
-                loaded = self.offload.take_loads() * self.block_size
-                delay += self.step_cost.host_load(loaded)
+                copy = self.step_cost.host_load(self.offload.take_loads() * self.block_size)
+                self.offload.charge(copy * self.time_scale)  # as slept, below
+                delay += copy
         else:
             delay = self.prefill_s_per_token * prefill_tokens + self.decode_s_per_step
         delay *= self.time_scale

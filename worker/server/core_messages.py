@@ -112,6 +112,7 @@ class CallError(msgspec.Struct, array_like=True):
 class SnapshotResult(msgspec.Struct, array_like=True):
     seq: int | None
     blocks: list[CachedBlock]
+    host_blocks: list[CachedBlock] = []  # the host KV tier's, parents first
 
 
 class Done(msgspec.Struct, tag=True, array_like=True):

@@ -165,7 +165,10 @@ class EngineCore:
     def _snapshot(self) -> m.SnapshotResult:
         # Publish what is pending first, so the snapshot reflects exactly the last seq.
         self._publish_events()
-        return m.SnapshotResult(self.publisher.last_seq, self.engine.snapshot_blocks())
+        engine = self.engine
+        return m.SnapshotResult(
+            self.publisher.last_seq, engine.snapshot_blocks(), engine.snapshot_host_blocks()
+        )
 
     def _fault(self, cmd: m.Fault) -> None:
         if cmd.kind == "crash_engine":

@@ -28,6 +28,7 @@ from worker.server.hidden_encoding import encode_hidden_states, require_hidden_c
 from worker.server.metrics import EngineLatency
 from worker.server.protocol import EngineRequest
 from worker.server.request_stream import RequestStream, unless_gone
+from worker.server.usage import cached_parts, usage_of
 
 _json = msgspec.json.Encoder()
 
@@ -175,14 +176,14 @@ class OpenAIServing:
                 )
                 for i, c in enumerate(choices)
             ],
-            "usage": _usage(prompt_tokens, sum(c.num_output_tokens for c in choices), cached),
+            "usage": usage_of(prompt_tokens, sum(c.num_output_tokens for c in choices), cached),
         }
         return Response(_json.encode(payload), media_type="application/json")
 
     async def _collect(self, stream: RequestStream, arrived: float):
         index = {rid: i for i, rid in enumerate(stream.request_ids)}
         choices = [_Choice([]) for _ in stream.request_ids]
-        prompt_tokens = cached = 0
+        prompt_tokens, cached = 0, (0, None)
         first = True
         async for out in stream:
             if first:
@@ -196,7 +197,7 @@ class OpenAIServing:
                 c.finish_reason = out.finish_reason
                 c.hidden_states = out.hidden_states
             if index[out.request_id] == 0:
-                prompt_tokens, cached = out.num_prompt_tokens, out.num_cached_tokens
+                prompt_tokens, cached = out.num_prompt_tokens, cached_parts(out)
         self.ctx.metrics.e2e.observe(time.perf_counter() - arrived)
         return choices, prompt_tokens, cached
 
@@ -206,7 +207,7 @@ class OpenAIServing:
         index = {r: i for i, r in enumerate(stream.request_ids)}
         outputs = [0] * len(index)
         started = [False] * len(index)
-        prompt_tokens = cached = 0
+        prompt_tokens, cached = 0, (0, None)
         usage_on = body.include_usage()
         created = int(time.time())
         model = body.model or self.ctx.model_name
@@ -221,7 +222,7 @@ class OpenAIServing:
                 i = index[out.request_id]
                 outputs[i] = out.num_output_tokens
                 if i == 0:
-                    prompt_tokens, cached = out.num_prompt_tokens, out.num_cached_tokens
+                    prompt_tokens, cached = out.num_prompt_tokens, cached_parts(out)
                 if started[i] and not out.text_delta and not out.finished:
                     continue
                 choice = self.chunk_choice(i, out.text_delta, out.finish_reason, not started[i])
@@ -230,7 +231,7 @@ class OpenAIServing:
                 yield self._chunk(rid, model, created, [choice], None if usage_on else _OMIT)
             self.ctx.metrics.e2e.observe(time.perf_counter() - arrived)
             if usage_on:
-                usage = _usage(prompt_tokens, sum(outputs), cached)
+                usage = usage_of(prompt_tokens, sum(outputs), cached)
                 yield self._chunk(rid, model, created, [], usage)
         except Exception as e:  # the client already has a 200: report in-band, as vLLM does
             err = as_api_error(e)
@@ -272,15 +273,6 @@ _OMIT = object()
 def _shutting_down(reason: str) -> APIError:
     """What a request still running when the drain's deadline passes ends with."""
     return APIError(503, reason, code=SHUTTING_DOWN)
-
-
-def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
-    }
 
 
 def rank_index(raw: Request, count: int) -> int | None:

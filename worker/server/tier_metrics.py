@@ -2,7 +2,9 @@
 
 vLLM names a KV connector's prefix hits `vllm:external_prefix_cache_{queries,hits}` (tokens) and
 the offloading connector's copies `vllm:kv_offload_total_bytes{transfer_type}` (GPU_to_CPU,
-CPU_to_GPU) and its host cache's fill `vllm:kv_offload_cpu_cache_usage_perc`; these appear only
+CPU_to_GPU), the seconds its loads took `vllm:kv_offload_load_time` (vLLM 0.32's flat name; a
+gateway measures each replica's copy rate from it) and its host cache's fill
+`vllm:kv_offload_cpu_cache_usage_perc`; these appear only
 with the host tier on, as vLLM's appear only with a connector. vLLM has no single family of hits
 by tier: `kvgate_worker_prefix_cache_tier_hits{medium}` gives prompt tokens found on the GPU and
 in the host tier side by side (vllm:prefix_cache_hits counts the GPU's alone).
@@ -52,6 +54,11 @@ def _offload_metrics(stats: Labelled, labels: list[str]) -> Iterator:
         "KV bytes copied between the GPU cache and the host tier.",
         labels=[*labels, "transfer_type"],
     )
+    load_time = CounterMetricFamily(
+        "vllm:kv_offload_load_time",
+        "Seconds the host tier's copies back to the GPU took (the sim engine's: charged).",
+        labels=labels,
+    )
     usage = GaugeMetricFamily(
         "vllm:kv_offload_cpu_cache_usage_perc", "Host KV tier usage (1 = full).", labels=labels
     )
@@ -60,5 +67,9 @@ def _offload_metrics(stats: Labelled, labels: list[str]) -> Iterator:
         hits.add_metric(values, s.host_hits_tokens)
         moved.add_metric([*values, "GPU_to_CPU"], s.host_saved_bytes)
         moved.add_metric([*values, "CPU_to_GPU"], s.host_loaded_bytes)
+        if s.host_load_seconds is not None:  # timed: not the sim engine without a preset
+            load_time.add_metric(values, s.host_load_seconds)
         usage.add_metric(values, s.host_cache_usage)
     yield from (queries, hits, moved, usage)
+    if load_time.samples:
+        yield load_time

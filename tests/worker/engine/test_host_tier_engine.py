@@ -56,6 +56,7 @@ def test_outputs_equal_with_the_tier_on_and_off(demo_model_dir: Path, adapters) 
     assert on.block_manager.host is not None and off.block_manager.host is None
     work = workload(on, adapters)
     assert all(len(p.token_ids) > 3 * BS for p, _ in work)
+    host_parts: list[int | None] = []
     for round_ in range(2):
         for i, (prompt, kw) in enumerate(work):
             name = f"r{round_}-{i}"
@@ -69,9 +70,14 @@ def test_outputs_equal_with_the_tier_on_and_off(demo_model_dir: Path, adapters) 
                 # The GPU pool holds about two of these: the tier keeps them all.
                 assert got[-1].num_cached_tokens == full, name
                 assert want[-1].num_cached_tokens < full, name
+            assert want[-1].num_host_cached_tokens is None  # no tier: no part of it
+            host_parts.append(got[-1].num_host_cached_tokens)
     stats = on.stats()
     assert stats.host_hits_tokens > 0 and stats.host_loaded_bytes > 0
+    # Each request's host part, summed, is what the engine counts as the tier's hits.
+    assert sum(host_parts) == stats.host_hits_tokens  # type: ignore[arg-type]
     assert stats.host_saved_bytes > 0 and off.stats().host_hits_tokens == 0
+    assert stats.host_load_seconds > 0  # the plain copies' time (vllm:kv_offload_load_time)
 
 
 def test_a_different_image_never_hits_the_host_tier(demo_model_dir: Path, adapters) -> None:
@@ -126,5 +132,6 @@ def test_hidden_states_come_back_with_the_kv(demo_model_dir: Path) -> None:
         engine.add_request("probe", probe, one, hidden_states="all")
         outs.append(run_all(engine)["probe"][-1])
     assert outs[0].num_cached_tokens == 10 * BS and on.stats().host_hits_tokens > 0
+    assert 0 < outs[0].num_host_cached_tokens <= 10 * BS  # type: ignore[operator]
     assert outs[0].hidden_states is not None and outs[1].hidden_states is not None
     np.testing.assert_allclose(outs[0].hidden_states, outs[1].hidden_states, atol=1e-4, rtol=1e-4)

@@ -63,6 +63,10 @@ def test_chat_text_repeat_hits_all_full_blocks_but_last_token(client):
     )
     assert second.usage.prompt_tokens == p
     assert second.usage.prompt_tokens_details.cached_tokens == expected_hit(p)
+    # No host KV tier: usage is vLLM's, without kvgate's `cpu_cached_tokens`.
+    assert second.usage.prompt_tokens_details.model_dump(exclude_none=True) == {
+        "cached_tokens": expected_hit(p)
+    }
     # Greedy decoding of the same prompt is deterministic whatever came from the cache.
     assert second.choices[0].message.content == first.choices[0].message.content
 

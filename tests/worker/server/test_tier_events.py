@@ -19,6 +19,7 @@ from cachekey.events import (
     seq_bytes,
 )
 from tests.support.worker_harness import WorkerProcess
+from worker.engine.sim_presets import preset
 
 PER_BLOCK = 16 * 32768  # h200-llama-1b: 32 KiB of K/V per token, 16 tokens a block
 
@@ -113,9 +114,13 @@ def test_cpu_tier_events_in_order_and_a_host_hit(demo_model_dir) -> None:
         if rg in history:
             assert history.index(sc) < history.index(rg), history
     assert again["prompt_tokens_details"]["cached_tokens"] == 48
+    assert again["prompt_tokens_details"]["cpu_cached_tokens"] == 32  # of them, the host's
     assert metric(metrics, "vllm:external_prefix_cache_hits_total") == 32
     assert metric(metrics, "kvgate_worker_prefix_cache_tier_hits_total", 'medium="CPU"') == 32
     assert metric(metrics, "kvgate_worker_prefix_cache_tier_hits_total", 'medium="GPU"') == 16
     assert metric(metrics, "vllm:kv_offload_total_bytes_total", "CPU_to_GPU") == 2 * PER_BLOCK
     assert metric(metrics, "vllm:kv_offload_total_bytes_total", "GPU_to_CPU") == 6 * PER_BLOCK
     assert metric(metrics, "vllm:kv_offload_cpu_cache_usage_perc") == 1.0
+    # The two blocks' copy back, as the sim charged it (time scale 1): vLLM's load time.
+    charged = preset("h200-llama-1b").host_load(32)
+    assert charged > 0 and abs(metric(metrics, "vllm:kv_offload_load_time_total") - charged) < 1e-9

@@ -39,6 +39,7 @@ async def snapshot(raw: Request, rank: int | None = Query(None)) -> Response:
         seq=snap.seq,
         block_size=state.info.block_size,
         blocks=[_snapshot_block(b) for b in snap.blocks],  # parents first, every copy
+        host_blocks=[_snapshot_block(b) for b in snap.host_blocks],
     )
     return Response(encode_document(doc), media_type=_JSON)
 
