@@ -97,8 +97,9 @@ def test_host_tier_holder_beats_cold_and_loses_to_gpu_holder(cluster):
     assert cpu == 0 and gpu >= 16 * 16
     metrics = httpx.get(f"{gw}/metrics").text
     assert "kvgate_predicted_cpu_cached_tokens_total" in metrics
-    # The sim without a preset copies for free and times nothing: no load time to learn a
-    # copy rate from, so the prior prices these replicas' host hits (test_copy_rate.py has one).
+    # The sim without a preset copies for free and times nothing: no load time to learn a copy
+    # rate from, so the prior prices these replicas' host hits
+    # (tests/gateway/test_copy_rate.py has one).
     assert "vllm:kv_offload_load_time" not in httpx.get(f"{first}/metrics").text
     assert "kvgate_replica_copy_seconds_per_token{" not in metrics
 
