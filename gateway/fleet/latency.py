@@ -165,7 +165,7 @@ def slowdown(c: Coefficients) -> float:
     `per_request` alone: without a worker server cost a decode stream barely slows the others
     (a decode step is 2.6 ms at batch 1, 2.8 ms at 8 on the H200) and the fits put all of a
     replica's load in its queued prefills (the calibrated sim, docs' workload: the duration
-    fit's per-request time 0, its per-queued-request 43-86 ms; docs/benchmarks.md step 6)."""
+    fit's per-request time 0, its per-queued-request 42-86 ms; docs/benchmarks.md step 6)."""
     return c.per_waiting + c.per_request
 
 

@@ -5,8 +5,8 @@ The learned price of an uncached token is the pooled TTFT fit's `per_token`: the
 seconds a prompt token adds to a first token. The workers' measured prefill rate
 (`measured_rate`: prefill time over computed tokens) is not: every prefill pays at least one
 engine step whatever it computes, so on a fleet whose requests hit the cache it reads several
-times the marginal price (the calibrated sim without server cost, the docs' workload: 52 to
-205 us a token measured against 27 us learned, rising with the hit rate; docs/benchmarks.md,
+times the marginal price (the calibrated sim without server cost, the docs' workload: 51 to
+245 us a token measured against 26-33 us learned, rising with the hit rate; docs/benchmarks.md,
 *Routing in the calibrated sim*, step 6). Priced at it, a miss cost 2-8x what the fleet's
 timings say and no imbalance could outweigh a hit. The step a prefill pays whatever it computes
 is priced per request, where it belongs (`FleetFit.slowdown`, gateway/fleet/latency.py). The
