@@ -12,13 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from cachekey import Prompt
+from cachekey import HashNamespace, Prompt
 from cachekey.events import BlockRemoved
 from tests.support.engine import image_chat, make_engine, png_bytes
-from tests.support.lora_fixtures import ALL_PROJECTIONS, write_peft_adapter, write_tiny_llama
+from worker.engine.block_manager import BlockManager
 from worker.engine.config import EngineConfig
 from worker.engine.llm_engine import LLMEngine
 from worker.engine.sampling_params import SamplingParams
+from worker.engine.sequence import Sequence
 
 
 @dataclass
@@ -160,6 +161,9 @@ def test_requests_arriving_mid_stream(demo_model_dir: Path) -> None:
 
 
 def test_lora_adapters(demo_model_dir: Path, tmp_path: Path) -> None:
+    # Imported here: peft is a test dependency the GPU machine lacks (bench/gpu.sh async).
+    from tests.support.lora_fixtures import ALL_PROJECTIONS, write_peft_adapter, write_tiny_llama
+
     base = write_tiny_llama(tmp_path / "base", demo_model_dir)
     adapters = {
         name: write_peft_adapter(base, tmp_path / name, seed, r=4, target_modules=ALL_PROJECTIONS)
@@ -182,3 +186,28 @@ def test_lora_adapters(demo_model_dir: Path, tmp_path: Path) -> None:
 def test_sim_engine_steps_synchronously(demo_model_dir: Path) -> None:
     config = EngineConfig(model=str(demo_model_dir), engine="sim", async_scheduling=True)
     assert LLMEngine(config)._async is None  # nothing to overlap: the option is a no-op
+
+
+def test_a_block_taken_for_a_discarded_token_goes_back_to_the_head() -> None:
+    """The free queue after a request stops is the synchronous engine's, block for block."""
+    ns = HashNamespace("unit-model", block_size=4)
+
+    def stopped(launched_ahead: bool) -> list[int]:
+        bm = BlockManager(8, 4, True, "partial")
+        seq = Sequence("a", Prompt(tuple(range(1, 8))), SamplingParams(), ns)
+        bm.allocate(seq, [], 7)  # the prompt's 7 tokens: two blocks
+        seq.num_computed_tokens = 7
+        bm.cache_full_blocks(seq)
+        seq.append_token(50, ns)  # its first token; step N computes it at position 7
+        bm.append_slots(seq, 1)
+        seq.num_computed_tokens = 8
+        if launched_ahead:  # step N+1 scheduled before step N's token is known
+            seq.num_pending_tokens = 1
+            assert bm.blocks_needed(seq, 1) == 1 and bm.pool.takes_no_cached(1)
+            bm.append_slots(seq, 1)
+            seq.num_pending_tokens = 0
+        seq.append_token(51, ns)  # step N's token: a stop token, the request ends
+        bm.free(seq)
+        return [b.block_id for b in bm.pool.free_queue]
+
+    assert stopped(True) == stopped(False)
