@@ -108,8 +108,10 @@ class AsyncSteps:
             seq = item.seq
             if seq.status is SequenceStatus.FINISHED:
                 continue
-            seq.num_pending_tokens = 0
+            # Still pending meanwhile: a request this token finishes frees its blocks knowing
+            # that a step was launched ahead for it (BlockManager.free).
             outputs.append(self._on_token(seq, token))
+            seq.num_pending_tokens = 0
         return outputs
 
     def _chain(self) -> set[Sequence] | None:

@@ -183,11 +183,13 @@ class BlockManager:
 
     def free(self, seq: Sequence) -> None:
         blocks = [self.pool.blocks[i] for i in seq.block_table]
-        # A block taken for a step in flight (--async-scheduling) whose token the request will
-        # not keep goes back to the head, as if never taken: the synchronous engine never took
-        # it. Only such a block lies past the last kept token (between steps the table covers
-        # exactly the computed tokens, and the last sampled token is not computed).
-        keep = cdiv(min(seq.num_computed_tokens, seq.num_tokens - 1), self.block_size)
+        keep = len(blocks)
+        if seq.num_pending_tokens:
+            # Launched ahead (--async-scheduling): a block taken for a step whose token the
+            # request will not keep goes back to the head, as if never taken, since the
+            # synchronous engine never took it. It lies past the last kept token (the last
+            # sampled token is not computed: its K/V would be the next step's).
+            keep = cdiv(min(seq.num_computed_tokens, seq.num_tokens - 1), self.block_size)
         if len(blocks) > keep:
             self.pool.untake(blocks[keep:])
         # Reverse order: a sequence's tail blocks are the least likely to be shared, so they

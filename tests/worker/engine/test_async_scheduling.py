@@ -205,7 +205,6 @@ def test_a_block_taken_for_a_discarded_token_goes_back_to_the_head() -> None:
             seq.num_pending_tokens = 1
             assert bm.blocks_needed(seq, 1) == 1 and bm.pool.takes_no_cached(1)
             bm.append_slots(seq, 1)
-            seq.num_pending_tokens = 0
         seq.append_token(51, ns)  # step N's token: a stop token, the request ends
         bm.free(seq)
         return [b.block_id for b in bm.pool.free_queue]
