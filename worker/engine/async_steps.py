@@ -78,8 +78,8 @@ class AsyncSteps:
         batch = self.scheduler.schedule(finishing)
         if before_forward is not None:
             before_forward()
-        if not batch:
-            return []  # prev is None: a chained step has a row
+        if not batch:  # (a chained step always has a row: `_chain` saw to it)
+            return [] if prev is None else self._read(prev)
         if not self.runner.can_launch(batch):
             assert prev is None, "a chained step that cannot be launched"
             return self._run_sync(batch)
