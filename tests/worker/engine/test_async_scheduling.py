@@ -126,11 +126,13 @@ def add_stops(reqs: list[Req], sync: Run) -> None:
             r.params.stop = [text[8:11]]
 
 
-@pytest.mark.parametrize("num_blocks", [256, 14])  # roomy, then evicting and preempting
+# Roomy, then evicting and preempting, then with the hidden-state cache (written like the K/V).
+@pytest.mark.parametrize(("num_blocks", "hidden"), [(256, False), (14, False), (40, True)])
 def test_outputs_and_events_equal_the_synchronous_engine(
-    demo_model_dir: Path, num_blocks: int
+    demo_model_dir: Path, num_blocks: int, hidden: bool
 ) -> None:
     config = {"num_blocks": num_blocks, "max_num_seqs": 6, "max_num_batched_tokens": 96}
+    config["hidden_state_cache"] = hidden
     engine = make_engine(demo_model_dir, **config)
     reqs = mixed_requests(engine, random.Random(7), 14)
     add_stops(reqs, drive(engine, reqs))
