@@ -16,6 +16,11 @@ p99 (worker stamp to index); routing decision p50/p99; RSS; whether every gatewa
 every replica's cache once the point is over (digests, at a quiet point); whether the gateways
 kept up (no failure, the rate achieved, event lag under a second).
 
+The one fleet process answers every replica's polls, which N real workers would share: with more
+than one gateway, the gateways split `--fleet-polls-per-second` (100, one gateway's default) and
+`--fleet-tail-checks-per-second` (50) among them (bench/lib/fleet_args.py:fleet_budget), so the
+fleet answers as many polls for 8 gateways as for one (0: every gateway at its own default).
+
     python -m bench.fleet_scale                                  # the whole matrix (hours)
     python -m bench.fleet_scale --replicas 512 --gateways 4 --rates 10,20,40
     python -m bench.fleet_scale --replicas 512 --gateways 1,4 --rates 60 --peers off,on --no-rr

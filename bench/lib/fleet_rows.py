@@ -38,6 +38,7 @@ class PointRow:
     busy: float = col("busy", 6, ".0%")  # per gateway, share of a core during the run
     idle: float = col("idle", 6, ".1%")  # per gateway, share of a core with no traffic
     lag_p99_ms: float | None = col("lag p99", 8, ".0f")
+    peer_lag_p99_ms: float | None = col("peer lag", 9, ".0f")  # a peer batch, sent to applied
     decision_p50_ms: float | None = col("dec p50", 8, ".2f")
     decision_p99_ms: float | None = col("dec p99", 8, ".2f")
     rss_mb: float = col("rss MB", 7, ".0f")
@@ -124,6 +125,7 @@ def make_row(
         busy=after.cpu_since(before) / wall / len(after.gateway_cpu),
         idle=0.0,
         lag_p99_ms=lag * 1e3 if lag is not None else None,
+        peer_lag_p99_ms=_ms(quantile(m, "kvgate_peer_lag_seconds", 0.99)),
         decision_p50_ms=_ms(quantile(m, "kvgate_routing_decision_seconds", 0.5)),
         decision_p99_ms=_ms(quantile(m, "kvgate_routing_decision_seconds", 0.99)),
         rss_mb=max(after.rss) / 2**20,
