@@ -44,7 +44,7 @@ from pathlib import Path
 import httpx
 
 from bench.lib import fleet_probe as probe
-from bench.lib.fleet_args import fleet_budget, parser
+from bench.lib.fleet_args import fleet_budget, parser, quiet_timeout
 from bench.lib.fleet_rows import COLUMNS, IDLE_COLUMNS, IdleRow, PointRow, make_row
 from bench.lib.fleet_trace import FleetTrace, TraceShape, build_trace
 from bench.lib.gateway_kill import GatewayKiller, print_windows, windows
@@ -106,7 +106,7 @@ def run_point(
     for error, n in errors.most_common(5):
         print(f"  {n} failed: {error[:200]}", flush=True)
     equal, settle, diff = probe.wait_indexes_equal(
-        client, c.gateways, c.worker_urls, args.quiet_timeout
+        client, c.gateways, c.worker_urls, quiet_timeout(len(c.worker_urls), len(c.gateways), args)
     )
     if not equal:
         print(f"  indexes differ from the caches after {settle:.0f}s: {diff}", flush=True)

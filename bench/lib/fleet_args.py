@@ -25,6 +25,19 @@ def fleet_budget(gateways: int, args: argparse.Namespace) -> list[str]:
     return ["--max-polls-per-second", f"{polls:g}", "--max-tail-checks-per-second", f"{tails:g}"]
 
 
+def quiet_timeout(replicas: int, gateways: int, args: argparse.Namespace) -> float:
+    """How long the indexes may take to equal the caches once a point is over: a batch the live
+    stream lost is found by a tail check, a replica marked down comes back at a poll, and the
+    split above makes each gateway's periods `gateways` times longer (at 512 replicas and 8
+    gateways a tail check of each replica every 82 s)."""
+    if args.quiet_timeout is not None:
+        return args.quiet_timeout
+    split = args.fleet_polls_per_second and gateways > 1
+    polls = args.fleet_polls_per_second / gateways if split else 100.0
+    tails = args.fleet_tail_checks_per_second / gateways if split else 50.0
+    return max(60.0, 2 * replicas / min(polls, tails))
+
+
 def parser(doc: str) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawTextHelpFormatter)
     ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
@@ -57,6 +70,31 @@ def parser(doc: str) -> argparse.ArgumentParser:
         metavar="AT,DOWN",
         help="each rate again with gateway 0 killed AT s into the run, restarted DOWN s later",
     )
+    _fleet_flags(ap)
+    ap.add_argument("--idle-seconds", type=float, default=10.0)
+    ap.add_argument("--idle-only", action="store_true", help="measure the idle gateways only")
+    ap.add_argument("--ready-timeout", type=float, default=300.0)
+    ap.add_argument(
+        "--quiet-timeout",
+        type=float,
+        help="seconds for the indexes to equal the caches after a point (default: "
+        "quiet_timeout, 60 s or two of the gateways' slowest poll or tail-check periods)",
+    )
+    ap.add_argument("--gateway-args", type=lambda s: tuple(s.split()), default=())
+    ap.add_argument(
+        "--baseline",
+        type=Path,
+        action="append",
+        default=[],
+        help="also run gateways from this checkout (repeatable; labelled by its directory)",
+    )
+    ap.add_argument("--log-dir", type=Path, default=Path("bench/results/logs/fleet_scale"))
+    ap.add_argument("--out", type=Path, default=Path("bench/results/fleet_scale.json"))
+    return ap
+
+
+def _fleet_flags(ap: argparse.ArgumentParser) -> None:
+    """What the gateways ask of the one fleet process (fleet_budget)."""
     ap.add_argument(
         "--fleet-polls-per-second",
         type=float,
@@ -70,18 +108,3 @@ def parser(doc: str) -> argparse.ArgumentParser:
         default=50.0,
         help="event tail checks a second the fleet answers, split among the gateways",
     )
-    ap.add_argument("--idle-seconds", type=float, default=10.0)
-    ap.add_argument("--idle-only", action="store_true", help="measure the idle gateways only")
-    ap.add_argument("--ready-timeout", type=float, default=300.0)
-    ap.add_argument("--quiet-timeout", type=float, default=60.0)
-    ap.add_argument("--gateway-args", type=lambda s: tuple(s.split()), default=())
-    ap.add_argument(
-        "--baseline",
-        type=Path,
-        action="append",
-        default=[],
-        help="also run gateways from this checkout (repeatable; labelled by its directory)",
-    )
-    ap.add_argument("--log-dir", type=Path, default=Path("bench/results/logs/fleet_scale"))
-    ap.add_argument("--out", type=Path, default=Path("bench/results/fleet_scale.json"))
-    return ap
