@@ -8,6 +8,8 @@ over 2,048-token prompts that share all but their last 16 tokens. The GPU suite
 (the default on CUDA) has the scenarios of the issue: TTFT cold and with a 90% prefix hit at 2,048
 and 8,000 tokens; decode at batch 1/8/32/64 with 128-token prompts and batch 16 at 2,048 tokens of
 context; then transformers on the same weights, and the device's floors, in the same run.
+`--suite gpu-decode` is the GPU suite's TTFT at 2,048 tokens and decode at batch 1, 64 and 16 at
+2,048 tokens (what `bench/gpu.sh async` compares with --async-scheduling off and on).
 `--long N` adds one N-token prompt on an engine with default memory settings (it must finish).
 `--model` is a directory, `demo`, or a shape (llama-1b, llama-3b, llama-8b) written once with
 random weights under --models-dir. `--clock cpu` times with process CPU time instead of the wall
@@ -40,6 +42,8 @@ SUITES = {
         "prompt_lens": [2048, 8000],
         "decode": [(1, 128), (8, 128), (32, 128), (64, 128), (16, 2048)],
     },
+    # The decode figures --async-scheduling is for (bench/gpu.sh async).
+    "gpu-decode": {"prompt_lens": [2048], "decode": [(1, 128), (64, 128), (16, 2048)]},
 }
 
 
@@ -62,6 +66,8 @@ def engine_figures(args: argparse.Namespace, model: str, suite: dict, report: Ca
     extra: dict = {"enforce_eager": True} if args.enforce_eager else {}
     if args.elementwise_kernels:
         extra["elementwise_kernels"] = args.elementwise_kernels
+    if args.async_scheduling:
+        extra["async_scheduling"] = True
     engine = LLMEngine(
         EngineConfig(
             model=model,
@@ -140,6 +146,11 @@ def _parser() -> argparse.ArgumentParser:
         choices=("auto", "reference", "triton"),
         default=None,
         help="fused norm/rotary/SwiGLU kernels or the torch reference (default: the engine's)",
+    )
+    parser.add_argument(
+        "--async-scheduling",
+        action="store_true",
+        help="the engine's --async-scheduling (each decode step launched while the last runs)",
     )
     parser.add_argument(
         "--compare",

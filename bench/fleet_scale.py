@@ -16,6 +16,11 @@ p99 (worker stamp to index); routing decision p50/p99; RSS; whether every gatewa
 every replica's cache once the point is over (digests, at a quiet point); whether the gateways
 kept up (no failure, the rate achieved, event lag under a second).
 
+The one fleet process answers every replica's polls, which N real workers would share: with more
+than one gateway, the gateways split `--fleet-polls-per-second` (100, one gateway's default) and
+`--fleet-tail-checks-per-second` (50) among them (bench/lib/fleet_args.py:fleet_budget), so the
+fleet answers as many polls for 8 gateways as for one (0: every gateway at its own default).
+
     python -m bench.fleet_scale                                  # the whole matrix (hours)
     python -m bench.fleet_scale --replicas 512 --gateways 4 --rates 10,20,40
     python -m bench.fleet_scale --replicas 512 --gateways 1,4 --rates 60 --peers off,on --no-rr
@@ -39,9 +44,10 @@ from pathlib import Path
 import httpx
 
 from bench.lib import fleet_probe as probe
+from bench.lib.fleet_args import fleet_budget, parser, quiet_timeout
 from bench.lib.fleet_rows import COLUMNS, IDLE_COLUMNS, IdleRow, PointRow, make_row
 from bench.lib.fleet_trace import FleetTrace, TraceShape, build_trace
-from bench.lib.gateway_kill import GatewayKiller, KillPlan, print_windows, windows
+from bench.lib.gateway_kill import GatewayKiller, print_windows, windows
 from bench.lib.report import args_dict, print_table, write_json
 from cachekey.headers import POLICY_HEADER
 from harness.cluster import ClusterSpec
@@ -100,7 +106,7 @@ def run_point(
     for error, n in errors.most_common(5):
         print(f"  {n} failed: {error[:200]}", flush=True)
     equal, settle, diff = probe.wait_indexes_equal(
-        client, c.gateways, c.worker_urls, args.quiet_timeout
+        client, c.gateways, c.worker_urls, quiet_timeout(len(c.worker_urls), len(c.gateways), args)
     )
     if not equal:
         print(f"  indexes differ from the caches after {settle:.0f}s: {diff}", flush=True)
@@ -154,7 +160,7 @@ def run_fleet(n: int, model: FleetModel, args: argparse.Namespace) -> list[Point
         spec = ClusterSpec(
             workers=0,
             gateways=g,
-            gateway_args=args.gateway_args,
+            gateway_args=(*fleet_budget(g, args), *args.gateway_args),
             log_dir=log_dir,
             peers=variants[0][2],
         )
@@ -233,57 +239,8 @@ def measure_idle(
     return row
 
 
-def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
-    floats = lambda s: [float(x) for x in s.split(",") if x]  # noqa: E731
-    ap.add_argument("--replicas", type=ints, default=[64, 128, 256, 512])
-    ap.add_argument("--gateways", type=ints, default=[1, 4])
-    ap.add_argument("--rates", type=floats, default=[10.0, 20.0, 40.0], help="requests/s")
-    ap.add_argument("--rr-rate", type=float, help="round robin's rate (default: the first)")
-    ap.add_argument("--cache-share", type=float, default=4 / 3)
-    ap.add_argument("--users-per-tenant", type=int, default=2)
-    ap.add_argument("--turns", type=int, default=3)
-    ap.add_argument("--system-words", type=int, default=1200)
-    ap.add_argument("--prefill-s-per-token", type=float, default=Timing().prefill_s_per_token)
-    ap.add_argument("--decode-s-per-step", type=float, default=Timing().decode_s_per_step)
-    ap.add_argument("--step-s", type=float, default=Timing().step_s)
-    ap.add_argument("--seed", type=int, default=0, help="of the arrival times")
-    ap.add_argument("--max-requests", type=int, help="serve only the trace's first requests")
-    ap.add_argument("--no-bound", dest="bound", action="store_false")
-    ap.add_argument("--no-rr", dest="rr", action="store_false", help="skip round robin")
-    ap.add_argument(
-        "--peers",
-        type=lambda s: [{"off": False, "on": True}[x] for x in s.split(",")],
-        default=[False],
-        help="off, on or off,on: the gateways (2 or more) share placements and load "
-        "(--peer-port, --peers)",
-    )
-    ap.add_argument(
-        "--kill-gateway",
-        type=KillPlan.parse,
-        metavar="AT,DOWN",
-        help="each rate again with gateway 0 killed AT s into the run, restarted DOWN s later",
-    )
-    ap.add_argument("--idle-seconds", type=float, default=10.0)
-    ap.add_argument("--idle-only", action="store_true", help="measure the idle gateways only")
-    ap.add_argument("--ready-timeout", type=float, default=300.0)
-    ap.add_argument("--quiet-timeout", type=float, default=60.0)
-    ap.add_argument("--gateway-args", type=lambda s: tuple(s.split()), default=())
-    ap.add_argument(
-        "--baseline",
-        type=Path,
-        action="append",
-        default=[],
-        help="also run gateways from this checkout (repeatable; labelled by its directory)",
-    )
-    ap.add_argument("--log-dir", type=Path, default=Path("bench/results/logs/fleet_scale"))
-    ap.add_argument("--out", type=Path, default=Path("bench/results/fleet_scale.json"))
-    return ap
-
-
 def main() -> None:
-    args = parser().parse_args()
+    args = parser(__doc__).parse_args()
     model = FleetModel.load("demo", "demo")
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}", flush=True)
     rows: list[PointRow | IdleRow] = []

@@ -7,11 +7,14 @@
 #   bash bench/gpu.sh ttft     # bench.ttft end to end: 4 workers on the GPU, the workload
 #   bash bench/gpu.sh fused    # the fused elementwise kernels: their tests on CUDA, then
 #                              # bench.engine fused vs unfused, alternated (bench.engine_ab)
+#   bash bench/gpu.sh async    # --async-scheduling: its tests on CUDA, then bench.engine decode
+#                              # (batch 1, 64, 16 at 2,048) off vs on, alternated, and a decode
+#                              # step's profile off vs on (ms/step, GPU busy %), about 8 minutes
 #
 # Wheels the host lacks (msgspec for the engine; fastapi, uvicorn, pyzmq, openai, ... for `ttft`)
 # are installed from .whl/ when it is there. Results go to $OUT (default /tmp/out).
 set -euo pipefail
-MODE=${1:?usage: bash bench/gpu.sh tests|engine|memory|ttft|fused}
+MODE=${1:?usage: bash bench/gpu.sh tests|engine|memory|ttft|fused|async}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -48,6 +51,17 @@ case "$MODE" in
       --side fused:--elementwise-kernels=triton --side unfused:--elementwise-kernels=reference \
       --device cuda --dtype bfloat16 --model llama-1b --no-compare --reps 3 \
       --out "$OUT/engine-fused.json" 2>&1 | tee "$OUT/engine-fused.log"
+    ;;
+  async)
+    # As `fused`: a failing test is reported, and the measurements still run.
+    python3 -m pytest -q -p force_cuda -p no:cacheprovider -k "not lora" \
+      tests/worker/engine/test_async_scheduling.py 2>&1 | tail -15 | tee "$OUT/async-tests.log" \
+      || echo "ASYNC SCHEDULING TESTS FAILED (above; $OUT/async-tests.log)"
+    python3 -m bench.engine_ab --rounds 2 --side sync --side async:--async-scheduling \
+      --device cuda --dtype bfloat16 --model llama-1b --suite gpu-decode --reps 3 \
+      --out "$OUT/engine-async.json" 2>&1 | tee "$OUT/engine-async.log"
+    python3 -m bench.decode_profile --device cuda --dtype bfloat16 --model llama-1b --rounds 2 \
+      --out "$OUT/decode-profile.json" 2>&1 | grep -v USDT | tee "$OUT/decode-profile.log"
     ;;
   *)
     echo "unknown mode $MODE" >&2

@@ -194,6 +194,13 @@ class GatewayConfig:
     poll_interval: float = option(
         0.5, "seconds between polls of each worker's /kvgate/info, /health and /metrics"
     )
+    start_wait: float = option(
+        5.0,
+        "seconds a request that arrives before the gateway has polled each worker once (a "
+        "gateway just started) waits for those polls; then it is routed among the workers "
+        "known, or refused 503 `starting` with Retry-After",
+        metavar="SECONDS",
+    )
     down_after_failed_polls: int = option(
         3,
         "polls in a row a healthy worker must leave unanswered (unreachable, or no answer in "

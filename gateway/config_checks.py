@@ -118,5 +118,7 @@ def _check_inputs(c: GatewayConfig) -> None:
         raise ValueError(f"log levels must be one of {', '.join(LOG_LEVELS)}")
     if c.drain_timeout < 0:
         raise ValueError("drain_timeout must be >= 0")
+    if c.start_wait < 0:
+        raise ValueError("start_wait must be >= 0")
     if c.max_render_queue <= 0:
         raise ValueError("max_render_queue must be positive")

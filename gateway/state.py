@@ -139,7 +139,7 @@ class GatewayState:
 def _build_peers(state: GatewayState) -> tuple[PeerOutbox, PeerLink]:
     c = state.config
     assert c.peer_port is not None
-    replicas, wake = (lambda: state.replicas), state.admission.wake
+    replicas, wake = (lambda: state.replicas.replicas), state.admission.wake
     view = PeerView(state.index, replicas, c.peer_timeout, wake, c.recent_half_life)
     outbox = PeerOutbox()
     curve = CurveKeys.from_token(c.worker_token) if c.worker_token else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from bench.lib.fleet_probe import Reading
@@ -26,7 +27,7 @@ class PointRow:
     failed: int = col("fail", 5)
     hit_rate: float = col("hit", 7, ".1%")
     over_rr: float | None = col("/rr", 6, ".1f")
-    of_bound: float | None = col("/bound", 7, ".2f")
+    of_bound: float | None = col("of bound", 9, ".2f")
     exact: float | None = col("exact", 7, ".1%")
     spills: int = col("spills", 7)  # placed on a shorter prefix than another candidate held
     resyncs: int = col("resync", 7)  # a replica's index entries dropped and reloaded
@@ -37,11 +38,13 @@ class PointRow:
     busy: float = col("busy", 6, ".0%")  # per gateway, share of a core during the run
     idle: float = col("idle", 6, ".1%")  # per gateway, share of a core with no traffic
     lag_p99_ms: float | None = col("lag p99", 8, ".0f")
+    peer_lag_p99_ms: float | None = col("peer lag", 9, ".0f")  # a peer batch, sent to applied
     decision_p50_ms: float | None = col("dec p50", 8, ".2f")
     decision_p99_ms: float | None = col("dec p99", 8, ".2f")
     rss_mb: float = col("rss MB", 7, ".0f")
     indexes_equal: bool = col("equal", 6)
-    keeps_up: bool = col("keeps", 6)
+    keeps_up: bool = col("kept up", 8)
+    load: float = col("load", 6, ".1f")  # the host's 1-minute load average at the end
     fleet_cpu_ms_per_request: float = 0.0
     events: int = 0
     settle_s: float = 0.0  # seconds until the indexes were equal after the trace
@@ -122,6 +125,7 @@ def make_row(
         busy=after.cpu_since(before) / wall / len(after.gateway_cpu),
         idle=0.0,
         lag_p99_ms=lag * 1e3 if lag is not None else None,
+        peer_lag_p99_ms=_ms(quantile(m, "kvgate_peer_lag_seconds", 0.99)),
         decision_p50_ms=_ms(quantile(m, "kvgate_routing_decision_seconds", 0.5)),
         decision_p99_ms=_ms(quantile(m, "kvgate_routing_decision_seconds", 0.99)),
         rss_mb=max(after.rss) / 2**20,
@@ -131,6 +135,7 @@ def make_row(
         and (lag is None or lag < LAG_LIMIT_S),
         fleet_cpu_ms_per_request=(after.fleet_cpu - before.fleet_cpu) * 1e3 / max(len(ok), 1),
         events=round(events),
+        load=os.getloadavg()[0],
         settle_s=round(settle, 1),
     )
 

@@ -46,6 +46,8 @@ from gateway.upstream.pool import Fetched, UpstreamError, UpstreamPool
 
 log = logging.getLogger(__name__)
 
+START_CHECK_S = 0.05  # how often a request waiting for the first polls looks again
+
 
 class ReplicaSet:
     """Registry of replicas; keeps pollers and event subscribers in step with the worker set."""
@@ -68,6 +70,7 @@ class ReplicaSet:
         self.replicas: dict[ReplicaId, Replica] = {}
         self._heads: dict[str, Replica] = {}  # URL -> the replica polling it
         self.discovered = False  # set by discovery's first answer
+        self.started = False  # every worker polled once, at least once (`known`)
         self._poll_pace = Pace(config.poll_interval, config.max_polls_per_second)
         self.changed = asyncio.Event()
         self.events = EventFollowers(config, index, metrics, http, self._zmq, self._curve)
@@ -79,9 +82,21 @@ class ReplicaSet:
     def known(self) -> bool:
         """Whether the gateway knows its workers' state, good or bad: discovery has answered and
         each worker has been polled once (the gateway's readiness, `/ready`)."""
-        return self.discovered and all(
+        known = self.discovered and all(
             r.healthy or r.health.down_reason != NOT_POLLED for r in self._heads.values()
         )
+        self.started |= known
+        return known
+
+    async def wait_started(self, timeout: float) -> None:
+        """Until the gateway has known its workers' state once (`known`), at most `timeout` s.
+        A request that reaches a gateway still polling its workers for the first time (a
+        restart, or a client or balancer that does not read `/ready`) waits for those polls
+        rather than be refused for a state the gateway has not read yet. Once started the
+        gateway stays so: a worker discovered later is never waited for."""
+        deadline = time.monotonic() + timeout
+        while not self.known and (left := deadline - time.monotonic()) > 0:
+            await asyncio.sleep(min(START_CHECK_S, left))
 
     async def set_workers(self, workers: frozenset[WorkerEndpoint]) -> None:
         """Discovery callback: the full current set of workers."""

@@ -17,7 +17,7 @@ peers; a peer that comes back (a restarted one is a new sender) is a new peer.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from gateway.fleet.replica import Replica
@@ -40,7 +40,7 @@ class PeerView:
     def __init__(
         self,
         index: BlockIndex,
-        replicas: Callable[[], Iterable[Replica]],
+        replicas: Callable[[], Mapping[str, Replica]],  # id -> replica: the replica set's own
         timeout: float,
         freed: Callable[[], None],
         half_life: float,
@@ -73,13 +73,13 @@ class PeerView:
         if batch.demand != peer.demand:
             peer.demand = batch.demand
             self._freed()  # the shares moved: waiters look again
-        by_id = {r.id: r for r in self._replicas()}
+        by_id = self._replicas()
         self._set_load(peer, batch.load, by_id)
         for p in batch.placements:
             self.received += 1
             self.applied += self._place(peer, p, by_id)
 
-    def _place(self, peer: Peer, p: Placement, by_id: dict[str, Replica]) -> bool:
+    def _place(self, peer: Peer, p: Placement, by_id: Mapping[str, Replica]) -> bool:
         if p.op == PLACED:
             rep = by_id.get(p.replica)
             if rep is None or not rep.parity_ok:
@@ -98,7 +98,7 @@ class PeerView:
             guess.discard()
         return True
 
-    def _set_load(self, peer: Peer, load: dict[str, int], by_id: dict[str, Replica]) -> None:
+    def _set_load(self, peer: Peer, load: dict[str, int], by_id: Mapping[str, Replica]) -> None:
         freed = False
         for rid in peer.load.keys() | load.keys():
             delta = load.get(rid, 0) - peer.load.get(rid, 0)
@@ -124,7 +124,7 @@ class PeerView:
         peer = self.peers.pop(sender, None)
         if peer is None:
             return
-        self._set_load(peer, {}, {r.id: r for r in self._replicas()})
+        self._set_load(peer, {}, self._replicas())
         self._release_all(peer)
         self._freed()  # its share of the cap is the others' now
 
@@ -145,4 +145,4 @@ class PeerView:
 
     def own_load(self) -> dict[str, int]:
         """This gateway's own requests per replica (what it tells its peers)."""
-        return {r.id: n for r in self._replicas() if (n := r.in_flight - r.peer_in_flight)}
+        return {r.id: n for r in self._replicas().values() if (n := r.in_flight - r.peer_in_flight)}

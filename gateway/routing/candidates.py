@@ -58,6 +58,13 @@ def routable(
     if subset is not None:
         candidates = [r for r in candidates if r.id in subset]
     ns = namespace_for(candidates)
+    if (not candidates or ns is None) and not state.replicas.started:
+        raise APIError(
+            503,
+            "starting: this gateway has not polled its workers yet; retry in a second",
+            code="starting",
+            headers={"retry-after": "1"},
+        )
     if not candidates or ns is None:
         within = " in the proxy's endpoint subset" if subset is not None else ""
         raise APIError(

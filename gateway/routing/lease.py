@@ -98,9 +98,12 @@ class Lease:
             if error is not None:
                 self.metrics.ttft_prediction_error.observe(error)
         self._uncharge()
+        shown = self.guess is not None and self.guess.shown
         if self.guess is not None:
             self.guess.show()
-        if self.placement:
+        if self.placement and not shown:
+            # A guess shown at its placement (a worker that defers) is shown at the peers'
+            # too (same worker, same rule): telling them again would cost a batch for nothing.
             self.peers.shown(self.placement)
 
     def end(self, refused: bool) -> None:

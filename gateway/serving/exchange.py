@@ -51,6 +51,7 @@ class Exchange:
         `guard` runs what follows the body's reading (decide, send), and gives None when the
         client left meanwhile (gateway/http/disconnect.py)."""
         body, tenant = await read_request(self.state, source, model_cls)
+        await self._started()
         px = self.px = proxy_cls.route(self.state, endpoint, body, self.headers, tenant=tenant)
         return await guard(self._send(px, bool(body.stream)))
 
@@ -64,11 +65,19 @@ class Exchange:
         """read -> route -> decide: the request routed, its lease taken. `subset`, asked once
         the body is read, is the only replicas it may go to (an EPP's proxy can name them)."""
         body, tenant = await read_request(self.state, source, model_cls)
+        await self._started()
         px = self.px = ProxyRequest.route(
             self.state, endpoint, body, self.headers, tenant=tenant, subset=subset()
         )
         await px.decide()
         return px
+
+    async def _started(self) -> None:
+        """A gateway that has not polled its workers yet (just started) holds the request for
+        those polls, `--start-wait` s at most; after that one attribute read."""
+        replicas = self.state.replicas
+        if not replicas.started:
+            await replicas.wait_started(self.state.config.start_wait)
 
     async def _send(self, px: ProxyRequest, stream: bool) -> Answer:
         await px.decide()

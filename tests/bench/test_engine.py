@@ -65,3 +65,15 @@ def test_engine_ab_alternates_the_sides_and_reports_ratios(tmp_path: Path) -> No
         for name in ("engine_ttft_cold_2048_ms", "engine_decode_b8_ctx128_tok_s"):
             assert medians[name] > 0
             assert medians[name] == sum(f[name] for f in rounds) / 2  # median of two
+
+
+def test_decode_profile_measures_both_modes_in_one_run(tmp_path: Path) -> None:
+    """bench.decode_profile (bench/gpu.sh async) end to end on the CPU: every scenario, off and
+    on, each round; GPU busy only where there is a GPU."""
+    args = ["--model", "llama-tiny", "--models-dir", str(tmp_path), "--steps", "2",
+            "--rounds", "2", "--threads", "1"]  # fmt: skip
+    rows = run_bench("decode_profile", tmp_path / "profile.json", *args)["rows"]
+    seen = {(r["round"], r["mode"], r["batch"], r["context"]) for r in rows}
+    scenarios = {(1, 128), (64, 128), (16, 2048)}
+    assert seen == {(r, m, *s) for r in (0, 1) for m in ("sync", "async") for s in scenarios}
+    assert all(r["ms_per_step"] > 0 and r["gpu_busy"] is None for r in rows)

@@ -23,7 +23,7 @@ def gateways(demands: list[int], cap: int) -> list[PeerShares]:
     senders = [f"gw-{i:02d}" for i in range(len(demands))]
     out = []
     for me, sender in enumerate(senders):
-        view = PeerView(BlockIndex(1000, 2.0), list, 1.0, lambda: None, 60.0)
+        view = PeerView(BlockIndex(1000, 2.0), dict, 1.0, lambda: None, 60.0)
         view.sent_demand = demands[me]
         for other, s in enumerate(senders):
             if other != me:

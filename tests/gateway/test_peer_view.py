@@ -21,7 +21,7 @@ def _setup():
     idx = BlockIndex(speculative_ttl=TTL)
     rep = Replica(A, "http://a", healthy=True)
     woken = []
-    view = PeerView(idx, lambda: [rep], 1.0, lambda: woken.append(1), 60.0)
+    view = PeerView(idx, lambda: {A: rep}, 1.0, lambda: woken.append(1), 60.0)
     return idx, rep, view, woken
 
 

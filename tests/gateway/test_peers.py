@@ -19,7 +19,7 @@ import zmq
 
 from cachekey.headers import PREDICTED_HEADER
 from cachekey.worker_auth import CurveKeys
-from gateway.peers.wire import decode
+from gateway.peers.wire import PLACED, RELEASED, decode
 from harness.cluster import Cluster, ClusterSpec
 from tests.support.chat import chat_body, post, user
 
@@ -140,6 +140,33 @@ def test_only_the_same_token_hears_the_peers(cluster: Cluster) -> None:
         batch = decode(keyed.recv())
         assert batch.seq > 0 and isinstance(batch.load, dict)
         assert not bare.poll(1000), "a SUB without the CURVE keys heard the peers"
+    finally:
+        ctx.destroy(linger=0)
+
+
+def test_a_placement_on_a_deferring_worker_is_placed_and_released_never_shown(
+    cluster: Cluster,
+) -> None:
+    """A kvgate worker defers a request sharing a prefix being computed, so a guess about it is
+    a hit at once, at the sender and at every peer alike: the sender's SHOWN would change
+    nothing at a peer, and is not sent."""
+    ctx = zmq.Context()
+    try:
+        sub = ctx.socket(zmq.SUB)
+        CurveKeys.from_token(TOKEN).connect(sub)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.subscribe(b"")
+        sub.connect(f"tcp://127.0.0.1:{cluster.peer_ports[0]}")
+        assert sub.poll(3000), "A's heartbeat"
+        a = cluster.gateways[0].url
+        assert post(a, chat_body(user("shown at once"), max_tokens=2)).status_code == 200
+        ops: dict[int, list[int]] = {}
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline and not any(len(v) > 1 for v in ops.values()):
+            if sub.poll(100):
+                for p in decode(sub.recv()).placements:
+                    ops.setdefault(p.id, []).append(p.op)
+        assert [v for v in ops.values() if v[0] == PLACED] == [[PLACED, RELEASED]], ops
     finally:
         ctx.destroy(linger=0)
 

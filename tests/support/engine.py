@@ -27,9 +27,12 @@ class LogitsRecorder:
         self.logits: dict[str, list[Tensor]] = {}
 
     def sample(self, logits: Tensor, requests: list[tuple[str, SamplingParams]]) -> list[int]:
+        return self.sample_tensor(logits, requests).tolist()
+
+    def sample_tensor(self, logits: Tensor, requests: list[tuple[str, SamplingParams]]) -> Tensor:
         for row, (request_id, _) in enumerate(requests):
             self.logits.setdefault(request_id, []).append(logits[row].float().cpu())
-        return self.sampler.sample(logits, requests)
+        return self.sampler.sample_tensor(logits, requests)
 
     def forget(self, request_id: str) -> None:
         self.sampler.forget(request_id)

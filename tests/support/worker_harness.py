@@ -1,8 +1,12 @@
-"""Start a real `python -m worker` process on 127.0.0.1 for tests, and stop it."""
+"""Start a real `python -m worker` process on 127.0.0.1 for tests, and stop it.
+
+$KVGATE_TEST_WORKER_ARGS (shell-split) is appended to every worker's flags: a whole suite runs
+with an engine option on, e.g. `KVGATE_TEST_WORKER_ARGS=--async-scheduling`."""
 
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -50,6 +54,7 @@ class WorkerProcess:
             "--log-level",
             "warning",
             *args,
+            *shlex.split(os.environ.get("KVGATE_TEST_WORKER_ARGS", "")),
         ]
         self._log = tempfile.NamedTemporaryFile(  # noqa: SIM115 (closed in stop)
             prefix="kvgate-worker-", suffix=".log", delete=False

@@ -177,10 +177,24 @@ class BlockManager:
         if missing:
             seq.block_table += [b.block_id for b in self.pool.take(missing)]
 
+    def blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
+        """Fresh blocks seq takes to grow by num_new_tokens."""
+        return self._blocks_missing(seq, num_new_tokens)
+
     def free(self, seq: Sequence) -> None:
+        blocks = [self.pool.blocks[i] for i in seq.block_table]
+        keep = len(blocks)
+        if seq.num_pending_tokens:
+            # Launched ahead (--async-scheduling): a block taken for a step whose token the
+            # request will not keep goes back to the head, as if never taken, since the
+            # synchronous engine never took it. It lies past the last kept token (the last
+            # sampled token is not computed: its K/V would be the next step's).
+            keep = cdiv(min(seq.num_computed_tokens, seq.num_tokens - 1), self.block_size)
+        if len(blocks) > keep:
+            self.pool.untake(blocks[keep:])
         # Reverse order: a sequence's tail blocks are the least likely to be shared, so they
         # reach the LRU head first and are evicted before the prefix.
-        self.pool.release([self.pool.blocks[i] for i in reversed(seq.block_table)])
+        self.pool.release(blocks[keep - 1 :: -1] if keep else [])
         seq.block_table = []
         seq.num_cached_blocks = 0
 

@@ -10,6 +10,7 @@ BlockStored names a parent nobody holds, and a consumer of the events must skip 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import islice
 
 from cachekey import BlockKey
 from cachekey.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
@@ -97,6 +98,20 @@ class BlockPool:
                 raise AssertionError(f"block {block.block_id} released twice")
             if block.ref_count == 0:
                 self.free_queue.append(block)
+
+    def untake(self, blocks: Sequence[Block]) -> None:
+        """Give back blocks just taken and held by one owner, to the head (first of them first):
+        the queue is as it was before `take`, up to which uncached block is which."""
+        for block in reversed(blocks):
+            assert block.ref_count == 1 and block.key is None, "untake of a shared or cached block"
+            block.ref_count = 0
+            self.free_queue.appendleft(block)
+
+    def takes_no_cached(self, n: int) -> bool:
+        """Would taking n blocks now find them free and evict none?"""
+        if n > self.num_free:
+            return False
+        return all(block.key is None for block in islice(self.free_queue, n))
 
     def cache(self, blocks: Sequence[Block], stored: BlockStored | None) -> None:
         """Register already keyed blocks; publish one BlockStored for them."""

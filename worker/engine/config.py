@@ -78,6 +78,12 @@ class EngineConfig:
         "profiled maximum-size step and the KV cache); the KV cache gets what is left",
     )
     enforce_eager: bool = option(False, "CUDA: run decode eagerly instead of CUDA graphs")
+    async_scheduling: bool = option(
+        False,
+        "schedule and launch each decode step while the one before it runs, reading its tokens "
+        "back afterwards (vLLM's async scheduling; the torch engine); results are those of the "
+        "synchronous engine",
+    )
     decode_attention: str = option(
         "auto",
         "decode attention kernel: auto is triton on CUDA and the portable reference elsewhere",

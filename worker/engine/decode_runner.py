@@ -22,6 +22,7 @@ from worker.engine.decode_attention import DecodeKernel
 from worker.engine.paged_attention import DecodeContext
 from worker.engine.scheduler import ScheduledSeq
 from worker.engine.staging import HostStager
+from worker.engine.token_readback import Feed
 from worker.models.lora import LoRAModel
 
 _IDS, _POS, _SLOTS, _LENS, _LORA = range(5)
@@ -76,11 +77,15 @@ class DecodeRunner:
                 return size
         return n
 
-    def stage(self, batch: list[ScheduledSeq], rows: int) -> tuple[int, bool]:
+    def stage(
+        self, batch: list[ScheduledSeq], rows: int, feed: Feed | None = None
+    ) -> tuple[int, bool]:
         """Fill the first `rows` rows of the buffers (padding past the batch); returns the widest
         block table of the step and whether a row has a LoRA adapter. Table entries past a row's
-        own length are stale: never read."""
+        own length are stale: never read. With a feed, every row's input id is the previous
+        step's token, still on the device (token_readback.py): it is gathered there."""
         n, bs = len(batch), self.block_size
+        fed = feed is not None
         small, tables = self._host_small, self._host_tables
         small[:, n:rows] = self._pad_column
         tables[n:rows, 0] = self.pad_block
@@ -92,15 +97,20 @@ class DecodeRunner:
             table = seq.block_table
             pages = pos // bs + 1
             slot = table[pos // bs] * bs + pos % bs
-            small[:, i] = (seq.token_ids[pos], pos, slot, pos + 1, item.lora_slot)
+            token = 0 if fed else seq.token_ids[pos]
+            small[:, i] = (token, pos, slot, pos + 1, item.lora_slot)
             adapted = adapted or item.lora_slot >= 0
             tables[i, :pages] = table[:pages]
             width = max(width, pages)
-        packed = np.concatenate((small[:, :rows].ravel(), tables[:rows, :width].ravel()))
-        staged = self.stager.stage(packed)
-        n_small = small.shape[0] * rows
+        parts = [small[:, :rows].ravel(), tables[:rows, :width].ravel()]
+        if feed is not None:
+            parts.append(np.asarray(feed.rows, dtype=np.int64))
+        staged = self.stager.stage(np.concatenate(parts))
+        n_small, n_tables = small.shape[0] * rows, rows * width
         self.small[:, :rows].copy_(staged[:n_small].view(-1, rows))
-        self.tables[:rows, :width].copy_(staged[n_small:].view(rows, width))
+        self.tables[:rows, :width].copy_(staged[n_small : n_small + n_tables].view(rows, width))
+        if feed is not None:
+            self.small[_IDS, :n].copy_(feed.tokens[staged[n_small + n_tables :]])
         return width, adapted
 
     def _forward(self, rows: int, width: int, adapted: bool) -> Tensor:
@@ -120,11 +130,11 @@ class DecodeRunner:
         embeds = self.model.embed_tokens(ids)  # decode tokens are text, images or not
         return self.model(ids, self.small[_POS, :rows], ctx, embeds)
 
-    def run(self, batch: list[ScheduledSeq]) -> Tensor:
+    def run(self, batch: list[ScheduledSeq], feed: Feed | None = None) -> Tensor:
         """Hidden states [len(batch), hidden] of the step's tokens."""
         n = len(batch)
         rows = self.bucket(n)
-        width, adapted = self.stage(batch, rows)
+        width, adapted = self.stage(batch, rows, feed)
         graph = self._graphs.get(rows)
         if graph is None:
             return self._forward(rows, width, adapted)[:n]

@@ -74,6 +74,15 @@ class FreeBlockQueue:
         self._tail.prev_free = block
         self._len += 1
 
+    def appendleft(self, block: Block) -> None:
+        first = self._head.next_free
+        assert first is not None
+        first.prev_free = block
+        block.next_free = first
+        block.prev_free = self._head
+        self._head.next_free = block
+        self._len += 1
+
     def remove(self, block: Block) -> None:
         prev, nxt = block.prev_free, block.next_free
         if prev is None or nxt is None:

@@ -14,6 +14,7 @@ from cachekey.assets import ModelAssets
 from cachekey.errors import PromptTooLongError
 from cachekey.events import KVEvent
 from cachekey.render import Renderer
+from worker.engine.async_steps import AsyncSteps
 from worker.engine.block_manager import BlockManager
 from worker.engine.config import EngineConfig
 from worker.engine.detokenizer import IncrementalDetokenizer
@@ -23,7 +24,7 @@ from worker.engine.lora_manager import LoRAManager, lora_manager
 from worker.engine.outputs import CachedBlock, EngineStats, LoRAStats, RequestOutput
 from worker.engine.request_checks import check_prompt
 from worker.engine.sampling_params import SamplingParams
-from worker.engine.scheduler import Scheduler
+from worker.engine.scheduler import ScheduledSeq, Scheduler
 from worker.engine.sequence import Sequence
 from worker.engine.sim_runner import SimRunner
 
@@ -69,6 +70,11 @@ class LLMEngine:
         self._prompt_tokens_total = 0
         self._generation_tokens_total = 0
         self._prefix_hint_blocks = 0
+        self._async: AsyncSteps | None = None
+        if config.async_scheduling and self.runner.overlaps:
+            self._async = AsyncSteps(
+                self.scheduler, self.runner, self._max_seq_len, self._on_token, self._run
+            )
 
     def _host_tier(self, config: EngineConfig) -> HostTier | None:
         if not config.host_tier_on:
@@ -129,7 +135,9 @@ class LLMEngine:
             self._finish(seq, "abort")
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        """Also while a launched step's tokens are unread (--async-scheduling)."""
+        inflight = self._async is not None and self._async.inflight is not None
+        return inflight or self.scheduler.has_unfinished()
 
     # -- the step loop -----------------------------------------------------------------------
 
@@ -142,11 +150,16 @@ class LLMEngine:
         during a long prefill must not predict hits on blocks this step took). The blocks the
         step completes are stored after the forward pass and wait for the next `drain_events`.
         """
+        if self._async is not None:
+            return self._async.step(before_forward)
         batch = self.scheduler.schedule()
         if before_forward is not None:
             before_forward()
         if not batch:
             return []
+        return self._run(batch)
+
+    def _run(self, batch: list[ScheduledSeq]) -> list[RequestOutput]:
         tokens = self.runner.execute(batch)
         self.scheduler.update(batch)
         outputs = []

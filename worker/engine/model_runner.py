@@ -34,6 +34,7 @@ from worker.engine.sampler import Sampler
 from worker.engine.scheduler import ScheduledSeq
 from worker.engine.sequence import Sequence
 from worker.engine.staging import HostStager
+from worker.engine.token_readback import Feed, SampledTokens, TokenReadback
 from worker.models.image_processor import ImageProcessor
 from worker.models.loader import load_model, read_config, resolve_device, resolve_dtype
 from worker.models.lora import LoRAModel
@@ -64,6 +65,7 @@ class ModelRunner:
         self.decode_attention = self.decode_kernel.name
         self.stager = HostStager(self.device)
         self.sampler = Sampler(self.device)
+        self.readback = TokenReadback(self.device, config.max_num_seqs)
         self.vision = self._vision_inputs(config, assets)
         self.lora: LoRAModel | None = None  # the LoRA manager's weights (LoRAWeights)
         if config.enable_lora:
@@ -246,6 +248,31 @@ class ModelRunner:
             if item.num_new_tokens != 1 or item.seq.num_computed_tokens == 0:
                 return False
         return self.vision is None or not self.vision.has_image_rows(batch)
+
+    @property
+    def overlaps(self) -> bool:
+        """May a step run ahead of its read-back? Not while a request waits for a hidden state
+        on the host, nor with the host tier's copies (whose waits are the step's own)."""
+        return self.offload is None and not self.hidden.awaiting_last
+
+    def can_launch(self, batch: list[ScheduledSeq]) -> bool:
+        """A step for `launch`: every row decodes one token after a generated one (so no
+        image rows and no first token, whose latency a later read-back would add to)."""
+        if not self.overlaps:
+            return False
+        for item in batch:
+            seq = item.seq
+            if item.num_new_tokens != 1 or not seq.num_output_tokens or not item.completes_prompt:
+                return False
+        return True
+
+    @torch.inference_mode()
+    def launch(self, batch: list[ScheduledSeq], feed: Feed | None) -> SampledTokens:
+        """Queue a `can_launch` step and its read-back; nothing here waits for the device."""
+        hidden = self.decoder.run(batch, feed)
+        logits = self.model.compute_logits(hidden)
+        requests = [(item.seq.request_id, item.seq.params) for item in batch]
+        return self.readback.start(self.sampler.sample_tensor(logits, requests))
 
     @torch.inference_mode()
     def execute(self, batch: list[ScheduledSeq]) -> list[int | None]:

@@ -33,15 +33,18 @@ class Sampler:
 
     def sample(self, logits: Tensor, requests: list[tuple[str, SamplingParams]]) -> list[int]:
         """logits: [B, vocab] for B requests (id, params) -> one token id each."""
-        greedy = logits.argmax(dim=-1).tolist()
-        out: list[int] = []
+        return self.sample_tensor(logits, requests).tolist()
+
+    def sample_tensor(self, logits: Tensor, requests: list[tuple[str, SamplingParams]]) -> Tensor:
+        """The same tokens as a [B] tensor on the device, with no wait for the host: every
+        generator draws exactly as `sample` does."""
+        out = logits.argmax(dim=-1)
         for row, (request_id, params) in enumerate(requests):
             if params.greedy:
-                out.append(greedy[row])
                 continue
             probs = _filtered_probs(logits[row].float(), params)
             gen = self._generator(request_id, params)
-            out.append(int(torch.multinomial(probs, 1, generator=gen).item()))
+            out[row : row + 1] = torch.multinomial(probs, 1, generator=gen)
         return out
 
 

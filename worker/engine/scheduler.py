@@ -34,7 +34,10 @@ class ScheduledSeq:
     @property
     def completes_prompt(self) -> bool:
         """After this step every known token is computed, so the next token can be sampled."""
-        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+        seq = self.seq
+        return (
+            seq.num_computed_tokens + self.num_new_tokens == seq.num_tokens + seq.num_pending_tokens
+        )
 
 
 @dataclass(slots=True)
@@ -68,16 +71,20 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> list[ScheduledSeq]:
+    def schedule(
+        self, finishing: set[Sequence] | frozenset[Sequence] = frozenset()
+    ) -> list[ScheduledSeq]:
+        """`finishing`: running sequences the step in flight surely finishes (--async-scheduling),
+        left out as if they had finished already."""
         budget = self.max_num_batched_tokens
         scheduled: list[ScheduledSeq] = []
         preempted = False
         for seq in list(self.running):
             if budget == 0:
                 break
-            if seq.status is not SequenceStatus.RUNNING:
-                continue  # preempted earlier in this loop
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if seq.status is not SequenceStatus.RUNNING or seq in finishing:
+                continue  # preempted earlier in this loop, or on its way out
+            n = min(seq.num_tokens + seq.num_pending_tokens - seq.num_computed_tokens, budget)
             if not self._make_room(seq, n):
                 preempted = True
                 continue
@@ -173,6 +180,24 @@ class Scheduler:
         for item in batch:
             item.seq.num_computed_tokens += item.num_new_tokens
             self.block_manager.cache_full_blocks(item.seq)
+
+    def advance(self, batch: list[ScheduledSeq]) -> None:
+        """A launched step (--async-scheduling): its tokens count as computed for the next
+        schedule, and each row's sampled token is pending until `cache_computed` and the read-back.
+        A row that finished meanwhile is left alone."""
+        for item in batch:
+            seq = item.seq
+            if seq.status is SequenceStatus.RUNNING:
+                seq.num_computed_tokens += item.num_new_tokens
+                seq.num_pending_tokens = 1
+
+    def cache_computed(self, batch: list[ScheduledSeq]) -> None:
+        """The launched step's blocks, cached once its tokens are read back (as `update` does
+        after a synchronous step): never before, so that a request aborted meanwhile publishes
+        no block the synchronous engine would not have."""
+        for item in batch:
+            if item.seq.status is SequenceStatus.RUNNING:
+                self.block_manager.cache_full_blocks(item.seq)
 
     def finish(self, seq: Sequence, reason: str) -> None:
         if seq.status is SequenceStatus.RUNNING:

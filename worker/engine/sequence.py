@@ -39,6 +39,7 @@ class Sequence:
         "num_cached_tokens",
         "num_computed_tokens",
         "num_host_cached_tokens",
+        "num_pending_tokens",
         "num_prompt_tokens",
         "params",
         "request_id",
@@ -72,6 +73,9 @@ class Sequence:
         self.finish_reason: str | None = None
         self.block_table: list[int] = []
         self.num_computed_tokens = 0
+        # Sampled by a step still in flight (--async-scheduling), not yet in token_ids: the
+        # next step's input, which that step reads from the device (overlap.py).
+        self.num_pending_tokens = 0
         # Blocks at the head of block_table that are registered in the prefix cache.
         self.num_cached_blocks = 0
         # Prefix hit at first admission (what the user is told); None until admitted.

@@ -110,6 +110,11 @@ class SimRunner:
         self._unstarted.discard(request_id)
         self.hidden.forget(request_id)
 
+    overlaps = False  # its steps have no device to overlap: --async-scheduling is a no-op
+
+    def can_launch(self, batch: list[ScheduledSeq]) -> bool:
+        return False
+
     def execute(self, batch: list[ScheduledSeq]) -> list[int | None]:
         prefill_tokens = 0
         tokens: list[int | None] = []

@@ -255,7 +255,7 @@ def test_padded_decode_with_the_lora_path_always_on_equals_eager(models, expecte
     decoder = engine.runner.decoder
     decoder.buckets = batch_buckets(8)
     stage = decoder.stage
-    decoder.stage = lambda batch, rows: (stage(batch, rows)[0], True)
+    decoder.stage = lambda batch, rows, feed=None: (stage(batch, rows, feed)[0], True)
     steps = record_steps(engine)
     for i, prompt in enumerate(PROMPTS):  # 3 base, then alpha and beta: 5 rows pad to 8
         add(engine, f"base-{i}", prompt, None)
