@@ -6,7 +6,7 @@ replica then, and at its first byte back the seconds it took. The TTFT model is 
 
   TTFT = base + per_token * its uncached prompt tokens + per_queued * prefill tokens queued there
        + per_waiting * requests queued there (the gateway's without a first token yet)
-       + per_request * requests there (the gateway's in flight or the worker's running + waiting)
+       + per_request * requests there (the gateway's in flight and what else the worker counts)
 
 fitted by exponentially weighted least squares (`FORGET` per sample: a few hundred samples'
 memory, so it follows a worker that slows down) from a weak prior, so the first samples do not

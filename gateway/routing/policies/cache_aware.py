@@ -6,8 +6,9 @@ to first token and whole time against the load a request was sent into, fitted f
 candidate's samples pooled, `fleet_model`, and applied to each candidate's own load):
 
   queue        what the requests there add to its first token: per request there (the
-               gateway's in flight or the worker's running + waiting), per request and per
-               prefill token queued there (the gateway's without a first token yet)
+               gateway's in flight and what else the worker counts, `requests_there`), per
+               request and per prefill token queued there (the gateway's without a first
+               token yet)
   prefill      the model's base plus its own uncached prompt tokens there (the index match),
                plus the copy of the tokens its host tier serves (`copy`, below); a token at the
                fit's marginal price (`learned_rate`: not the workers' measured prefill rate,
