@@ -6,7 +6,7 @@ replica then, and at its first byte back the seconds it took. The TTFT model is 
 
   TTFT = base + per_token * its uncached prompt tokens + per_queued * prefill tokens queued there
        + per_waiting * requests queued there (the gateway's without a first token yet)
-       + per_request * requests there (the gateway's in flight or the worker's running + waiting)
+       + per_request * requests there (the gateway's in flight and what else the worker counts)
 
 fitted by exponentially weighted least squares (`FORGET` per sample: a few hundred samples'
 memory, so it follows a worker that slows down) from a weak prior, so the first samples do not
@@ -151,11 +151,22 @@ def pooled(models: Iterable[LatencyModel]) -> Coefficients | None:
 @dataclass(slots=True)
 class FleetFit:
     """What cache_aware prices with: the pooled TTFT fit, and `slowdown`, the seconds one more
-    request there adds to each request already there, end to end (the pooled duration fit's
-    per-request time; the TTFT fit's while no duration is fitted)."""
+    request arriving on a replica adds to each request's whole time there (the pooled duration
+    fit's `slowdown`; the TTFT fit's while no duration is fitted)."""
 
     ttft: Coefficients
     slowdown: float
+
+
+def slowdown(c: Coefficients) -> float:
+    """What one more request arriving on a replica adds to a request's time there: it is
+    queued first (`per_waiting`: its prefill's step, which every prefill pays whatever it
+    computes, stalls every stream there), then one more request there (`per_request`). Both, not
+    `per_request` alone: without a worker server cost a decode stream barely slows the others
+    (a decode step is 2.6 ms at batch 1, 2.8 ms at 8 on the H200) and the fits put all of a
+    replica's load in its queued prefills (the calibrated sim, docs' workload: the duration
+    fit's per-request time 0, its per-queued-request 42-86 ms; docs/benchmarks.md step 6)."""
+    return c.per_waiting + c.per_request
 
 
 def fleet_fit(ttft: list[LatencyModel], duration: list[LatencyModel]) -> FleetFit | None:
@@ -164,7 +175,7 @@ def fleet_fit(ttft: list[LatencyModel], duration: list[LatencyModel]) -> FleetFi
     if first is None:
         return None
     whole = pooled(duration)
-    return FleetFit(first, whole.per_request if whole is not None else first.per_request)
+    return FleetFit(first, slowdown(whole if whole is not None else first))
 
 
 def solve(xtx: list[list[float]], xty: list[float]) -> Coefficients:

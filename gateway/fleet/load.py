@@ -28,6 +28,9 @@ class ReplicaLoad:
     in_flight: int = 0
     # How much of `in_flight` is other gateways' requests (gateway/peers/view.py adds them).
     peer_in_flight: int = 0
+    # Requests the worker counted (running + waiting) at its last poll beyond `in_flight` then:
+    # other gateways' that no peer reported. Kept apart so the count stays fresh between polls.
+    foreign: float = 0.0
     # Uncached prompt tokens of this gateway's requests here that have no first token yet.
     in_flight_prefill_tokens: int = 0
     # How many of them (each pays the worker's per-request admission work before its token).
@@ -56,6 +59,19 @@ class ReplicaLoad:
     # log2 of recent_prefill at time 0: orders replicas by their decayed recent prefill at any
     # time, without decaying each one (cache_aware ranks hundreds of idle replicas by it).
     recent_key: float = -math.inf
+
+    def count_foreign(self) -> None:
+        """The worker's gauges were just polled: what it runs beyond this gateway's requests."""
+        self.foreign = max(self.running + self.waiting - self.in_flight, 0.0)
+
+    def requests_there(self) -> float:
+        """Requests on the replica now: this gateway's (and its peers') in flight, exact, plus
+        the others the worker counted at its last poll. Not the larger of the gateway's count
+        and the worker's: a poll is up to an interval old, and with one gateway it read above
+        the exact count for 26% of the candidates cache_aware priced (by 1.8 requests on
+        average: requests that had ended since), charging the replicas that had just freed
+        (docs/benchmarks.md, *Routing in the calibrated sim*, step 6)."""
+        return self.in_flight + self.foreign
 
     def recent_prefill_at(self, now: float, half_life: float) -> float:
         return self.recent_prefill * 0.5 ** ((now - self.recent_at) / half_life)

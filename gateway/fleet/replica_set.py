@@ -241,6 +241,7 @@ class ReplicaSet:
             load = loads.get(engine) or (loads[None] if not head.siblings else None)
             for attr, value in (load or {}).items():
                 setattr(rep, attr, value)
+            rep.count_foreign()
 
     def _read_info(self, rep: Replica, resp: Fetched) -> WorkerInfo | None:
         if resp.status != 200:

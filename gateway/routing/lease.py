@@ -129,7 +129,7 @@ class Lease:
         self.predicted = predicted
         self.uncached = uncached = self.prompt_tokens - predicted
         # `admission` counted it in `in_flight` already: the load it meets is the others'.
-        there = max(rep.in_flight - 1, rep.running + rep.waiting)
+        there = rep.requests_there() - 1
         queued = (rep.in_flight_prefill_tokens, rep.in_flight_prefills)
         self.sample = rep.latency.start(uncached, *queued, there)
         rep.in_flight_prefill_tokens += uncached

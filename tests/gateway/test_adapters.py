@@ -65,6 +65,7 @@ def test_prefix_hits_and_load_are_weighed_against_affinity():
     assert rank(reps, "a", tokens, {reps[1].id: 38})[0] is reps[1]
     # A deep queue on the replica holding the adapter sends the request to load it elsewhere.
     reps[0].waiting = 10
+    reps[0].count_foreign()  # as a poll does
     assert rank(reps, "a", tokens)[0] is reps[1]
 
 

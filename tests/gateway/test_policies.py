@@ -92,8 +92,10 @@ def test_cache_aware_keeps_cold_prefills_off_busy_replicas():
     reps = _reps(2)
     ctx = _ctx(reps, list(range(320)))
     reps[0].running = 6
+    reps[0].count_foreign()  # as a poll does: six requests this gateway did not send
     assert _rank("cache_aware", ctx)[0] is reps[1]
     reps[0].running, reps[1].in_flight = 0, 6
+    reps[0].count_foreign()
     assert _rank("cache_aware", ctx)[0] is reps[0]
 
 

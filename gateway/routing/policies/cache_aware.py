@@ -1,19 +1,30 @@
 """cache_aware: the replica with the lowest estimated cost of serving the request now wins.
 
-The cost is a sum of named terms in seconds. Once the gateway has timed enough requests, they
-are a learned latency model's predictions (gateway/fleet/latency.py: time to first token against
-the load a request was sent into, fitted from every candidate's samples pooled, `fleet_model`,
-and applied to each candidate's own load):
+The cost is a sum of named terms in seconds (`Cost`, fleet_cost.py). Once the gateway has timed
+enough requests, they are a learned latency model's predictions (gateway/fleet/latency.py: time
+to first token and whole time against the load a request was sent into, fitted from every
+candidate's samples pooled, `fleet_model`, and applied to each candidate's own load):
 
-  queue        what the requests there add: per request there (the gateway's in flight or
-               the worker's running + waiting), per request and per prefill token queued
-               there (the gateway's without a first token yet)
+  queue        what the requests there add to its first token: per request there (the
+               gateway's in flight and what else the worker counts, `requests_there`), per
+               request and per prefill token queued there (the gateway's without a first
+               token yet)
   prefill      the model's base plus its own uncached prompt tokens there (the index match),
-               plus the copy of the tokens its host tier serves (`copy`, below)
+               plus the copy of the tokens its host tier serves (`copy`, below); a token at the
+               fit's marginal price (`learned_rate`: not the workers' measured prefill rate,
+               which smears each prefill's step over its few computed tokens)
   interference the slowdown it causes the requests already there: each is delayed by what one
-               more request adds to a request's whole time there (the duration fit's per
-               request, `FleetFit.slowdown`) and by its uncached tokens' prefill
-  spread, adapter, busy as below, at the model's seconds per uncached token
+               more request arriving adds to a request's whole time there
+               (`FleetFit.slowdown`: its queued prefill's step, then one more stream) and by
+               its uncached tokens' prefill
+  load         the slowdown the requests there cause it past its first token, alike: each is
+               a stream whose next turn comes back to the replica holding its prefix, each
+               arrival stalling this request's steps by `slowdown` (less the TTFT's own
+               per-request time, which `queue` prices). The price of imbalance: a replica with
+               one more request than another costs about two `slowdown`s more, which outweighs
+               a hit that saves less (a cheap hit: a worker without server cost, a short
+               prompt); a long prompt's hit still wins
+  spread, adapter, busy as below, at the learned seconds per uncached token
 
 Until then (no replica fitted), the terms are priced in prompt tokens at the candidates' median
 measured prefill rate (`Replica.prefill_rate`, from the workers' own metrics; `fleet_rate` says
@@ -35,19 +46,13 @@ why not each one's):
   busy         a holder's requests in flight that share this request's prefix
                (gateway/fleet/prefix_load.py) beyond `BUSY_SLACK`, each charged the tokens
                the replica holds of the request, times `--busy-weight` (0.5): Dynamo's charge
-               for the context a replica serves, here only the context this prefix's own
-               traffic holds. A full hit costs little else, so without it a hot prefix's every
-               request went to its first holder; with it the prefix gets another holder once
-               its holders are that much busier with it than a replica would be with the
-               recompute, and its traffic then spreads over its holders (docs/gateway.md). Only
-               the prefix's own traffic counts: distinct tenants, each with a few requests in
-               flight, stay on the replicas that hold their prefixes (charging all the load
-               there moved them off and cost their hits). The slack keeps a prefix's ordinary
-               few requests from costing a hit. A new holder keeps the prefix cached (the
-               charge counts requests in flight, not what is held), so the prefix gains
-               holders as its load grows and does not move back and forth
+               for the context a replica serves, counted only for this prefix's own traffic
+               (charging all the load there moved distinct tenants off their holders). It makes
+               a hot prefix gain holders as its load grows (docs/gateway.md), from the first
+               request on; a new holder keeps the prefix, so it does not move back and forth
 
-queue + prefill is its time to first token; interference is what it costs the others. A longer
+queue + prefill is its time to first token; interference is what it costs the others, load
+what the others cost it past that. A longer
 prefix wins until the queue behind it costs more than recomputing it elsewhere: that is a spill
 (`kvgate_route_spills_total`, counted by the request path). docs/gateway.md has the model.
 
@@ -64,42 +69,30 @@ import heapq
 import logging
 import math
 import random
-import statistics
 import time
-from dataclasses import dataclass
 
 from gateway.config import GatewayConfig
 from gateway.fleet.copy_rate import copy_seconds_per_token
-from gateway.fleet.latency import FleetFit, fleet_fit
+from gateway.fleet.latency import FleetFit
 from gateway.fleet.prefix_load import sharing
 from gateway.fleet.replica import Replica
 from gateway.routing.adapters import adapter_miss
 from gateway.routing.policies.base import RouteContext, tie_order
+from gateway.routing.policies.fleet_cost import (
+    Cost,
+    fleet_model,
+    fleet_rate,
+    learned_rate,
+    measured_rate,
+)
+
+__all__ = ["CacheAwarePolicy", "Cost", "explain", "fleet_rate", "quietest"]
 
 log = logging.getLogger(__name__)
 
 TOP = 8  # places ranked exactly when most candidates are idle and hold nothing of the request
-FLEET_SAMPLE = 32  # fitted candidates whose samples are pooled (bounded per request)
 POOL_TTL = 0.25  # seconds a pooled fit is reused for the same candidates
 BUSY_SLACK = 2  # requests sharing the prefix a holder may serve before the busy term charges
-
-
-@dataclass(slots=True)
-class Cost:
-    """Estimated seconds; the total is the sum of the terms (a new term joins as a field)."""
-
-    queue: float
-    prefill: float
-    interference: float
-    spread: float
-    adapter: float = 0.0
-    busy: float = 0.0
-
-    @property
-    def total(self) -> float:
-        return (
-            self.queue + self.prefill + self.interference + self.spread + self.adapter + self.busy
-        )
 
 
 class CacheAwarePolicy:
@@ -128,10 +121,9 @@ class CacheAwarePolicy:
         bs = ctx.block_size
         blocks = ctx.matched.get(r.id, 0)
         uncached = max(ctx.num_prompt_tokens - blocks * bs, 0)
-        # The worker's own counts see other gateways' requests too.
-        on_replica = max(r.in_flight, r.running + r.waiting)
+        on_replica = r.requests_there()  # the worker's own counts see other gateways' too
         if fleet is not None:
-            rate = max(fleet.ttft.per_token, floor)
+            rate = learned_rate(fleet, floor)
         copy = 0.0
         if ctx.host and (host := ctx.host.get(r.id)):  # its host tier serves part of the hit
             measured = r.copy_rate.seconds_per_token if floor or fleet is not None else None
@@ -158,6 +150,7 @@ class CacheAwarePolicy:
                 spread=spread,
                 adapter=adapter,
                 busy=busy,
+                load=on_replica * max(fleet.slowdown - c.per_request, 0.0),
             )
         return Cost(
             queue=rate * r.in_flight_prefill_tokens,
@@ -250,15 +243,29 @@ def explain(policy: CacheAwarePolicy, ctx: RouteContext) -> str:
         ((policy.cost(ctx, r, now, floor or 1.0, fleet, floor), r) for r in ctx.candidates),
         key=lambda t: t[0].total,
     )
-    return f"({unit}) " + "; ".join(
+    return f"({unit}) {fit_note(fleet, floor)}" + "; ".join(
         f"{r.id} total={c.total * scale:.0f} queue={c.queue * scale:.0f}"
         f" prefill={c.prefill * scale:.0f} interference={c.interference * scale:.0f}"
-        f" spread={c.spread * scale:.0f} adapter={c.adapter * scale:.0f}"
-        f" busy={c.busy * scale:.0f}"
+        f" load={c.load * scale:.0f} spread={c.spread * scale:.0f}"
+        f" adapter={c.adapter * scale:.0f} busy={c.busy * scale:.0f}"
         f" sharing={sharing(r.in_flight_prefixes, ctx.keys, ctx.matched.get(r.id, 0))}"
         f" in_flight={r.in_flight} running={r.running} waiting={r.waiting}"
         f"{model_note(r, fleet)}"
         for c, r in costs
+    )
+
+
+def fit_note(fleet: FleetFit | None, floor: float) -> str:
+    """The pooled fit the costs come from (nothing before one): its terms in ms (a token's in
+    us), the learned token price, and the workers' measured prefill rate it is floored by."""
+    if fleet is None:
+        return ""
+    c = fleet.ttft
+    return (
+        f"[fit base={c.base * 1e3:.1f} per_request={c.per_request * 1e3:.1f}"
+        f" per_waiting={c.per_waiting * 1e3:.1f} slowdown={fleet.slowdown * 1e3:.1f}"
+        f" per_token={learned_rate(fleet, floor) * 1e6:.1f}us"
+        f" per_queued={c.per_queued * 1e6:.1f}us measured={floor * 1e6:.1f}us] "
     )
 
 
@@ -273,36 +280,3 @@ def model_note(r: Replica, fleet: FleetFit | None) -> str:
         if m.fitted
         else (f" model=fleet samples={m.samples}")
     )
-
-
-def fleet_model(replicas: list[Replica]) -> FleetFit | None:
-    """The fits of (up to `FLEET_SAMPLE` of) the fitted candidates' samples pooled; None while
-    none is fitted."""
-    fitted = []
-    for r in replicas:
-        if r.latency.fitted:
-            fitted.append(r)
-            if len(fitted) == FLEET_SAMPLE:
-                break
-    return fleet_fit([r.latency for r in fitted], [r.duration for r in fitted])
-
-
-def measured_rate(replicas: list[Replica]) -> float:
-    """`fleet_rate` when some candidate's rate is measured, else 0."""
-    measured = [
-        r.prefill_rate.seconds_per_token for r in replicas if r.prefill_rate.seconds_per_token
-    ]
-    return statistics.median(measured) if measured else 0.0
-
-
-def fleet_rate(replicas: list[Replica]) -> float:
-    """Seconds per prompt token for every candidate: the median of their measured rates; with
-    none measured, 1 (costs are then in tokens).
-
-    One rate for all, not each replica's own: a replica's measured rate is its prefills' time
-    over the tokens they computed, and each prefill also pays a floor (at least one engine step)
-    whatever it computes. A replica serving cache hits computes few tokens per request, so its
-    rate reads several times higher than an equal replica's that takes new prefixes; at its own
-    rate every new prefix would then go to the replica that took the last ones, until its cache
-    overflows. The median keeps the costs in seconds without that feedback."""
-    return measured_rate(replicas) or 1.0
