@@ -10,11 +10,14 @@
 #   bash bench/gpu.sh async    # --async-scheduling: its tests on CUDA, then bench.engine decode
 #                              # (batch 1, 64, 16 at 2,048) off vs on, alternated, and a decode
 #                              # step's profile off vs on (ms/step, GPU busy %), about 8 minutes
+#   bash bench/gpu.sh hosttier # the host KV tier: its engine tests on CUDA (pinned copies, side
+#                              # stream), then bench.host_tier at 2,048 and 8,000 tokens: a host-tier
+#                              # hit's TTFT against cold and a GPU-tier hit (issue 40: <= 0.4x cold)
 #
 # Wheels the host lacks (msgspec for the engine; fastapi, uvicorn, pyzmq, openai, ... for `ttft`)
 # are installed from .whl/ when it is there. Results go to $OUT (default /tmp/out).
 set -euo pipefail
-MODE=${1:?usage: bash bench/gpu.sh tests|engine|memory|ttft|fused|async}
+MODE=${1:?usage: bash bench/gpu.sh tests|engine|memory|ttft|fused|async|hosttier}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -62,6 +65,17 @@ case "$MODE" in
       --out "$OUT/engine-async.json" 2>&1 | tee "$OUT/engine-async.log"
     python3 -m bench.decode_profile --device cuda --dtype bfloat16 --model llama-1b --rounds 2 \
       --out "$OUT/decode-profile.json" 2>&1 | grep -v USDT | tee "$OUT/decode-profile.log"
+    ;;
+  hosttier)
+    # As `fused`: a failing test is reported, and the measurements still run.
+    python3 -m pytest -q -p force_cuda -p no:cacheprovider tests/worker/engine/test_host_tier.py \
+      tests/worker/engine/test_host_tier_engine.py 2>&1 | tail -15 | tee "$OUT/hosttier-tests.log" \
+      || echo "HOST TIER TESTS FAILED (above; $OUT/hosttier-tests.log)"
+    for n in 2048 8000; do
+      python3 -m bench.host_tier --device cuda --dtype bfloat16 --model llama-1b --tokens "$n" \
+        --num-blocks 1200 --kv-offload-blocks 2400 --rounds 5 \
+        --out "$OUT/host-tier-$n.json" 2>&1 | tee "$OUT/host-tier-$n.log"
+    done
     ;;
   *)
     echo "unknown mode $MODE" >&2

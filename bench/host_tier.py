@@ -1,8 +1,11 @@
-"""The host KV tier on the CPU: TTFT of a host-tier hit against a cold prefill and a GPU-tier hit.
+"""The host KV tier: TTFT of a host-tier hit against a cold prefill and a GPU-tier hit.
 
-    .venv/bin/python -m bench.host_tier          # table + bench/results/host_tier.json
+    .venv/bin/python -m bench.host_tier          # CPU: table + bench/results/host_tier.json
+    python -m bench.host_tier --device cuda --dtype bfloat16 --model llama-1b --tokens 8000 \
+        --num-blocks 1200 --kv-offload-blocks 2400     # on a GPU (bash bench/gpu.sh hosttier)
 
-One torch engine, demo model, float32, the host tier on (`--kv-offload-blocks`). Each round takes
+One torch engine (the demo model in float32 by default; `--model` also takes a random-weight
+shape, as bench.engine's does), the host tier on (`--kv-offload-blocks`). Each round takes
 a fresh `--tokens`-token prompt P and times its first token three ways: **cold** (P's first
 time), **gpu hit** (P again while its blocks are in the device pool) and **host hit** (P after
 filler prompts pushed every one of its blocks out of the pool into the host tier: they are
@@ -12,7 +15,7 @@ summarised. Each hit's cached tokens are checked. The clock is process CPU time 
 (`--clock wall` for the wall clock), on one torch thread unless `--threads`.
 On the CPU "device" and host memory are the same memory: the copy back is a memcpy, and the
 figure says what the bookkeeping and the copies cost against a prefill, not what a GPU's
-host-to-device link costs (a GPU figure is owed).
+host-to-device link costs. On CUDA the clock is the wall clock after a device synchronize.
 """
 
 from __future__ import annotations
@@ -25,10 +28,9 @@ from pathlib import Path
 import torch
 
 from bench.lib import engine_reference as ref
-from bench.lib.engine_timing import Clock, time_to_first_token
+from bench.lib.engine_timing import Clock, resolve_model, time_to_first_token
 from bench.lib.report import args_dict, write_json
 from cachekey import block_keys
-from worker.demo.model import ensure_demo_model
 from worker.engine.config import EngineConfig
 from worker.engine.llm_engine import LLMEngine
 
@@ -83,21 +85,27 @@ def main() -> None:
     ap.add_argument("--kv-offload-blocks", type=int, default=1024)
     ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--model", default="demo")
+    ap.add_argument("--model", default="demo", help="directory, 'demo', or a shape name")
+    ap.add_argument("--models-dir", type=Path, default=Path("/tmp/kvgate-bench-models"))
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
+    device = torch.device(args.device)
+    if device.type != "cpu" and args.clock == "cpu":
+        args.clock = "wall"  # process CPU time says nothing of a device's work
     torch.set_num_threads(args.threads)
-    model = str(ensure_demo_model()) if args.model == "demo" else args.model
+    model, _ = resolve_model(args.model, args.models_dir, device)
     config = EngineConfig(
         model=model,
-        device="cpu",
-        dtype="float32",
+        device=args.device,
+        dtype=args.dtype,
         num_blocks=args.num_blocks,
         kv_offload_blocks=args.kv_offload_blocks,
         max_num_batched_tokens=max(2048, args.tokens + 1),
     )
     engine = LLMEngine(config)
-    clock = Clock(args.clock, torch.device("cpu"))
+    clock = Clock(args.clock, device)
     rows = []
     print(f"{'round':>5} {'cold ms':>9} {'gpu hit ms':>11} {'host hit ms':>12} {'fillers':>8}")
     for rnd in range(args.rounds):
