@@ -141,6 +141,7 @@ async def client(url: str, i: int, stop: asyncio.Event, tally: Tally) -> None:
             n += 1
 
 
+@pytest.mark.long  # a rollout under load, as the fault suites: `make test-long`
 def test_rolling_the_gateway_under_16_streaming_clients_loses_nothing(cluster) -> None:
     c = cluster
     old = start_gateway(c, 0)

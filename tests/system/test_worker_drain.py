@@ -150,6 +150,7 @@ def roll(c: Cluster, w: Proc) -> dict:
     return {"running_at_sigterm": running, "exit": code, "drain_s": round(drained, 1)}
 
 
+@pytest.mark.long  # a rollout under load, as the fault suites: `make test-long`
 def test_rolling_the_workers_under_16_streaming_clients_cuts_no_stream(cluster) -> None:
     c = cluster
     errors_before = stream_errors(c)
