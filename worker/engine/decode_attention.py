@@ -16,6 +16,7 @@ every layer of the step reuses; `run` is called once per layer.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Protocol
 
 import torch
@@ -107,6 +108,9 @@ def select_decode_kernel(
         raise ValueError(f"decode attention must be one of {DECODE_BACKENDS}, got {backend!r}")
     if backend == "reference" or (backend == "auto" and device.type != "cuda"):
         return ReferenceDecode()
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        # Refused here, at start-up, not at the first decode step's launch.
+        raise ValueError("decode attention 'triton' needs CUDA (or TRITON_INTERPRET=1, tests)")
     try:
         from worker.engine import triton_decode
     except ImportError as exc:

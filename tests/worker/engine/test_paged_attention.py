@@ -162,3 +162,9 @@ def test_reference_is_the_choice_on_cpu() -> None:
     assert isinstance(kernel, ReferenceDecode) and kernel.name == "reference"
     with pytest.raises(ValueError, match="decode attention must be one of"):
         select_decode_kernel("flash", torch.device("cpu"), 16, 64, 8)
+
+
+def test_triton_on_cpu_is_refused_outside_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="needs CUDA"):
+        select_decode_kernel("triton", torch.device("cpu"), 16, 64, 8)
