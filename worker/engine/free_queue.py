@@ -68,19 +68,18 @@ class FreeBlockQueue:
     def append(self, block: Block) -> None:
         last = self._tail.prev_free
         assert last is not None
-        last.next_free = block
-        block.prev_free = last
-        block.next_free = self._tail
-        self._tail.prev_free = block
-        self._len += 1
+        self._link(last, block, self._tail)
 
     def appendleft(self, block: Block) -> None:
         first = self._head.next_free
         assert first is not None
-        first.prev_free = block
-        block.next_free = first
-        block.prev_free = self._head
-        self._head.next_free = block
+        self._link(self._head, block, first)
+
+    def _link(self, prev: Block, block: Block, nxt: Block) -> None:
+        prev.next_free = block
+        block.prev_free = prev
+        block.next_free = nxt
+        nxt.prev_free = block
         self._len += 1
 
     def remove(self, block: Block) -> None:
