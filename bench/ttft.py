@@ -153,7 +153,7 @@ def make_cluster(args: argparse.Namespace, model: str) -> Cluster:
 
 def run(args: argparse.Namespace) -> tuple[list[Row], list[dict]]:
     """Every policy on the same trace, `--rounds` times in turn on one cluster; the rows, and
-    each request whose predicted cached tokens differ from the reported ones."""
+    every request answered (`records`), in the order sent within each run."""
     sim = args.engine == "sim"
     model = "demo" if sim else resolve_model(args.model, args.models_dir, args.device)
     images = {} if is_multimodal(model, args.engine) else {"image_prob": 0.0}
@@ -161,7 +161,7 @@ def run(args: argparse.Namespace) -> tuple[list[Row], list[dict]]:
         workload_spec(args, args.tenants, max_tokens=args.max_tokens, **images)  # type: ignore[arg-type]
     )
     rows: list[Row] = []
-    missed: list[dict] = []
+    answered: list[dict] = []
     with make_cluster(args, model) as c:
         failed = warm_up(c.gateway_url, c.worker_urls, workload, args.concurrency)
         print(
@@ -175,12 +175,13 @@ def run(args: argparse.Namespace) -> tuple[list[Row], list[dict]]:
                 )
                 rows.append(make_row(policy, m, round_))
                 print_table(rows[-1:], COLUMNS, header=len(rows) == 1)
-                missed += mismatches(m, policy, round_)
-    return rows, missed
+                answered += records(m, policy, round_)
+    return rows, answered
 
 
-def mismatches(m: Measured, policy: str, round_: int) -> list[dict]:
-    """The answered requests whose prediction missed, in the order they were sent."""
+def records(m: Measured, policy: str, round_: int) -> list[dict]:
+    """The answered requests, in the order they were sent: where each went, what the gateway
+    predicted of its cache and the worker reported, when it was sent and its times."""
     t0 = min((r.sent_at for r in m.results), default=0.0)
     return [
         {
@@ -194,9 +195,10 @@ def mismatches(m: Measured, policy: str, round_: int) -> list[dict]:
             "prompt_tokens": r.prompt_tokens,
             "sent_s": round(r.sent_at - t0, 3),
             "ttft_s": r.ttft_s,
+            "latency_s": r.latency_s,
         }
         for r in sorted(m.results, key=lambda r: r.sent_at)
-        if r.ok and r.predicted_cached_tokens != r.cached_tokens
+        if r.ok
     ]
 
 
@@ -280,7 +282,8 @@ def _arguments() -> argparse.Namespace:
 def main() -> None:
     args = _arguments()
     args.num_blocks = args.num_blocks or None
-    rows, missed = run(args)
+    rows, answered = run(args)
+    missed = [a for a in answered if a["predicted"] != a["reported"]]
     middle = medians(rows)
     print(f"medians over {args.rounds} rounds (run -1):")
     print_table(middle, COLUMNS)
@@ -298,6 +301,7 @@ def main() -> None:
         "medians_vs_round_robin": ratios(middle),
         "vs_round_robin": rel,
         "mismatches": missed,
+        "requests": answered,
     }
     write_json(args.out, summary)
 
