@@ -4,10 +4,10 @@ request costs.
 
 The engine alone (no server): bench.engine_steps' closed loop (two tenants' ~2,450-token system
 prompts, 32 users of 3 turns, ~160 new tokens and 16 greedy tokens out per turn, `concurrency`
-requests in flight, a user's next turn waiting for its answer), 2,000 KV blocks. `calls`: engine steps,
-`forward_passes`: those that ran the model. Each round runs
+requests in flight, a user's next turn waiting for its answer), 2,000 KV blocks. Each round runs
 both sides in turn (the order rotated), each on a fresh engine warmed up first, and checks that
-every conversation, answers included, is the same on both. Per request: the thread's CPU time
+every conversation, answers included, is the same on both. `calls`: engine steps;
+`forward_passes`: those that ran the model. Per request: the thread's CPU time
 (the CPU has nothing to overlap, so the option should cost nothing there) and the wall time (what
 the overlap gains on a GPU).
 
