@@ -1,24 +1,26 @@
 """--async-scheduling: schedule and launch step N+1 before step N's tokens are read back.
 
-As vLLM v1's async scheduling: while step N runs on the GPU, the host schedules step N+1
-(each running row is assumed to gain one token: the scheduler counts it as pending and gives
-it a slot), launches it with its input ids gathered from step N's token tensor on the device,
-and only then reads step N's tokens back and turns them into outputs. The GPU never waits for
-the host's step in between. (docs/worker.md, *Overlapped steps*.)
+As vLLM v1's async scheduling: while step N runs on the GPU, the host schedules step N+1 (each
+row that samples in step N is assumed to gain one token: the scheduler counts it as pending and
+gives it a slot), launches it with those rows' input ids gathered from step N's token tensor on
+the device, and only then reads step N's tokens back and turns them into outputs. Step N+1 may
+carry decode rows, prompt chunks (which need nothing from step N) and newly admitted requests;
+a row whose prompt ends in step N takes its first token from step N's tensor like a decode row,
+and that token is read back right after step N+1's launch. (docs/worker.md, *Overlapped steps*.)
 
-Only decode steps are launched ahead (ModelRunner.can_launch); any other step runs
-synchronously, after the step in flight is read back. A launched step N+1 is chained onto the
-step in flight only when nothing it schedules can depend on step N's tokens, so that the
-engine's outputs, usage, KV events, block hashes and counters are exactly the synchronous
-engine's (`_chain`): no request waiting for admission, every row decoding, the token budget
-holds them all, and the blocks their pending tokens need are free and cached nowhere (so taking
-them evicts nothing and preempts nobody). A row that step N surely finishes (max_tokens, the KV
-cache's length) is left out of step N+1, as the synchronous engine leaves it out; when the
-chain is refused, the step in flight is read back and that call ends there, as a synchronous
-step would. A row that step N finishes all the same (a stop token or string, an
-abort) has its step N+1 row computed and thrown away: its token is never read, its block is
-given back as if never taken (BlockManager.free) and never cached (Scheduler.cache_computed).
-A request that arrives meanwhile is admitted one step later than the synchronous engine would.
+The engine's outputs, usage, KV event stream, block hashes and counters stay exactly the
+synchronous engine's: step N's blocks are cached before step N+1 is scheduled (where the
+synchronous step's end caches them), and step N+1 is chained onto step N only where its schedule
+cannot depend on which rows step N ends (a stop token or string, an abort). `_chain` refuses
+(step N is read back first) when such a row's end would lengthen a prompt chunk the budget cuts
+short, or the block it takes could evict or move another's, or a preemption is needed; admission
+is `unsure` and stops at the first choice those rows' end could change (Scheduler.held), where
+step N is read back, the rows it ended leave step N+1 and `Scheduler.admit_more` goes on; image
+rows are read back first too and run synchronously. A row step N surely finishes (max_tokens, the
+KV cache's length) is left out of step N+1, as the synchronous engine leaves it out. A row step N
+ends all the same has its step N+1 row computed and thrown away: its token is never read, its
+block is given back as if never taken (BlockManager.free) and never cached. A caller that reacts
+to a token (an abort) does so one step later than with the synchronous engine.
 """
 
 from __future__ import annotations

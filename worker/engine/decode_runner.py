@@ -102,16 +102,24 @@ class DecodeRunner:
             tables[i, :pages] = table[:pages]
             width = max(width, pages)
         parts = [small[:, :rows].ravel(), tables[:rows, :width].ravel()]
-        if feed is not None:
-            parts.append(np.asarray([*feed.targets, *feed.rows], dtype=np.int64))
+        if feed is not None:  # every row fed (a decode step after one): its rows alone
+            index = feed.rows if len(feed.targets) == n else [*feed.targets, *feed.rows]
+            parts.append(np.asarray(index, dtype=np.int64))
         staged = self.stager.stage(np.concatenate(parts))
         n_small, n_tables = small.shape[0] * rows, rows * width
         self.small[:, :rows].copy_(staged[:n_small].view(-1, rows))
         self.tables[:rows, :width].copy_(staged[n_small : n_small + n_tables].view(rows, width))
         if feed is not None:
-            targets, rows = staged[n_small + n_tables :].view(2, -1)
-            self.small[_IDS].index_copy_(0, targets, feed.tokens[rows])
+            self._gather_ids(feed, n, staged[n_small + n_tables :])
         return width, adapted
+
+    def _gather_ids(self, feed: Feed, n: int, index: Tensor) -> None:
+        """The fed rows' input ids, from the previous step's tokens on the device."""
+        if len(feed.targets) == n:
+            self.small[_IDS, :n].copy_(feed.tokens[index])
+        else:
+            targets, sources = index.view(2, -1)
+            self.small[_IDS].index_copy_(0, targets, feed.tokens[sources])
 
     def _forward(self, rows: int, width: int, adapted: bool) -> Tensor:
         ctx = DecodeContext.build(
