@@ -46,7 +46,8 @@ def test_outputs_and_events_equal_the_synchronous_engine(
 
 def test_requests_arriving_mid_stream(demo_model_dir: Path) -> None:
     """Arrivals while others decode are scheduled at the step the synchronous engine schedules
-    them: the whole runs are equal, and steps carrying prompts were launched ahead."""
+    them: the whole runs are equal, steps carrying prompts were launched ahead, and one with an
+    image's rows ran synchronously after the step in flight was read back."""
     config = {"num_blocks": 64, "max_num_seqs": 4}
     engine = make_engine(demo_model_dir, **config)
     reqs = mixed_requests(engine, random.Random(3), 8)
@@ -54,7 +55,9 @@ def test_requests_arriving_mid_stream(demo_model_dir: Path) -> None:
         r.arrive_at = 3 * i
     add_stops(reqs, drive(engine, reqs))
     _, async_engine = compare(demo_model_dir, reqs, **config)
-    assert async_engine._async is not None and async_engine._async.chained_mixed > 0
+    steps = async_engine._async
+    assert steps is not None and steps.chained_mixed > 0
+    assert steps.refused["unlaunchable"] > 0  # an image arrived while a step was in flight
 
 
 def test_aborts_on_what_was_streamed(demo_model_dir: Path) -> None:
