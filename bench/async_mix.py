@@ -26,6 +26,7 @@ import torch
 
 from bench.engine_steps import ClosedLoop
 from bench.lib.engine_timing import resolve_model
+from bench.lib.report import args_dict, write_json
 from worker.engine.config import EngineConfig
 from worker.engine.llm_engine import LLMEngine
 
@@ -39,6 +40,7 @@ def serve(args: argparse.Namespace, model: str, on: bool) -> tuple[dict, dict[in
         device=args.device,
         dtype=args.dtype,
         num_blocks=args.num_blocks,
+        max_num_batched_tokens=args.max_num_batched_tokens,
         served_model_name="demo",
         async_scheduling=on,
     )
@@ -95,6 +97,7 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--num-blocks", type=int, default=2000)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--users", type=int, default=32)
@@ -103,6 +106,7 @@ def main() -> None:
     ap.add_argument("--tail", type=int, default=160, help="new prompt tokens per turn")
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", type=Path, default=Path("bench/results/async_mix.json"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     model, _ = resolve_model(args.model, args.models_dir, torch.device(args.device))
@@ -113,14 +117,17 @@ def main() -> None:
         same = runs["off"][1] == runs["on"][1]
         for name in names:
             figures = runs[name][0]
-            per_side[name].append(figures)
+            per_side[name].append({"round": r, **figures})
             print(f"round {r} {name:>3}: {figures}", flush=True)
         print(f"round {r}: every conversation the same off and on: {same}", flush=True)
         if not same:
             raise SystemExit("the answers differ")
+    medians = {}
     for key in ("cpu_ms", "wall_ms"):
         off, on = (statistics.median(f[key] for f in per_side[s]) for s in SIDES)
+        medians[key] = {"off": off, "on": on, "on_vs_off": on / off}
         print(f"median {key} per request: off {off:.2f}, on {on:.2f}, on/off {on / off:.3f}")
+    write_json(args.out, {"args": args_dict(args), "runs": per_side, "medians": medians})
 
 
 if __name__ == "__main__":
