@@ -70,8 +70,8 @@ class AsyncSteps:
         self._on_token = on_token
         self._run_sync = run_sync
         self.inflight: InFlight | None = None
-        # Steps launched while another was in flight, and those of them that carried a prompt
-        # chunk or an admission (tests and benchmarks read them).
+        # Steps launched while another was in flight, and those of them with a row that took
+        # no token from it: a prompt chunk, an admission (tests and benchmarks read them).
         self.chained = 0
         self.chained_mixed = 0
         # Why a step was not chained: `_chain`'s refusals, "held" (admission waited for the
