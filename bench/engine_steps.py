@@ -72,13 +72,14 @@ class ClosedLoop:
         vocab = engine.runner.vocab_size
         self.systems = [self.random_ids(system_tokens, vocab) for _ in range(2)]
         self.tail, self.vocab = tail, vocab
+        self.history: dict[int, list[int]] = {}  # the last run's conversations, answers included
 
     def random_ids(self, n: int, vocab: int) -> list[int]:
         return [self.rng.randrange(10, vocab) for _ in range(n)]
 
     def run(self, tag: str, concurrency: int, users: int, turns: int, max_tokens: int) -> int:
         """Serve every turn; the number of requests served."""
-        history = {u: list(self.systems[u % 2]) for u in range(users)}
+        self.history = history = {u: list(self.systems[u % 2]) for u in range(users)}
         queue = [(u, t) for t in range(turns) for u in range(users)]
         live: dict[str, int] = {}
         answers: dict[str, list[int]] = collections.defaultdict(list)

@@ -10,6 +10,10 @@
 #   bash bench/gpu.sh async    # --async-scheduling: its tests on CUDA, then bench.engine decode
 #                              # (batch 1, 64, 16 at 2,048) off vs on, alternated, and a decode
 #                              # step's profile off vs on (ms/step, GPU busy %), about 8 minutes
+#   bash bench/gpu.sh asyncmix # --async-scheduling on steps with prompts and admissions: its
+#                              # tests on CUDA, bench.async_mix (issue 35's closed loop, engine
+#                              # alone) off vs on, then bench.ttft's hot workload on 1 worker at
+#                              # concurrency 1 and 16, off vs on (issue 35's c16 >= 6x c1)
 #   bash bench/gpu.sh hosttier # the host KV tier: its engine tests on CUDA (pinned copies, side
 #                              # stream), then bench.host_tier at 2,048 and 8,000 tokens: a host-tier
 #                              # hit's TTFT against cold and a GPU-tier hit (issue 40: <= 0.4x cold)
@@ -17,7 +21,7 @@
 # Wheels the host lacks (msgspec for the engine; fastapi, uvicorn, pyzmq, openai, ... for `ttft`)
 # are installed from .whl/ when it is there. Results go to $OUT (default /tmp/out).
 set -euo pipefail
-MODE=${1:?usage: bash bench/gpu.sh tests|engine|memory|ttft|fused|async|hosttier}
+MODE=${1:?usage: bash bench/gpu.sh tests|engine|memory|ttft|fused|async|asyncmix|hosttier}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -65,6 +69,25 @@ case "$MODE" in
       --out "$OUT/engine-async.json" 2>&1 | tee "$OUT/engine-async.log"
     python3 -m bench.decode_profile --device cuda --dtype bfloat16 --model llama-1b --rounds 2 \
       --out "$OUT/decode-profile.json" 2>&1 | grep -v USDT | tee "$OUT/decode-profile.log"
+    ;;
+  asyncmix)
+    # As `fused`: a failing test is reported, and the measurements still run.
+    python3 -m pytest -q -p force_cuda -p no:cacheprovider -k "not lora" \
+      tests/worker/engine/test_async_mixed_steps.py tests/worker/engine/test_async_scheduling.py \
+      2>&1 | tail -15 | tee "$OUT/asyncmix-tests.log" \
+      || echo "ASYNC SCHEDULING TESTS FAILED (above; $OUT/asyncmix-tests.log)"
+    python3 -m bench.async_mix --device cuda --dtype bfloat16 --model llama-1b --rounds 2 \
+      2>&1 | tee "$OUT/async-mix.log"
+    for c in 1 16; do
+      for side in off on; do
+        extra=()
+        [ "$side" = on ] && extra=(--worker-arg=--async-scheduling)
+        python3 -m bench.ttft --model llama-1b --device cuda --dtype bfloat16 --workers 1 \
+          --num-blocks 2000 --tenants 2 --users-per-tenant 16 --policies round_robin --seed 5 \
+          --rounds 1 --concurrency "$c" ${extra[@]+"${extra[@]}"} --log-dir "$OUT/ttft-mix-logs" \
+          --out "$OUT/ttft-mix-c$c-$side.json" 2>&1 | tee "$OUT/ttft-mix-c$c-$side.log"
+      done
+    done
     ;;
   hosttier)
     # As `fused`: a failing test is reported, and the measurements still run.

@@ -148,6 +148,7 @@ def make_cluster(args: argparse.Namespace, model: str) -> Cluster:
     spec.worker_args = ["--device", args.device, "--dtype", args.dtype]
     if args.gpu_memory_utilization is not None:
         spec.worker_args += ["--gpu-memory-utilization", str(args.gpu_memory_utilization)]
+    spec.worker_args += args.worker_arg
     return Cluster(spec)
 
 
@@ -270,13 +271,24 @@ def _arguments() -> argparse.Namespace:
     )
     ap.add_argument("--log-dir", type=Path, default=Path("bench/results/logs/ttft"))
     ap.add_argument("--out", type=Path, default=Path("bench/results/ttft.json"))
+    _pass_through(ap)
+    return ap.parse_args()
+
+
+def _pass_through(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--gateway-arg",
         action="append",
         default=[],
         help="one more argument for the gateway (repeat it), e.g. --gateway-arg=--busy-weight=1",
     )
-    return ap.parse_args()
+    ap.add_argument(
+        "--worker-arg",
+        action="append",
+        default=[],
+        help="one more argument for every torch worker (repeat it), e.g. "
+        "--worker-arg=--async-scheduling",
+    )
 
 
 def main() -> None:

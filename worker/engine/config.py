@@ -80,9 +80,9 @@ class EngineConfig:
     enforce_eager: bool = option(False, "CUDA: run decode eagerly instead of CUDA graphs")
     async_scheduling: bool = option(
         False,
-        "schedule and launch each decode step while the one before it runs, reading its tokens "
-        "back afterwards (vLLM's async scheduling; the torch engine); results are those of the "
-        "synchronous engine",
+        "schedule and launch each step (decode rows, prompt chunks, admissions) while the one "
+        "before it runs, reading its tokens back afterwards (vLLM's async scheduling; the torch "
+        "engine); results are those of the synchronous engine",
     )
     decode_attention: str = option(
         "auto",

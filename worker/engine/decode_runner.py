@@ -82,10 +82,9 @@ class DecodeRunner:
     ) -> tuple[int, bool]:
         """Fill the first `rows` rows of the buffers (padding past the batch); returns the widest
         block table of the step and whether a row has a LoRA adapter. Table entries past a row's
-        own length are stale: never read. With a feed, every row's input id is the previous
-        step's token, still on the device (token_readback.py): it is gathered there."""
+        own length are stale: never read. With a feed, a row whose input id is the previous
+        step's token, still on the device (token_readback.py), gathers it there."""
         n, bs = len(batch), self.block_size
-        fed = feed is not None
         small, tables = self._host_small, self._host_tables
         small[:, n:rows] = self._pad_column
         tables[n:rows, 0] = self.pad_block
@@ -97,21 +96,30 @@ class DecodeRunner:
             table = seq.block_table
             pages = pos // bs + 1
             slot = table[pos // bs] * bs + pos % bs
-            token = 0 if fed else seq.token_ids[pos]
+            token = seq.token_ids[pos] if pos < len(seq.token_ids) else 0  # 0: fed
             small[:, i] = (token, pos, slot, pos + 1, item.lora_slot)
             adapted = adapted or item.lora_slot >= 0
             tables[i, :pages] = table[:pages]
             width = max(width, pages)
         parts = [small[:, :rows].ravel(), tables[:rows, :width].ravel()]
-        if feed is not None:
-            parts.append(np.asarray(feed.rows, dtype=np.int64))
+        if feed is not None:  # every row fed (a decode step after one): its rows alone
+            index = feed.rows if len(feed.targets) == n else [*feed.targets, *feed.rows]
+            parts.append(np.asarray(index, dtype=np.int64))
         staged = self.stager.stage(np.concatenate(parts))
         n_small, n_tables = small.shape[0] * rows, rows * width
         self.small[:, :rows].copy_(staged[:n_small].view(-1, rows))
         self.tables[:rows, :width].copy_(staged[n_small : n_small + n_tables].view(rows, width))
         if feed is not None:
-            self.small[_IDS, :n].copy_(feed.tokens[staged[n_small + n_tables :]])
+            self._gather_ids(feed, n, staged[n_small + n_tables :])
         return width, adapted
+
+    def _gather_ids(self, feed: Feed, n: int, index: Tensor) -> None:
+        """The fed rows' input ids, from the previous step's tokens on the device."""
+        if len(feed.targets) == n:
+            self.small[_IDS, :n].copy_(feed.tokens[index])
+        else:
+            targets, sources = index.view(2, -1)
+            self.small[_IDS].index_copy_(0, targets, feed.tokens[sources])
 
     def _forward(self, rows: int, width: int, adapted: bool) -> Tensor:
         ctx = DecodeContext.build(

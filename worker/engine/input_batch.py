@@ -1,6 +1,8 @@
 """Flatten one scheduled step into model inputs: ids, positions, slots, attention spans.
 
 All integer inputs are computed on the host with numpy, packed, and sent in one copy (staging).
+With --async-scheduling a row's one new token may not be known on the host yet: its id is taken
+on the device from the step in flight's sampled tokens (a `Feed`, token_readback.py).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from worker.engine.decode_attention import DecodeKernel
 from worker.engine.paged_attention import DecodeRows, PagedAttentionContext, PrefillSpan
 from worker.engine.scheduler import ScheduledSeq
 from worker.engine.staging import HostStager
+from worker.engine.token_readback import Feed
 
 
 @dataclass(slots=True)
@@ -76,7 +79,8 @@ def _lay_out(batch: list[ScheduledSeq], block_size: int, pack: _Packer) -> _Layo
         end = start + n
         q_start = len(out.ids)
         out.q_starts.append(q_start)
-        out.ids += seq.token_ids[start:end]
+        ids = seq.token_ids[start:end]
+        out.ids += ids if len(ids) == n else ids + [0] * (n - len(ids))  # 0: fed (`Feed`)
         out.positions.append(np.arange(start, end, dtype=np.int64))
         out.slots.append(slots_of(seq.block_table, start, end, block_size))
         if n == 1 and start > 0:
@@ -98,11 +102,15 @@ def prepare_inputs(
     kv_cache: Tensor,
     stager: HostStager,
     kernel: DecodeKernel,
+    feed: Feed | None = None,
 ) -> StepInputs:
     pack = _Packer()
     lay = _lay_out(batch, block_size, pack)
     fixed = [pack.add(lay.ids), pack.add(np.concatenate(lay.positions))]
     fixed += [pack.add(np.concatenate(lay.slots)), pack.add(lay.logits_rows)]
+    fed = None
+    if feed is not None:
+        fed = pack.add([*(lay.q_starts[i] for i in feed.targets), *feed.rows])
     if lay.decode_rows:
         width = max(len(t) for t in lay.decode_tables)
         tables = np.zeros((len(lay.decode_tables), width), dtype=np.int64)
@@ -111,6 +119,9 @@ def prepare_inputs(
         fixed += [pack.add(lay.decode_rows), pack.add(tables), pack.add(lay.decode_lens)]
     staged = pack.stage(stager)
     input_ids, pos, slot_mapping, rows = (staged[i] for i in fixed[:4])
+    if feed is not None and fed is not None:
+        targets, sources = staged[fed].view(2, -1)
+        input_ids.index_copy_(0, targets, feed.tokens[sources])
     decodes = None
     if lay.decode_rows:
         d_rows, d_tables, d_lens = (staged[i] for i in fixed[4:])

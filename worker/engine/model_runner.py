@@ -256,48 +256,29 @@ class ModelRunner:
         return self.offload is None and not self.hidden.awaiting_last
 
     def can_launch(self, batch: list[ScheduledSeq]) -> bool:
-        """A step for `launch`: every row decodes one token after a generated one (so no
-        image rows and no first token, whose latency a later read-back would add to)."""
-        if not self.overlaps:
-            return False
-        for item in batch:
-            seq = item.seq
-            if item.num_new_tokens != 1 or not seq.num_output_tokens or not item.completes_prompt:
-                return False
-        return True
+        """A step for `launch`: any step without image rows (whose encoder work runs on the
+        host's schedule) while steps may overlap."""
+        return self.overlaps and (self.vision is None or not self.vision.has_image_rows(batch))
 
     @torch.inference_mode()
-    def launch(self, batch: list[ScheduledSeq], feed: Feed | None) -> SampledTokens:
-        """Queue a `can_launch` step and its read-back; nothing here waits for the device."""
-        hidden = self.decoder.run(batch, feed)
+    def launch(
+        self, batch: list[ScheduledSeq], feed: Feed | None
+    ) -> tuple[list[int], SampledTokens | None]:
+        """Queue a `can_launch` step and its read-back; nothing here waits for the device. The
+        rows that sample, and their tokens (None if none does)."""
+        hidden, sampling = self._forward(batch, feed)
+        if not sampling:
+            return sampling, None
         logits = self.model.compute_logits(hidden)
-        requests = [(item.seq.request_id, item.seq.params) for item in batch]
-        return self.readback.start(self.sampler.sample_tensor(logits, requests))
+        requests = [(batch[i].seq.request_id, batch[i].seq.params) for i in sampling]
+        return sampling, self.readback.start(self.sampler.sample_tensor(logits, requests))
 
     @torch.inference_mode()
     def execute(self, batch: list[ScheduledSeq]) -> list[int | None]:
         """Run one step; the sampled token of each sequence, None for a partial prefill."""
         if self.offload is not None:
             self.offload.wait()  # the host tier's copies this step's scheduling queued
-        if self._is_decode_step(batch):
-            hidden = self.decoder.run(batch)
-            sampling = [i for i, item in enumerate(batch) if item.completes_prompt]
-            if len(sampling) < len(batch):
-                hidden = hidden[sampling]
-        else:
-            inputs = prepare_inputs(
-                batch, self.block_size, self.kv_cache, self.stager, self.decode_kernel
-            )
-            embeds = None
-            if self.vision is not None:
-                embeds = self.vision.step_embeddings(batch, inputs.q_starts, inputs.input_ids)
-            if self.lora is not None:
-                self.lora.select([(item.lora_slot, item.num_new_tokens) for item in batch])
-            hidden = self.model.forward(inputs.input_ids, inputs.positions, inputs.ctx, embeds)
-            if self.lora is not None:
-                self.lora.batch.clear()
-            sampling = inputs.sampling
-            hidden = hidden[inputs.logits_rows]
+        hidden, sampling = self._forward(batch, None)
         if self.hidden.awaiting_last:
             self.hidden.capture_last(batch, sampling, hidden)
         tokens: list[int | None] = [None] * len(batch)
@@ -309,3 +290,22 @@ class ModelRunner:
         for index, token in zip(sampling, sampled, strict=True):
             tokens[index] = token
         return tokens
+
+    def _forward(self, batch: list[ScheduledSeq], feed: Feed | None) -> tuple[Tensor, list[int]]:
+        """The step's forward pass: the hidden states of the rows that sample, and those rows."""
+        if self._is_decode_step(batch):
+            hidden = self.decoder.run(batch, feed)
+            sampling = [i for i, item in enumerate(batch) if item.completes_prompt]
+            return (hidden[sampling] if len(sampling) < len(batch) else hidden), sampling
+        inputs = prepare_inputs(
+            batch, self.block_size, self.kv_cache, self.stager, self.decode_kernel, feed
+        )
+        embeds = None
+        if self.vision is not None:
+            embeds = self.vision.step_embeddings(batch, inputs.q_starts, inputs.input_ids)
+        if self.lora is not None:
+            self.lora.select([(item.lora_slot, item.num_new_tokens) for item in batch])
+        hidden = self.model.forward(inputs.input_ids, inputs.positions, inputs.ctx, embeds)
+        if self.lora is not None:
+            self.lora.batch.clear()
+        return hidden[inputs.logits_rows], inputs.sampling

@@ -20,7 +20,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from worker.engine.block_manager import BlockManager, host_hits
+from worker.engine.block_manager import BlockManager, Hit, host_hits
 from worker.engine.lora_manager import NO_SLOT, LoRAManager
 from worker.engine.sequence import Sequence, SequenceStatus
 
@@ -63,6 +63,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.counters = SchedulerCounters()
+        self.held = False  # the last `schedule` held admission back (`admit_more`)
 
     def add(self, seq: Sequence) -> None:
         self.block_manager.refresh_cached_prefix(seq)
@@ -72,13 +73,17 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(
-        self, finishing: set[Sequence] | frozenset[Sequence] = frozenset()
+        self,
+        finishing: set[Sequence] | frozenset[Sequence] = frozenset(),
+        unsure: bool = False,
     ) -> list[ScheduledSeq]:
         """`finishing`: running sequences the step in flight surely finishes (--async-scheduling),
-        left out as if they had finished already."""
+        left out as if they had finished already. `unsure`: that step may finish others too, so
+        admission stops before any choice their end could change (`held`, `admit_more`)."""
         budget = self.max_num_batched_tokens
         scheduled: list[ScheduledSeq] = []
         preempted = False
+        self.held = False
         for seq in list(self.running):
             if budget == 0:
                 break
@@ -92,8 +97,16 @@ class Scheduler:
             scheduled.append(ScheduledSeq(seq, n, self._lora_slot(seq)))
             budget -= n
         if not preempted:
-            self._admit(scheduled, budget)
+            self.held = self._admit(scheduled, budget, unsure)
         return scheduled
+
+    def admit_more(self, scheduled: list[ScheduledSeq]) -> None:
+        """Go on with an admission `schedule` held back, once the step in flight is read back
+        and `scheduled` has lost the rows it finished: as the synchronous engine admits."""
+        if self.held:
+            self.held = False
+            budget = self.max_num_batched_tokens - sum(item.num_new_tokens for item in scheduled)
+            self._admit(scheduled, budget)
 
     def _make_room(self, seq: Sequence, n: int) -> bool:
         """Preempt from the back of `running` until seq can grow; False if seq itself went."""
@@ -104,41 +117,51 @@ class Scheduler:
                 return False
         return True
 
-    def _admit(self, scheduled: list[ScheduledSeq], budget: int) -> None:
+    def _admit(self, scheduled: list[ScheduledSeq], budget: int, unsure: bool = False) -> bool:
+        """Admit waiting sequences, oldest first. `unsure`: admit only while nothing the step in
+        flight may free (budget, seats, blocks, LoRA slots) could change the choice; True when
+        it stopped there with requests still waiting."""
         bm = self.block_manager
         # Passed over (no LoRA slot, or a running sequence computes their prefix): they keep
         # their places in the queue.
         passed: list[Sequence] = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            if not self._lora_ready(seq):
+            hits = bm.find_cached_prefix(seq) if self._lora_ready(seq) else None
+            if hits is None or self._computing(seq, len(hits)):
+                if unsure:
+                    return True
                 passed.append(self.waiting.popleft())
                 continue
-            hits = bm.find_cached_prefix(seq)
-            if self._computing(seq, len(hits)):
-                passed.append(self.waiting.popleft())
-                continue
-            num_hit_tokens = len(hits) * bm.block_size
-            n = min(seq.num_tokens - num_hit_tokens, budget)
+            wanted = seq.num_tokens - len(hits) * bm.block_size
+            n = min(wanted, budget)
+            if unsure and n < wanted:
+                return True
             if not bm.can_allocate(seq, hits, n):
                 break
             self.waiting.popleft()
-            bm.allocate(seq, hits, n)
-            if seq.num_cached_tokens is None:
-                seq.num_cached_tokens = num_hit_tokens
-                from_host = len(host_hits(hits)) * bm.block_size
-                seq.num_host_cached_tokens = from_host
-                self.counters.prefix_queries_tokens += seq.num_tokens
-                self.counters.prefix_hits_tokens += num_hit_tokens - from_host
-                self.counters.host_hits_tokens += from_host
-            seq.status = SequenceStatus.RUNNING
-            seq.scheduled_at = time.monotonic()
-            self.running.append(seq)
-            if self.loras is not None and seq.lora_name is not None:
-                self.loras.acquire(seq.request_id)
+            self._start(seq, hits, n)
             scheduled.append(ScheduledSeq(seq, n, self._lora_slot(seq)))
             budget -= n
         self.waiting.extendleft(reversed(passed))
+        return unsure and bool(self.waiting)
+
+    def _start(self, seq: Sequence, hits: list[Hit], n: int) -> None:
+        bm = self.block_manager
+        bm.allocate(seq, hits, n)
+        if seq.num_cached_tokens is None:
+            num_hit_tokens = len(hits) * bm.block_size
+            seq.num_cached_tokens = num_hit_tokens
+            from_host = len(host_hits(hits)) * bm.block_size
+            seq.num_host_cached_tokens = from_host
+            self.counters.prefix_queries_tokens += seq.num_tokens
+            self.counters.prefix_hits_tokens += num_hit_tokens - from_host
+            self.counters.host_hits_tokens += from_host
+        seq.status = SequenceStatus.RUNNING
+        seq.scheduled_at = time.monotonic()
+        self.running.append(seq)
+        if self.loras is not None and seq.lora_name is not None:
+            self.loras.acquire(seq.request_id)
 
     def _computing(self, seq: Sequence, num_hits: int) -> bool:
         """Is a running sequence computing block `num_hits` of seq's prefix (not cached yet)?
@@ -183,18 +206,19 @@ class Scheduler:
 
     def advance(self, batch: list[ScheduledSeq]) -> None:
         """A launched step (--async-scheduling): its tokens count as computed for the next
-        schedule, and each row's sampled token is pending until `cache_computed` and the read-back.
-        A row that finished meanwhile is left alone."""
+        schedule, and the token sampled for each row that completes its prompt is pending
+        until the read-back. A row that finished meanwhile is left alone."""
         for item in batch:
             seq = item.seq
             if seq.status is SequenceStatus.RUNNING:
+                samples = item.completes_prompt  # (before its tokens count as computed)
                 seq.num_computed_tokens += item.num_new_tokens
-                seq.num_pending_tokens = 1
+                seq.num_pending_tokens = int(samples)
 
     def cache_computed(self, batch: list[ScheduledSeq]) -> None:
-        """The launched step's blocks, cached once its tokens are read back (as `update` does
-        after a synchronous step): never before, so that a request aborted meanwhile publishes
-        no block the synchronous engine would not have."""
+        """The launched step's blocks, cached before the next step is scheduled (as `update`
+        does after a synchronous step): every token they hold is known by then. A request
+        aborted since the launch caches none, as the synchronous engine never ran its step."""
         for item in batch:
             if item.seq.status is SequenceStatus.RUNNING:
                 self.block_manager.cache_full_blocks(item.seq)

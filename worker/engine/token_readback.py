@@ -31,9 +31,11 @@ class SampledTokens:
 
 @dataclass(slots=True)
 class Feed:
-    """Step N+1's input ids from step N: row i takes `tokens[rows[i]]`."""
+    """Step N+1's input ids from step N: row `targets[i]` of the step (its one new token) takes
+    `tokens[rows[i]]`; the other rows' ids are known on the host (prompt chunks)."""
 
     tokens: Tensor
+    targets: list[int]
     rows: list[int]
 
 

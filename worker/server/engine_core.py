@@ -86,7 +86,7 @@ class EngineCore:
             outputs: list = []
             if engine.has_unfinished_requests():
                 # The step's evictions go out before its forward pass, its stores after its
-                # outputs.
+                # outputs (with --async-scheduling, with the next step's evictions).
                 outputs = engine.step(publish_events)
                 changed = changed or any(o.finished for o in outputs)
             # Stats follow every admission and exit at once; token counters may lag ~100 ms.

@@ -1,129 +1,27 @@
 """--async-scheduling against the synchronous engine on the same requests: the same outputs
 (tokens, text, finish reasons, usage), the same KV events in the same order, the same counters.
-Greedy and seeded sampling, stop tokens and strings, max_tokens, aborts mid-stream, images,
-cache_salt, LoRA, preemption and eviction under a small KV pool. Each run also proves that
-steps really were launched ahead (`AsyncSteps.chained`) and rows thrown away."""
+Greedy and seeded sampling, stop tokens and strings, max_tokens, images, cache_salt, LoRA,
+requests arriving while others decode, preemption and eviction under a small KV pool; aborts on
+what a request streamed (the same streams). Each run also proves that steps really were launched
+ahead (`AsyncSteps.chained`) and rows thrown away. Steps that carry prompt chunks and admissions:
+tests/worker/engine/test_async_mixed_steps.py."""
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from cachekey import HashNamespace, Prompt
 from cachekey.events import BlockRemoved
-from tests.support.engine import image_chat, make_engine, png_bytes
+from tests.support.async_runs import Req, add_stops, compare, drive, mixed_requests
+from tests.support.engine import make_engine
 from worker.engine.block_manager import BlockManager
 from worker.engine.config import EngineConfig
 from worker.engine.llm_engine import LLMEngine
 from worker.engine.sampling_params import SamplingParams
 from worker.engine.sequence import Sequence
-
-
-@dataclass
-class Req:
-    rid: str
-    prompt: Prompt
-    params: SamplingParams
-    lora: str | None = None
-    salt: str | None = None
-    abort_after: int | None = None  # abort once it has streamed this many tokens
-    arrive_at: int = 0  # the engine step call before which it is added
-
-
-@dataclass
-class Run:
-    outputs: dict[str, list[tuple]] = field(default_factory=dict)
-    events: list = field(default_factory=list)
-    counters: tuple = ()
-
-
-def drive(engine: LLMEngine, reqs: list[Req]) -> Run:
-    run = Run()
-    streamed: dict[str, int] = {}
-    calls = 0
-    while calls < 5000:
-        for r in reqs:
-            if r.arrive_at == calls:
-                engine.add_request(r.rid, r.prompt, r.params, lora_name=r.lora, cache_salt=r.salt)
-        if calls > max(r.arrive_at for r in reqs) and not engine.has_unfinished_requests():
-            break
-        for out in engine.step():
-            run.outputs.setdefault(out.request_id, []).append(
-                (
-                    out.new_token_ids,
-                    out.text_delta,
-                    out.finish_reason,
-                    out.num_prompt_tokens,
-                    out.num_cached_tokens,
-                    out.num_output_tokens,
-                )
-            )
-            streamed[out.request_id] = out.num_output_tokens
-        for r in reqs:
-            if r.abort_after is not None and streamed.get(r.rid) == r.abort_after:
-                engine.abort_request(r.rid)
-                run.outputs[r.rid].append(("abort",))
-                streamed[r.rid] = -1
-        run.events += engine.drain_events()
-        calls += 1
-    s = engine.stats()
-    run.counters = (
-        s.prefix_queries_tokens,
-        s.prefix_hits_tokens,
-        s.prompt_tokens_total,
-        s.generation_tokens_total,
-        engine.scheduler.counters.num_preemptions,
-        engine.block_manager.pool.num_free,
-    )
-    return run
-
-
-def compare(model_dir: Path, reqs: list[Req], **config: object) -> tuple[Run, LLMEngine]:
-    sync = drive(make_engine(model_dir, **config), reqs)
-    engine = make_engine(model_dir, async_scheduling=True, **config)
-    assert engine._async is not None
-    run = drive(engine, reqs)
-    assert run.outputs == sync.outputs
-    assert run.events == sync.events
-    assert run.counters == sync.counters
-    assert engine._async.chained > 0  # steps really were launched ahead of their read-back
-    return run, engine
-
-
-def mixed_requests(engine: LLMEngine, rng: random.Random, n: int) -> list[Req]:
-    stems = [engine.renderer.render_completion(f"System {i}: " + "be kind. " * 10) for i in (1, 2)]
-    reqs = []
-    for i in range(n):
-        if i % 7 == 3:
-            prompt = image_chat(engine, "Look", png_bytes(11 + i % 2), "word " * (i % 9 + 1))
-        else:
-            stem = list(rng.choice(stems).token_ids)
-            tail = [rng.randrange(10, 1900) for _ in range(rng.randrange(1, 30))]
-            prompt = Prompt(tuple(stem[: rng.randrange(8, len(stem) + 1)] + tail))
-        seeded = i % 3 == 1
-        params = SamplingParams(
-            temperature=0.9 if seeded else 0.0,
-            seed=100 + i if seeded else None,
-            top_k=40 if seeded else None,
-            max_tokens=rng.randrange(3, 28),
-            ignore_eos=True,
-        )
-        reqs.append(Req(f"r{i}", prompt, params, salt="tenant-b" if i % 5 == 0 else None))
-    return reqs
-
-
-def add_stops(reqs: list[Req], sync: Run) -> None:
-    """Stop some requests early on a token, others on a string, from what they generated."""
-    for i, r in enumerate(reqs):
-        toks = [t for o in sync.outputs[r.rid] for t in o[0]]
-        text = "".join(o[1] for o in sync.outputs[r.rid])
-        if i % 4 == 1 and len(toks) > 4:
-            r.params.stop_token_ids = [toks[3]]
-        elif i % 4 == 2 and len(text) > 12:
-            r.params.stop = [text[8:11]]
 
 
 # Roomy, then evicting and preempting, then with the hidden-state cache (written like the K/V).
@@ -136,8 +34,6 @@ def test_outputs_and_events_equal_the_synchronous_engine(
     engine = make_engine(demo_model_dir, **config)
     reqs = mixed_requests(engine, random.Random(7), 14)
     add_stops(reqs, drive(engine, reqs))
-    reqs[5].abort_after = 2
-    reqs[9].abort_after = 5
     run, async_engine = compare(demo_model_dir, reqs, **config)
     reasons = {o[2] for outs in run.outputs.values() for o in outs if len(o) > 1}
     assert {"stop", "length"} <= reasons
@@ -149,17 +45,35 @@ def test_outputs_and_events_equal_the_synchronous_engine(
 
 
 def test_requests_arriving_mid_stream(demo_model_dir: Path) -> None:
-    """Arrivals join a step later than the synchronous engine admits them: outputs equal."""
+    """Arrivals while others decode are scheduled at the step the synchronous engine schedules
+    them: the whole runs are equal, steps carrying prompts were launched ahead, and one with an
+    image's rows ran synchronously after the step in flight was read back."""
     config = {"num_blocks": 64, "max_num_seqs": 4}
     engine = make_engine(demo_model_dir, **config)
     reqs = mixed_requests(engine, random.Random(3), 8)
     for i, r in enumerate(reqs):
         r.arrive_at = 3 * i
-    sync = drive(make_engine(demo_model_dir, **config), reqs)
-    async_engine = make_engine(demo_model_dir, async_scheduling=True, **config)
-    run = drive(async_engine, reqs)
-    assert run.outputs == sync.outputs
-    assert async_engine._async is not None and async_engine._async.chained > 0
+    add_stops(reqs, drive(engine, reqs))
+    _, async_engine = compare(demo_model_dir, reqs, **config)
+    steps = async_engine._async
+    assert steps is not None and steps.chained_mixed > 0
+    assert steps.refused["unlaunchable"] > 0  # an image arrived while a step was in flight
+
+
+def test_aborts_on_what_was_streamed(demo_model_dir: Path) -> None:
+    """An abort the client sends on a token reaches the engine one step later (that token was
+    read back while the next step ran): the streams are the same, the pool ends empty."""
+    config = {"num_blocks": 40, "max_num_seqs": 4, "max_num_batched_tokens": 64}
+    engine = make_engine(demo_model_dir, **config)
+    reqs = mixed_requests(engine, random.Random(11), 10)
+    for i, r in enumerate(reqs):
+        r.arrive_at = 2 * i
+    add_stops(reqs, drive(engine, reqs))
+    for r, after in zip(reqs[1::3], (1, 2, 4), strict=False):
+        r.abort_after = after
+    run, async_engine = compare(demo_model_dir, reqs, exact=False, **config)
+    assert sum(outs[-1] == ("abort",) for outs in run.outputs.values()) == 3
+    assert async_engine.block_manager.pool.num_free == 40
 
 
 def test_lora_adapters(demo_model_dir: Path, tmp_path: Path) -> None:

@@ -30,9 +30,9 @@ def _count_decode_steps(engine: LLMEngine) -> list[tuple[int, int]]:
     seen: list[tuple[int, int]] = []
     run = decoder.run
 
-    def counting_run(batch):
+    def counting_run(batch, feed=None):
         seen.append((len(batch), decoder.bucket(len(batch))))
-        return run(batch)
+        return run(batch, feed)
 
     decoder.run = counting_run
     return seen

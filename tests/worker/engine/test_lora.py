@@ -108,9 +108,9 @@ def record_steps(engine) -> list[tuple[str, set[int]]]:
         steps.append(("eager", {item.lora_slot for item in batch}))
         return execute(batch)
 
-    def watched_decode(batch):
+    def watched_decode(batch, feed=None):
         steps[-1] = ("decode", steps[-1][1])
-        return decode(batch)
+        return decode(batch, feed)
 
     runner.execute, runner.decoder.run = watched_execute, watched_decode
     return steps
