@@ -45,7 +45,7 @@ from pathlib import Path
 
 from bench.lib.report import args_dict, col, columns, percentile, print_table, write_json
 from bench.lib.rounds import medians, rotated, warm_up
-from bench.lib.runs import Measured, add_workload_args, drive_policy, workload_spec
+from bench.lib.runs import Measured, add_workload_args, drive_policy, records, workload_spec
 from harness import worker_metrics as wm
 from harness.cluster import Cluster, ClusterSpec
 from harness.driver import hit_rate
@@ -178,29 +178,6 @@ def run(args: argparse.Namespace) -> tuple[list[Row], list[dict]]:
                 print_table(rows[-1:], COLUMNS, header=len(rows) == 1)
                 answered += records(m, policy, round_)
     return rows, answered
-
-
-def records(m: Measured, policy: str, round_: int) -> list[dict]:
-    """The answered requests, in the order they were sent: where each went, what the gateway
-    predicted of its cache and the worker reported, when it was sent and its times."""
-    t0 = min((r.sent_at for r in m.results), default=0.0)
-    return [
-        {
-            "policy": policy,
-            "round": round_,
-            "conversation": r.conversation,
-            "turn": r.turn,
-            "replica": r.replica,
-            "predicted": r.predicted_cached_tokens,
-            "reported": r.cached_tokens,
-            "prompt_tokens": r.prompt_tokens,
-            "sent_s": round(r.sent_at - t0, 3),
-            "ttft_s": r.ttft_s,
-            "latency_s": r.latency_s,
-        }
-        for r in sorted(m.results, key=lambda r: r.sent_at)
-        if r.ok
-    ]
 
 
 def ratios(rows: list[Row], base: str = "round_robin") -> dict[str, dict[str, float]]:

@@ -4,10 +4,9 @@ request may ask for, so a spill there costs that recompute too. The caches' cont
 a real BlockIndex fed KV events, their sizes from what the workers report. With the latency
 laws of the calibrated sim (tests/support/latency_laws.py), a holder with a request there loses
 a 3,800-token hit of a 4,000-token prompt to an idle replica with room (the price of
-imbalance, tests/gateway/test_load_price.py: the hit saves about 100 ms, the request there costs about 125)
-but keeps it against idle replicas whose caches are full (the recompute would also evict
-4,000 tokens, about 110 ms more);
-`--evict-weight 0` turns the charge off."""
+imbalance, tests/gateway/test_load_price.py: the hit saves about 100 ms, the request there
+costs about 125) but keeps it against idle replicas whose caches are full (the recompute
+would also evict 4,000 tokens, about 110 ms more); `--evict-weight 0` turns the charge off."""
 
 from __future__ import annotations
 
