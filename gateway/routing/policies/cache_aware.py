@@ -31,7 +31,7 @@ candidate's samples pooled, `fleet_model`, and applied to each candidate's own l
                request may ask for and recompute. A spill onto a replica with room costs its
                own recompute; onto a full one, that and what it displaces. Without it the
                docs' workload's 12 prefixes, 2.8 caches' worth over 4, were spread by every
-               imbalance until each replica's cache churned (54% hit against 85%;
+               imbalance until each replica's cache churned (52-54% hit; with it 75%;
                docs/benchmarks.md, step 7)
   spread, adapter, busy as below, at the learned seconds per uncached token
 
