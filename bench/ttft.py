@@ -45,7 +45,7 @@ from pathlib import Path
 
 from bench.lib.report import args_dict, col, columns, percentile, print_table, write_json
 from bench.lib.rounds import medians, rotated, warm_up
-from bench.lib.runs import Measured, add_workload_args, drive_policy, workload_spec
+from bench.lib.runs import Measured, add_workload_args, drive_policy, records, workload_spec
 from harness import worker_metrics as wm
 from harness.cluster import Cluster, ClusterSpec
 from harness.driver import hit_rate
@@ -154,7 +154,7 @@ def make_cluster(args: argparse.Namespace, model: str) -> Cluster:
 
 def run(args: argparse.Namespace) -> tuple[list[Row], list[dict]]:
     """Every policy on the same trace, `--rounds` times in turn on one cluster; the rows, and
-    each request whose predicted cached tokens differ from the reported ones."""
+    every request answered (`records`), in the order sent within each run."""
     sim = args.engine == "sim"
     model = "demo" if sim else resolve_model(args.model, args.models_dir, args.device)
     images = {} if is_multimodal(model, args.engine) else {"image_prob": 0.0}
@@ -162,7 +162,7 @@ def run(args: argparse.Namespace) -> tuple[list[Row], list[dict]]:
         workload_spec(args, args.tenants, max_tokens=args.max_tokens, **images)  # type: ignore[arg-type]
     )
     rows: list[Row] = []
-    missed: list[dict] = []
+    answered: list[dict] = []
     with make_cluster(args, model) as c:
         failed = warm_up(c.gateway_url, c.worker_urls, workload, args.concurrency)
         print(
@@ -176,29 +176,8 @@ def run(args: argparse.Namespace) -> tuple[list[Row], list[dict]]:
                 )
                 rows.append(make_row(policy, m, round_))
                 print_table(rows[-1:], COLUMNS, header=len(rows) == 1)
-                missed += mismatches(m, policy, round_)
-    return rows, missed
-
-
-def mismatches(m: Measured, policy: str, round_: int) -> list[dict]:
-    """The answered requests whose prediction missed, in the order they were sent."""
-    t0 = min((r.sent_at for r in m.results), default=0.0)
-    return [
-        {
-            "policy": policy,
-            "round": round_,
-            "conversation": r.conversation,
-            "turn": r.turn,
-            "replica": r.replica,
-            "predicted": r.predicted_cached_tokens,
-            "reported": r.cached_tokens,
-            "prompt_tokens": r.prompt_tokens,
-            "sent_s": round(r.sent_at - t0, 3),
-            "ttft_s": r.ttft_s,
-        }
-        for r in sorted(m.results, key=lambda r: r.sent_at)
-        if r.ok and r.predicted_cached_tokens != r.cached_tokens
-    ]
+                answered += records(m, policy, round_)
+    return rows, answered
 
 
 def ratios(rows: list[Row], base: str = "round_robin") -> dict[str, dict[str, float]]:
@@ -292,7 +271,8 @@ def _pass_through(ap: argparse.ArgumentParser) -> None:
 def main() -> None:
     args = _arguments()
     args.num_blocks = args.num_blocks or None
-    rows, missed = run(args)
+    rows, answered = run(args)
+    missed = [a for a in answered if a["predicted"] != a["reported"]]
     middle = medians(rows)
     print(f"medians over {args.rounds} rounds (run -1):")
     print_table(middle, COLUMNS)
@@ -310,6 +290,7 @@ def main() -> None:
         "medians_vs_round_robin": ratios(middle),
         "vs_round_robin": rel,
         "mismatches": missed,
+        "requests": answered,
     }
     write_json(args.out, summary)
 

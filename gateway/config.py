@@ -36,6 +36,12 @@ class CostWeights:
         "distinct tenants stay on their holders (0: off)",
         name="--busy-weight",
     )
+    evict: float = option(
+        1.0,
+        "prefill time charged per cached token a request's uncached prompt pushes out of a "
+        "full cache, which a later request may recompute (0: off)",
+        name="--evict-weight",
+    )
     lora: float = option(
         32.0,
         "prompt blocks of prefill time charged to a request for a LoRA adapter on a replica "
@@ -45,7 +51,7 @@ class CostWeights:
     )
 
     def __post_init__(self) -> None:
-        for name in ("recent", "busy", "lora"):
+        for name in ("recent", "busy", "evict", "lora"):
             if getattr(self, name) < 0:
                 raise ValueError(f"weight {name} must be >= 0")
 

@@ -127,3 +127,26 @@ def upper_bound(
             concurrency=concurrency,
             headers_for=headers_for,
         )
+
+
+def records(m: Measured, policy: str, round_: int) -> list[dict]:
+    """The answered requests, in the order they were sent: where each went, what the gateway
+    predicted of its cache and the worker reported, when it was sent and its times."""
+    t0 = min((r.sent_at for r in m.results), default=0.0)
+    return [
+        {
+            "policy": policy,
+            "round": round_,
+            "conversation": r.conversation,
+            "turn": r.turn,
+            "replica": r.replica,
+            "predicted": r.predicted_cached_tokens,
+            "reported": r.cached_tokens,
+            "prompt_tokens": r.prompt_tokens,
+            "sent_s": round(r.sent_at - t0, 3),
+            "ttft_s": r.ttft_s,
+            "latency_s": r.latency_s,
+        }
+        for r in sorted(m.results, key=lambda r: r.sent_at)
+        if r.ok
+    ]

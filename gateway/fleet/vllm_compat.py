@@ -1,16 +1,17 @@
 """Plain vLLM workers: no /kvgate/info, so the gateway builds the same facts from what vLLM has.
 
 The model and its context length come from /v1/models (the entry without a `parent`, and its
-`max_model_len`; entries whose `parent` is it are its LoRA adapters), the block size from
-`vllm:cache_config_info`, the adapters in use from `vllm:lora_requests_info`, the data-parallel
-ranks from the `engine` labels of /metrics, and the KV-event endpoints from the worker's own
-entry (`--workers URL;kv-events=...`, or the named ports of its EndpointSlice) or else the
-gateway's `--vllm-kv-events-*` flags (the worker's `--kv-events-config`), each port offset by
-the rank as vLLM does (gateway/fleet/ranks.py). Every rank serves the same adapters (vLLM loads them
-on each). The index still uses the gateway's own keys (recomputed from the events' token ids and
-extra keys, the LoRA name among them), so vLLM's hash algorithm and seed do not matter; the
-render assets must come from --model-dir. There is no snapshot and no instance id: a restart
-shows as the seq going back, which resyncs from the replay buffer.
+`max_model_len`; entries whose `parent` is it are its LoRA adapters), the block size and the
+cache's size (`num_gpu_blocks`) from `vllm:cache_config_info`, the adapters in use from
+`vllm:lora_requests_info`, the data-parallel ranks from the `engine` labels of /metrics, and
+the KV-event endpoints from the worker's own entry (`--workers URL;kv-events=...`, or the named
+ports of its EndpointSlice) or else the gateway's `--vllm-kv-events-*` flags (the worker's
+`--kv-events-config`), each port offset by the rank as vLLM does (gateway/fleet/ranks.py). Every
+rank serves the same adapters (vLLM loads them on each). The index still uses the gateway's own
+keys (recomputed from the events' token ids and extra keys, the LoRA name among them), so vLLM's
+hash algorithm and seed do not matter; the render assets must come from --model-dir. There is no
+snapshot and no instance id: a restart shows as the seq going back, which resyncs from the
+replay buffer.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import re
 from typing import Any
 
 import httpx
+import msgspec
 
 from cachekey.documents import KVEventsEndpoint, LoRAAdapters, WorkerInfo
 from cachekey.keys import DEFAULT_HASH_SEED
@@ -28,6 +30,7 @@ from gateway.fleet.ranks import metrics_ranks, vllm_ranks
 from gateway.names import VLLM_INSTANCE
 
 _BLOCK_SIZE = re.compile(r'^vllm:cache_config_info\{[^}]*block_size="(\d+)"', re.MULTILINE)
+_NUM_BLOCKS = re.compile(r'^vllm:cache_config_info\{[^}]*num_gpu_blocks="(\d+)"', re.MULTILINE)
 _LORA_INFO = re.compile(r"^vllm:lora_requests_info\{([^}]*)\}\s+(\S+)", re.MULTILINE)
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
@@ -35,6 +38,14 @@ _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 def parse_block_size(metrics_text: str) -> int | None:
     m = _BLOCK_SIZE.search(metrics_text)
     return int(m.group(1)) if m else None
+
+
+def parse_num_blocks(metrics_text: str) -> int | None:
+    """The KV cache's size in blocks (each rank's: data-parallel engines share one config)."""
+    m = _NUM_BLOCKS.search(metrics_text)
+    if m is None:
+        return None
+    return int(m.group(1)) or None
 
 
 def parse_lora_info(metrics_text: str) -> tuple[int, list[str]] | None:
@@ -124,6 +135,8 @@ async def vllm_info(
         model=model,
         connect=config.kv_events_bind is not None,
     )
+    if (num_blocks := parse_num_blocks(metrics_text)) is not None:
+        ranks = [msgspec.structs.replace(r, num_blocks=num_blocks) for r in ranks]
     return WorkerInfo(
         model=model,
         block_size=parse_block_size(metrics_text) or 16,
@@ -140,6 +153,7 @@ async def vllm_info(
         # hit at once, as on a kvgate worker.
         defers_shared_prefill=True,
         max_model_len=model_len,
+        num_blocks=num_blocks,
         data_parallel_rank=ranks[0].rank if len(ranks) == 1 else None,
         kv_events=ranks[0].kv_events if len(ranks) == 1 else KVEventsEndpoint(enabled=False),
         data_parallel_ranks=ranks,

@@ -185,6 +185,7 @@ class ProxyRequest:
             seed,
             self.lora_name,
             {rid: n - self.gpu[rid] for rid, n in hits.items() if self.gpu.get(rid, n) < n},
+            st.index.lookup.replica_blocks,
         )
         ranked = self.policy.rank(ctx)
         st.metrics.routing_seconds.observe(time.perf_counter() - t0)

@@ -1,6 +1,6 @@
 """`python -m bench.ttft --engine sim` on a small workload: every worker is warmed before the
 first measured policy, each round turns the policy order by one place, every round is reported,
-and the medians over the rounds come last."""
+the medians over the rounds come last, and every request is written out."""
 
 from __future__ import annotations
 
@@ -35,3 +35,13 @@ def test_ttft_sim_rounds_are_warmed_rotated_and_reported(tmp_path: Path):
         assert row["round"] == -1 and row["requests_per_s"] == statistics.median(mine)
         assert row["exact"].endswith("/16")
     assert summary["args"]["sim_preset"] == "h200-llama-1b"
+    # Every request answered, each run's in the order sent, with where it went and its times.
+    answered = summary["requests"]
+    assert len(answered) == 4 * 8
+    for k, r in enumerate(rows):
+        run = answered[8 * k : 8 * (k + 1)]
+        assert {(a["policy"], a["round"]) for a in run} == {(r["policy"], r["round"])}
+        assert [a["sent_s"] for a in run] == sorted(a["sent_s"] for a in run)
+        assert all(0 < a["ttft_s"] <= a["latency_s"] and a["replica"] for a in run)
+    missed = [a for a in answered if a["predicted"] != a["reported"]]
+    assert summary["mismatches"] == missed

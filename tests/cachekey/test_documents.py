@@ -251,9 +251,10 @@ def test_plain_vllm_info_is_a_worker_info_without_snapshot() -> None:
         mm_match_rule="partial",  # vLLM keeps a match that ends inside an image
         defers_shared_prefill=True,  # a sibling hits a prefix vLLM has scheduled, computed or not
         max_model_len=4096,
+        num_blocks=9,  # num_gpu_blocks: what a request's prompt would evict there
         data_parallel_rank=0,
         kv_events=events,
-        data_parallel_ranks=[RankInfo(rank=0, kv_events=events)],
+        data_parallel_ranks=[RankInfo(rank=0, kv_events=events, num_blocks=9)],
     )
 
 

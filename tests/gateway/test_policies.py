@@ -120,14 +120,14 @@ def test_cache_aware_busy_holders_lose_a_hot_prefix_to_an_idle_replica():
     # and the next) and 0.5 x 304 held tokens per request sharing it past 2:
     # 32 + 16 n + 152 (n - 2), dearer at 6.
     assert n == 6
-    assert "busy=608 sharing=6 " in explain(policy, ctx)
+    assert "busy=608 evict=0 sharing=6 " in explain(policy, ctx)
     # The same load from other tenants' prefixes: no busy term, the holder keeps its hit.
     other = marks(_ctx(reps, [t + 5000 for t in tokens]).keys)
     reps[0].in_flight_prefixes = {}
     for _ in range(n):
         hold(reps[0].in_flight_prefixes, other)
     assert policy.rank(ctx)[0] is reps[0]
-    assert "busy=0 sharing=0 " in explain(policy, ctx)
+    assert "busy=0 evict=0 sharing=0 " in explain(policy, ctx)
     # --busy-weight 0: the holder keeps it however busy with the prefix.
     reps[0].in_flight_prefixes = {}
     for _ in range(8):

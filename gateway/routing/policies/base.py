@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -26,6 +26,9 @@ class RouteContext:
     # Of `matched`, the blocks each replica's host tier serves (copied back, not recomputed);
     # only replicas with some.
     host: dict[ReplicaId, int] = field(default_factory=dict)
+    # Blocks a replica's GPU cache holds now (the index's count; None: not known): with its
+    # size, what a request's uncached prompt would evict there.
+    cached_blocks: Callable[[ReplicaId], int] | None = None
 
 
 class Policy(Protocol):

@@ -24,6 +24,15 @@ candidate's samples pooled, `fleet_model`, and applied to each candidate's own l
                one more request than another costs about two `slowdown`s more, which outweighs
                a hit that saves less (a cheap hit: a worker without server cost, a short
                prompt); a long prompt's hit still wins
+  evict        what its uncached prompt pushes out of a full cache (`evicted_tokens`: the
+               blocks it needs beyond the replica's free ones, the index's count of what it
+               holds against the size its worker reports), each token priced as one uncached
+               token times `--evict-weight` (1): a full LRU cache gives up blocks that a later
+               request may ask for and recompute. A spill onto a replica with room costs its
+               own recompute; onto a full one, that and what it displaces. Without it the
+               docs' workload's 12 prefixes, 2.8 caches' worth over 4, were spread by every
+               imbalance until each replica's cache churned (52-54% hit; with it 75%;
+               docs/benchmarks.md, step 7)
   spread, adapter, busy as below, at the learned seconds per uncached token
 
 Until then (no replica fitted), the terms are priced in prompt tokens at the candidates' median
@@ -43,6 +52,7 @@ why not each one's):
                (prefill and interference), times 0 when the adapter is resident, 0.5 when a slot
                is free, 1 when loading it evicts another (gateway/routing/adapters.py): keeps an
                adapter's requests on the replicas that hold it
+  evict        as above, in tokens
   busy         a holder's requests in flight that share this request's prefix
                (gateway/fleet/prefix_load.py) beyond `BUSY_SLACK`, each charged the tokens
                the replica holds of the request, times `--busy-weight` (0.5): Dynamo's charge
@@ -80,6 +90,7 @@ from gateway.routing.adapters import adapter_miss
 from gateway.routing.policies.base import RouteContext, tie_order
 from gateway.routing.policies.fleet_cost import (
     Cost,
+    evicted_tokens,
     fleet_model,
     fleet_rate,
     learned_rate,
@@ -139,6 +150,9 @@ class CacheAwarePolicy:
             over = sharing(r.in_flight_prefixes, ctx.keys, blocks) - BUSY_SLACK
             if over > 0:
                 busy = rate * self.w.busy * over * (ctx.num_prompt_tokens - uncached)
+        evict = 0.0
+        if self.w.evict:
+            evict = rate * self.w.evict * evicted_tokens(r, uncached, bs, ctx.cached_blocks)
         if fleet is not None:
             c = fleet.ttft
             return Cost(
@@ -151,6 +165,7 @@ class CacheAwarePolicy:
                 adapter=adapter,
                 busy=busy,
                 load=on_replica * max(fleet.slowdown - c.per_request, 0.0),
+                evict=evict,
             )
         return Cost(
             queue=rate * r.in_flight_prefill_tokens,
@@ -159,6 +174,7 @@ class CacheAwarePolicy:
             spread=spread,
             adapter=adapter,
             busy=busy,
+            evict=evict,
         )
 
     def rank(self, ctx: RouteContext) -> list[Replica]:
@@ -247,7 +263,7 @@ def explain(policy: CacheAwarePolicy, ctx: RouteContext) -> str:
         f"{r.id} total={c.total * scale:.0f} queue={c.queue * scale:.0f}"
         f" prefill={c.prefill * scale:.0f} interference={c.interference * scale:.0f}"
         f" load={c.load * scale:.0f} spread={c.spread * scale:.0f}"
-        f" adapter={c.adapter * scale:.0f} busy={c.busy * scale:.0f}"
+        f" adapter={c.adapter * scale:.0f} busy={c.busy * scale:.0f} evict={c.evict * scale:.0f}"
         f" sharing={sharing(r.in_flight_prefixes, ctx.keys, ctx.matched.get(r.id, 0))}"
         f" in_flight={r.in_flight} running={r.running} waiting={r.waiting}"
         f"{model_note(r, fleet)}"

@@ -17,10 +17,12 @@ where a recompute looks free (a sim worker without timings) a hit still wins.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gateway.fleet.latency import FleetFit, fleet_fit
 from gateway.fleet.replica import Replica
+from gateway.names import ReplicaId
 
 FLEET_SAMPLE = 32  # fitted candidates whose samples are pooled (bounded per request)
 TIE_SHARE = 0.1  # of the measured prefill rate: the least the learned model prices a token at
@@ -37,6 +39,7 @@ class Cost:
     adapter: float = 0.0
     busy: float = 0.0
     load: float = 0.0
+    evict: float = 0.0
 
     @property
     def total(self) -> float:
@@ -48,6 +51,7 @@ class Cost:
             + self.adapter
             + self.busy
             + self.load
+            + self.evict
         )
 
 
@@ -88,3 +92,16 @@ def fleet_rate(replicas: list[Replica]) -> float:
     rate every new prefix would then go to the replica that took the last ones, until its cache
     overflows. The median keeps the costs in seconds without that feedback."""
     return measured_rate(replicas) or 1.0
+
+
+def evicted_tokens(
+    r: Replica, uncached: int, block_size: int, cached: Callable[[ReplicaId], int] | None
+) -> int:
+    """Cached tokens `uncached` new prompt tokens would push out of `r`'s GPU cache: the blocks
+    they fill beyond its free ones (its size less the blocks the index holds there). 0 where
+    its size is not known (a plain vLLM worker does not say it) or it has room."""
+    size = r.slot.num_blocks if r.slot is not None else None
+    if not uncached or not size or cached is None:
+        return 0
+    need = -(-uncached // block_size)
+    return max(need - max(size - cached(r.id), 0), 0) * block_size
