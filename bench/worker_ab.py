@@ -111,7 +111,8 @@ def main() -> None:
     args = ap.parse_args()
     args.engine, args.model, args.device, args.dtype = "torch", "demo", "cpu", "auto"
     args.gpu_memory_utilization = None
-    args.gateway_arg = []  # make_cluster passes these on: both gateways as built
+    # make_cluster passes these on: both trees' gateways and workers as built.
+    args.gateway_arg, args.worker_arg = [], []
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     workload = Workload(workload_spec(args, args.tenants, max_tokens=args.max_tokens))
     logs = Path("bench/results/logs/worker_ab").resolve()
