@@ -13,7 +13,7 @@ pytestmark = pytest.mark.long
 
 
 def test_three_sides_rotate_and_report_the_host_tier(tmp_path: Path) -> None:
-    small = ["--workers", "2", "--num-blocks", "120", "--host-blocks", "1000", "--tenants", "4"]
+    small = ["--workers", "2", "--num-blocks", "88", "--host-blocks", "1000", "--tenants", "4"]
     small += ["--users-per-tenant", "2", "--turns", "2", "--rounds", "2", "--concurrency", "4"]
     small += ["--sim-time-scale", "1", "--system-words", "300", "--log-dir", str(tmp_path)]
     out = run_bench("tier_routing", tmp_path / "tr.json", *small)
@@ -26,7 +26,9 @@ def test_three_sides_rotate_and_report_the_host_tier(tmp_path: Path) -> None:
         ("ignore_tier", 1),
         ("tier_aware", 1),
     ]
-    assert out["working_set_over_fleet_gpu"] > 1
+    # Well past the GPUs, so the host tier is needed: at 1.05x (120 blocks) cache_aware kept
+    # the tenants apart and fit them on the GPUs, with no host hit at all in a round.
+    assert out["working_set_over_fleet_gpu"] >= 1.4
     for r in rows:
         assert r["failed"] == 0
         if r["side"] == "tier_off":
