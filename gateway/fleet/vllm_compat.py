@@ -29,23 +29,21 @@ from gateway.discovery.endpoints import WorkerEndpoint
 from gateway.fleet.ranks import metrics_ranks, vllm_ranks
 from gateway.names import VLLM_INSTANCE
 
-_BLOCK_SIZE = re.compile(r'^vllm:cache_config_info\{[^}]*block_size="(\d+)"', re.MULTILINE)
-_NUM_BLOCKS = re.compile(r'^vllm:cache_config_info\{[^}]*num_gpu_blocks="(\d+)"', re.MULTILINE)
+_CACHE_CONFIG = re.compile(r"^vllm:cache_config_info\{([^}]*)\}", re.MULTILINE)
 _LORA_INFO = re.compile(r"^vllm:lora_requests_info\{([^}]*)\}\s+(\S+)", re.MULTILINE)
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
-def parse_block_size(metrics_text: str) -> int | None:
-    m = _BLOCK_SIZE.search(metrics_text)
-    return int(m.group(1)) if m else None
-
-
-def parse_num_blocks(metrics_text: str) -> int | None:
-    """The KV cache's size in blocks (each rank's: data-parallel engines share one config)."""
-    m = _NUM_BLOCKS.search(metrics_text)
-    if m is None:
-        return None
-    return int(m.group(1)) or None
+def parse_cache_config(metrics_text: str) -> tuple[int | None, int | None]:
+    """(block size, the KV cache's size in blocks) from `vllm:cache_config_info`'s labels;
+    None where absent. The size is each rank's: data-parallel engines share one config."""
+    m = _CACHE_CONFIG.search(metrics_text)
+    labels = dict(_LABEL.findall(m.group(1))) if m else {}
+    block_size, num_blocks = ((labels.get(k) or "0") for k in ("block_size", "num_gpu_blocks"))
+    return (
+        (int(block_size) or None) if block_size.isdigit() else None,
+        (int(num_blocks) or None) if num_blocks.isdigit() else None,
+    )
 
 
 def parse_lora_info(metrics_text: str) -> tuple[int, list[str]] | None:
@@ -135,11 +133,12 @@ async def vllm_info(
         model=model,
         connect=config.kv_events_bind is not None,
     )
-    if (num_blocks := parse_num_blocks(metrics_text)) is not None:
+    block_size, num_blocks = parse_cache_config(metrics_text)
+    if num_blocks is not None:
         ranks = [msgspec.structs.replace(r, num_blocks=num_blocks) for r in ranks]
     return WorkerInfo(
         model=model,
-        block_size=parse_block_size(metrics_text) or 16,
+        block_size=block_size or 16,
         hash_seed=DEFAULT_HASH_SEED,  # the index re-keys vLLM's blocks: any shared seed works
         instance_id=VLLM_INSTANCE,
         has_snapshot=False,

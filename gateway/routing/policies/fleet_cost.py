@@ -99,7 +99,7 @@ def evicted_tokens(
 ) -> int:
     """Cached tokens `uncached` new prompt tokens would push out of `r`'s GPU cache: the blocks
     they fill beyond its free ones (its size less the blocks the index holds there). 0 where
-    its size is not known (a plain vLLM worker does not say it) or it has room."""
+    its size is not known (a worker that reports none) or it has room."""
     size = r.slot.num_blocks if r.slot is not None else None
     if not uncached or not size or cached is None:
         return 0
