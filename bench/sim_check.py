@@ -1,0 +1,153 @@
+r"""The calibrated sim against the GPU's own end-to-end figures: requests/s and time to first
+token side by side, and which policy wins each column on each.
+
+The preset's coefficients are fitted to the H200's step times and to its requests/s per worker
+(worker/engine/sim_presets.py); nothing in the fit holds the sim's first tokens to the GPU's.
+This runs, in the sim, the `bench.ttft` runs the GPU figures come from
+(/work/shared/reference/gpu-figures.md: one worker at 1, 4 and 16 streams; 4 workers on the
+hot prefixes and on the docs' workload under round_robin and least_loaded), with the worker
+server's cost as measured (`--sim-server-scale 1`), and prints each figure next to the sim's:
+the sim's times divided by `--sim-time-scale` and its requests/s multiplied by it, so both are
+in the GPU's seconds. A routing criterion judged in the sim is only as good as the sim's shape
+in that column.
+
+    python -m bench.sim_check                    # about 6 min; bench/results/sim_check.json
+    python -m bench.sim_check --only hot,docs --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from bench.lib.report import args_dict, col, columns, print_table, write_json
+
+ONE_WORKER = "--workers 1 --num-blocks 2000 --tenants 2 --users-per-tenant 16 --seed 5"
+HOT = "--workers 4 --num-blocks 700 --tenants 2 --users-per-tenant 16 --concurrency 16 --seed 5"
+DOCS = "--workers 4 --num-blocks 700 --tenants 12 --concurrency 8"
+
+# The H200's figures (gpu-figures.md; the 4-worker runs' second round, as issue 36 quotes
+# them): run name -> (bench.ttft's workload arguments, {policy: (req/s, TTFT p50 ms, p90 ms)}).
+GPU_RUNS: dict[str, tuple[str, dict[str, tuple[float, float, float]]]] = {
+    "one-c1": (f"{ONE_WORKER} --concurrency 1", {"round_robin": (12.1, 58, 70)}),
+    "one-c4": (f"{ONE_WORKER} --concurrency 4", {"round_robin": (11.7, 159, 843)}),
+    "one-c16": (f"{ONE_WORKER} --concurrency 16", {"round_robin": (10.2, 355, 5926)}),
+    "hot": (HOT, {"round_robin": (54.2, 181, 274), "least_loaded": (55.4, 175, 251)}),
+    "docs": (DOCS, {"round_robin": (25.6, 144, 274), "least_loaded": (26.4, 180, 258)}),
+}
+
+
+@dataclass(slots=True)
+class Row:
+    run: str = col("run", 8, left=True)
+    policy: str = col("policy", 13, left=True)
+    gpu_rps: float = col("GPU req/s", 10, ".1f", sep=" |")
+    sim_rps: float = col("sim", 7, ".1f")
+    rps_ratio: float = col("sim/GPU", 8, ".2f")
+    gpu_p50_ms: float = col("GPU p50", 10, ".0f", "ms", sep=" |")
+    sim_p50_ms: float = col("sim", 8, ".0f", "ms")
+    p50_ratio: float = col("sim/GPU", 8, ".2f")
+    gpu_p90_ms: float = col("GPU p90", 10, ".0f", "ms", sep=" |")
+    sim_p90_ms: float = col("sim", 8, ".0f", "ms")
+    p90_ratio: float = col("sim/GPU", 8, ".2f")
+
+
+COLUMNS = columns(Row)
+# column -> (Row's GPU and sim attributes, whether higher wins)
+SHAPE_COLUMNS = {
+    "req/s": ("gpu_rps", "sim_rps", True),
+    "TTFT p50": ("gpu_p50_ms", "sim_p50_ms", False),
+    "TTFT p90": ("gpu_p90_ms", "sim_p90_ms", False),
+}
+
+
+def run_sim(name: str, args: argparse.Namespace, out: Path) -> dict[str, dict]:
+    """One GPU run's workload in the sim under its policies: bench.ttft's medians by policy."""
+    workload, figures = GPU_RUNS[name]
+    cmd = [sys.executable, "-m", "bench.ttft", "--engine", "sim", *workload.split()]
+    cmd += ["--policies", ",".join(figures), "--rounds", str(args.rounds)]
+    cmd += ["--sim-preset", args.sim_preset, "--sim-server-scale", "1"]
+    cmd += ["--sim-time-scale", str(args.sim_time_scale), "--out", str(out)]
+    cmd += ["--log-dir", str(args.log_dir / name)]
+    print(f"{name}: {' '.join(cmd[3:])}", flush=True)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return {m["policy"]: m for m in json.loads(out.read_text())["medians"]}
+
+
+def make_row(name: str, policy: str, sim: dict, scale: float) -> Row:
+    """The GPU's figure and the sim's medians, in the GPU's seconds."""
+    rps, p50, p90 = GPU_RUNS[name][1][policy]
+    s_rps = sim["requests_per_s"] * scale
+    s_p50, s_p90 = sim["ttft_p50_ms"] / scale, sim["ttft_p90_ms"] / scale
+    return Row(
+        name, policy, rps, s_rps, s_rps / rps, p50, s_p50, s_p50 / p50, p90, s_p90, s_p90 / p90
+    )
+
+
+def shapes(rows: list[Row]) -> list[dict]:
+    """For each run with several policies and each column: the winner on the GPU and in the sim,
+    and by how much (the runner-up's figure over the winner's: 1.03 is a near tie)."""
+    out = []
+    for name in dict.fromkeys(r.run for r in rows):
+        mine = [r for r in rows if r.run == name]
+        if len(mine) < 2:
+            continue
+        for column, (gpu, sim, higher) in SHAPE_COLUMNS.items():
+            entry = {"run": name, "column": column}
+            for side, attr in (("gpu", gpu), ("sim", sim)):
+                ranked = sorted(mine, key=lambda r: getattr(r, attr), reverse=higher)
+                best, second = getattr(ranked[0], attr), getattr(ranked[1], attr)
+                entry[side] = ranked[0].policy
+                entry[f"{side}_margin"] = second / best if not higher else best / second
+            entry["same"] = entry["gpu"] == entry["sim"]
+            out.append(entry)
+    return out
+
+
+def _arguments() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--only", default=",".join(GPU_RUNS), help="runs, comma-separated")
+    ap.add_argument("--rounds", type=int, default=2, help="bench.ttft's rounds per run")
+    ap.add_argument("--sim-preset", default="h200-llama-1b")
+    ap.add_argument(
+        "--sim-time-scale",
+        type=float,
+        default=4.0,
+        help="every sim step this many times the GPU's (the host's own CPU time then weighs "
+        "less); results are scaled back",
+    )
+    ap.add_argument("--log-dir", type=Path, default=Path("bench/results/logs/sim_check"))
+    ap.add_argument("--out", type=Path, default=Path("bench/results/sim_check.json"))
+    args = ap.parse_args()
+    unknown = set(args.only.split(",")) - set(GPU_RUNS)
+    if unknown:
+        ap.error(f"unknown runs {', '.join(sorted(unknown))}; known: {', '.join(GPU_RUNS)}")
+    return args
+
+
+def main() -> None:
+    args = _arguments()
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.only.split(","):
+            medians = run_sim(name, args, Path(tmp) / f"{name}.json")
+            rows += [make_row(name, p, medians[p], args.sim_time_scale) for p in GPU_RUNS[name][1]]
+    print(f"the GPU's figures against the sim's medians over {args.rounds} rounds, GPU seconds:")
+    print_table(rows, COLUMNS)
+    verdicts = shapes(rows)
+    for v in verdicts:
+        print(
+            f"{v['run']:5s} {v['column']:9s}: GPU {v['gpu']} by {v['gpu_margin']:.2f}x,"
+            f" sim {v['sim']} by {v['sim_margin']:.2f}x -> {'same' if v['same'] else 'DIFFERS'}"
+        )
+    summary = {"args": args_dict(args), "rows": [asdict(r) for r in rows], "shapes": verdicts}
+    write_json(args.out, summary)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""`python -m bench.sim_check`: the GPU's end-to-end figures beside the calibrated sim's, in the
+GPU's seconds, and each column's winner on both."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.bench_runs import run_bench
+from tests.support.paths import REPO
+
+pytestmark = pytest.mark.long
+
+
+@pytest.mark.slow
+def test_sim_figures_stand_beside_the_gpus_and_each_column_names_its_winners(tmp_path: Path):
+    args = ["--only", "one-c1,hot", "--rounds", "1", "--sim-time-scale", "1"]
+    summary = run_bench("sim_check", tmp_path / "check.json", *args, "--log-dir", str(tmp_path))
+    rows = {(r["run"], r["policy"]): r for r in summary["rows"]}
+    assert set(rows) == {("one-c1", "round_robin"), ("hot", "round_robin"), ("hot", "least_loaded")}
+    # The H200's figures as gpu-figures.md gives them, the sim's measured beside them.
+    assert (rows["hot", "least_loaded"]["gpu_rps"], rows["hot", "least_loaded"]["gpu_p50_ms"]) == (
+        55.4,
+        175,
+    )
+    for r in rows.values():
+        for what in ("rps", "p50", "p90"):
+            gpu = r[f"gpu_{what}" if what == "rps" else f"gpu_{what}_ms"]
+            sim = r[f"sim_{what}" if what == "rps" else f"sim_{what}_ms"]
+            assert sim > 0 and r[f"{what}_ratio"] == pytest.approx(sim / gpu)
+    # One worker at one stream: the sim's first token within a factor of the GPU's (the fit holds
+    # its request time to 9%, and at one stream nothing queues).
+    assert 0.5 < rows["one-c1", "round_robin"]["p50_ratio"] < 1.5
+    # Every column of the hot run: the GPU's winner (least_loaded in all three), the sim's, and
+    # the runner-up's margin over each.
+    verdicts = {v["column"]: v for v in summary["shapes"]}
+    assert set(verdicts) == {"req/s", "TTFT p50", "TTFT p90"}
+    for v in verdicts.values():
+        assert v["run"] == "hot" and v["gpu"] == "least_loaded"
+        assert v["sim"] in ("round_robin", "least_loaded")
+        assert v["same"] == (v["sim"] == "least_loaded")
+        assert v["gpu_margin"] >= 1 and v["sim_margin"] >= 1
+
+
+def test_an_unknown_run_is_refused_with_the_known_ones():
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.sim_check", "--only", "hot,cold"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "unknown runs cold; known: one-c1, one-c4, one-c16, hot, docs" in proc.stderr
