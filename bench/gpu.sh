@@ -14,6 +14,10 @@
 #                              # tests on CUDA, bench.async_mix (issue 35's closed loop, engine
 #                              # alone) off vs on, then bench.ttft's hot workload on 1 worker at
 #                              # concurrency 1 and 16, off vs on (issue 35's c16 >= 6x c1)
+#   bash bench/gpu.sh routing  # issue 36 on the GPU: 4 llama-1b workers, the hot prefixes and
+#                              # the docs' workload, every policy, 3 rounds rotated (about 6
+#                              # minutes); `ROUTING_ONE=1` adds one worker at 1, 4 and 16 streams
+#                              # (the first-token figures bench.sim_check sets the sim beside)
 #   bash bench/gpu.sh hosttier # the host KV tier: its engine tests on CUDA (pinned copies, side
 #                              # stream), then bench.host_tier at 2,048 and 8,000 tokens: a host-tier
 #                              # hit's TTFT against cold and a GPU-tier hit (issue 40: <= 0.4x cold)
@@ -21,7 +25,7 @@
 # Wheels the host lacks (msgspec for the engine; fastapi, uvicorn, pyzmq, openai, ... for `ttft`)
 # are installed from .whl/ when it is there. Results go to $OUT (default /tmp/out).
 set -euo pipefail
-MODE=${1:?usage: bash bench/gpu.sh tests|engine|memory|ttft|fused|async|asyncmix|hosttier}
+MODE=${1:?usage: bash bench/gpu.sh tests|engine|memory|ttft|routing|fused|async|asyncmix|hosttier}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -48,6 +52,24 @@ case "$MODE" in
     python3 -m bench.ttft --model llama-1b --device cuda --dtype bfloat16 --workers 4 \
       --num-blocks 700 --tenants 12 --concurrency 8 --log-dir "$OUT/ttft-logs" \
       --out "$OUT/ttft-gpu.json" 2>&1 | tee "$OUT/ttft-gpu.log"
+    ;;
+  routing)
+    # The workloads of bench.sim_check's GPU_RUNS (the figures the sim is held to), today's tree.
+    gpu=(--model llama-1b --device cuda --dtype bfloat16)
+    python3 -m bench.ttft "${gpu[@]}" --workers 4 --num-blocks 700 --tenants 2 \
+      --users-per-tenant 16 --concurrency 16 --seed 5 --rounds 3 --log-dir "$OUT/routing-logs" \
+      --out "$OUT/routing-hot.json" 2>&1 | tee "$OUT/routing-hot.log"
+    python3 -m bench.ttft "${gpu[@]}" --workers 4 --num-blocks 700 --tenants 12 \
+      --concurrency 8 --policies round_robin,least_loaded,cache_aware --rounds 3 \
+      --log-dir "$OUT/routing-logs" --out "$OUT/routing-docs.json" 2>&1 | tee "$OUT/routing-docs.log"
+    if [ "${ROUTING_ONE:-0}" = 1 ]; then
+      for c in 1 4 16; do
+        python3 -m bench.ttft "${gpu[@]}" --workers 1 --num-blocks 2000 --tenants 2 \
+          --users-per-tenant 16 --policies round_robin --seed 5 --rounds 1 --concurrency "$c" \
+          --log-dir "$OUT/routing-logs" --out "$OUT/routing-one-c$c.json" 2>&1 \
+          | tee "$OUT/routing-one-c$c.log"
+      done
+    fi
     ;;
   fused)
     # A failing kernel test is reported but does not cancel the measurement (device time is scarce).
