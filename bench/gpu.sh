@@ -15,9 +15,9 @@
 #                              # alone) off vs on, then bench.ttft's hot workload on 1 worker at
 #                              # concurrency 1 and 16, off vs on (issue 35's c16 >= 6x c1)
 #   bash bench/gpu.sh routing  # issue 36 on the GPU: 4 llama-1b workers, the hot prefixes and
-#                              # the docs' workload, every policy, 3 rounds rotated (about 6
-#                              # minutes); `ROUTING_ONE=1` adds one worker at 1, 4 and 16 streams
-#                              # (the first-token figures bench.sim_check sets the sim beside)
+#                              # the docs' workload, every policy, 3 rounds rotated (its time on
+#                              # a GPU not yet measured); `ROUTING_ONE=1` adds one worker at 1, 4
+#                              # and 16 streams (the figures bench.sim_check sets the sim beside)
 #   bash bench/gpu.sh hosttier # the host KV tier: its engine tests on CUDA (pinned copies, side
 #                              # stream), then bench.host_tier at 2,048 and 8,000 tokens: a host-tier
 #                              # hit's TTFT against cold and a GPU-tier hit (issue 40: <= 0.4x cold)
