@@ -11,8 +11,14 @@ the sim's times divided by `--sim-time-scale` and its requests/s multiplied by i
 in the GPU's seconds. A routing criterion judged in the sim is only as good as the sim's shape
 in that column.
 
-    python -m bench.sim_check                    # about 6 min; bench/results/sim_check.json
+    python -m bench.sim_check                    # about 7 min; bench/results/sim_check.json
     python -m bench.sim_check --only hot,docs --rounds 3
+    python -m bench.sim_check --gpu-results /tmp/out   # against a `bash bench/gpu.sh routing` run
+
+With `--gpu-results DIR` (what `bash bench/gpu.sh routing` wrote, ROUTING_ONE=1 for the one
+worker's runs) a run whose JSON is there is held to that run's medians, every policy it ran
+(cache_aware too: today's router on the GPU against itself in the sim); the others keep
+gpu-figures.md's.
 """
 
 from __future__ import annotations
@@ -40,6 +46,15 @@ GPU_RUNS: dict[str, tuple[str, dict[str, tuple[float, float, float]]]] = {
     "hot": (HOT, {"round_robin": (54.2, 181, 274), "least_loaded": (55.4, 175, 251)}),
     "docs": (DOCS, {"round_robin": (25.6, 144, 274), "least_loaded": (26.4, 180, 258)}),
 }
+# What `bash bench/gpu.sh routing` names each run's bench.ttft JSON.
+GPU_FILES = {
+    "one-c1": "routing-one-c1.json",
+    "one-c4": "routing-one-c4.json",
+    "one-c16": "routing-one-c16.json",
+    "hot": "routing-hot.json",
+    "docs": "routing-docs.json",
+}
+Figures = dict[str, tuple[float, float, float]]  # policy -> (req/s, TTFT p50 ms, TTFT p90 ms)
 
 
 @dataclass(slots=True)
@@ -66,11 +81,23 @@ SHAPE_COLUMNS = {
 }
 
 
-def run_sim(name: str, args: argparse.Namespace, out: Path) -> dict[str, dict]:
-    """One GPU run's workload in the sim under its policies: bench.ttft's medians by policy."""
-    workload, figures = GPU_RUNS[name]
+def gpu_figures(name: str, results: Path | None) -> tuple[Figures, str]:
+    """A run's GPU figures and where they come from: the medians of its JSON in `results`
+    (a `bash bench/gpu.sh routing` run) when there is one, else gpu-figures.md's."""
+    path = results / GPU_FILES[name] if results is not None else None
+    if path is None or not path.exists():
+        return GPU_RUNS[name][1], "gpu-figures.md"
+    medians = json.loads(path.read_text())["medians"]
+    return {
+        m["policy"]: (m["requests_per_s"], m["ttft_p50_ms"], m["ttft_p90_ms"]) for m in medians
+    }, str(path)
+
+
+def run_sim(name: str, policies: list[str], args: argparse.Namespace, out: Path) -> dict[str, dict]:
+    """One GPU run's workload in the sim under `policies`: bench.ttft's medians by policy."""
+    workload = GPU_RUNS[name][0]
     cmd = [sys.executable, "-m", "bench.ttft", "--engine", "sim", *workload.split()]
-    cmd += ["--policies", ",".join(figures), "--rounds", str(args.rounds)]
+    cmd += ["--policies", ",".join(policies), "--rounds", str(args.rounds)]
     cmd += ["--sim-preset", args.sim_preset, "--sim-server-scale", "1"]
     cmd += ["--sim-time-scale", str(args.sim_time_scale), "--out", str(out)]
     cmd += ["--log-dir", str(args.log_dir / name)]
@@ -79,9 +106,9 @@ def run_sim(name: str, args: argparse.Namespace, out: Path) -> dict[str, dict]:
     return {m["policy"]: m for m in json.loads(out.read_text())["medians"]}
 
 
-def make_row(name: str, policy: str, sim: dict, scale: float) -> Row:
+def make_row(name: str, policy: str, gpu: Figures, sim: dict, scale: float) -> Row:
     """The GPU's figure and the sim's medians, in the GPU's seconds."""
-    rps, p50, p90 = GPU_RUNS[name][1][policy]
+    rps, p50, p90 = gpu[policy]
     s_rps = sim["requests_per_s"] * scale
     s_p50, s_p90 = sim["ttft_p50_ms"] / scale, sim["ttft_p90_ms"] / scale
     return Row(
@@ -121,6 +148,11 @@ def _arguments() -> argparse.Namespace:
         help="every sim step this many times the GPU's (the host's own CPU time then weighs "
         "less); results are scaled back",
     )
+    ap.add_argument(
+        "--gpu-results",
+        type=Path,
+        help="a `bash bench/gpu.sh routing` run's $OUT: its runs' medians are the GPU figures",
+    )
     ap.add_argument("--log-dir", type=Path, default=Path("bench/results/logs/sim_check"))
     ap.add_argument("--out", type=Path, default=Path("bench/results/sim_check.json"))
     args = ap.parse_args()
@@ -133,10 +165,14 @@ def _arguments() -> argparse.Namespace:
 def main() -> None:
     args = _arguments()
     rows: list[Row] = []
+    sources: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.only.split(","):
-            medians = run_sim(name, args, Path(tmp) / f"{name}.json")
-            rows += [make_row(name, p, medians[p], args.sim_time_scale) for p in GPU_RUNS[name][1]]
+            gpu, source = gpu_figures(name, args.gpu_results)
+            print(f"{name}: the GPU's figures from {source}", flush=True)
+            medians = run_sim(name, list(gpu), args, Path(tmp) / f"{name}.json")
+            rows += [make_row(name, p, gpu, medians[p], args.sim_time_scale) for p in gpu]
+            sources[name] = source
     print(f"the GPU's figures against the sim's medians over {args.rounds} rounds, GPU seconds:")
     print_table(rows, COLUMNS)
     verdicts = shapes(rows)
@@ -145,7 +181,12 @@ def main() -> None:
             f"{v['run']:5s} {v['column']:9s}: GPU {v['gpu']} by {v['gpu_margin']:.2f}x,"
             f" sim {v['sim']} by {v['sim_margin']:.2f}x -> {'same' if v['same'] else 'DIFFERS'}"
         )
-    summary = {"args": args_dict(args), "rows": [asdict(r) for r in rows], "shapes": verdicts}
+    summary = {
+        "args": args_dict(args),
+        "gpu_sources": sources,
+        "rows": [asdict(r) for r in rows],
+        "shapes": verdicts,
+    }
     write_json(args.out, summary)
 
 

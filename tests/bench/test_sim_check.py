@@ -58,3 +58,33 @@ def test_an_unknown_run_is_refused_with_the_known_ones():
     )
     assert proc.returncode == 2
     assert "unknown runs cold; known: one-c1, one-c4, one-c16, hot, docs" in proc.stderr
+
+
+@pytest.mark.slow
+def test_a_gpu_runs_results_replace_the_reference_figures_policy_by_policy(tmp_path: Path):
+    # What `bash bench/gpu.sh routing` leaves in $OUT is bench.ttft's JSON: one written here by
+    # a small bench.ttft run stands in for the device's (the format, not the figures, is tested).
+    results = tmp_path / "out"
+    small = "--users-per-tenant 2 --tenants 2 --turns 2 --system-words 300 --concurrency 2"
+    ttft = ["--engine", "sim", "--workers", "2", "--rounds", "1", *small.split()]
+    ttft += ["--policies", "round_robin,cache_aware", "--log-dir", str(tmp_path / "ttft")]
+    device = run_bench("ttft", results / "routing-hot.json", *ttft)
+    args = ["--only", "one-c1,hot", "--rounds", "1", "--sim-time-scale", "2"]
+    args += ["--gpu-results", str(results), "--log-dir", str(tmp_path / "check")]
+    summary = run_bench("sim_check", tmp_path / "check.json", *args)
+    assert summary["gpu_sources"] == {
+        "one-c1": "gpu-figures.md",  # no routing-one-c1.json there
+        "hot": str(results / "routing-hot.json"),
+    }
+    rows = {(r["run"], r["policy"]): r for r in summary["rows"]}
+    assert set(rows) == {("one-c1", "round_robin"), ("hot", "round_robin"), ("hot", "cache_aware")}
+    for m in device["medians"]:
+        row = rows["hot", m["policy"]]
+        assert (row["gpu_rps"], row["gpu_p50_ms"], row["gpu_p90_ms"]) == (
+            m["requests_per_s"],
+            m["ttft_p50_ms"],
+            m["ttft_p90_ms"],
+        )
+        assert row["sim_rps"] > 0 and row["sim_p50_ms"] > 0  # the sim ran cache_aware too
+    assert rows["one-c1", "round_robin"]["gpu_p50_ms"] == 58
+    assert {v["column"] for v in summary["shapes"]} == {"req/s", "TTFT p50", "TTFT p90"}
