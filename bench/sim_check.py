@@ -46,14 +46,6 @@ GPU_RUNS: dict[str, tuple[str, dict[str, tuple[float, float, float]]]] = {
     "hot": (HOT, {"round_robin": (54.2, 181, 274), "least_loaded": (55.4, 175, 251)}),
     "docs": (DOCS, {"round_robin": (25.6, 144, 274), "least_loaded": (26.4, 180, 258)}),
 }
-# What `bash bench/gpu.sh routing` names each run's bench.ttft JSON.
-GPU_FILES = {
-    "one-c1": "routing-one-c1.json",
-    "one-c4": "routing-one-c4.json",
-    "one-c16": "routing-one-c16.json",
-    "hot": "routing-hot.json",
-    "docs": "routing-docs.json",
-}
 Figures = dict[str, tuple[float, float, float]]  # policy -> (req/s, TTFT p50 ms, TTFT p90 ms)
 
 
@@ -84,7 +76,8 @@ SHAPE_COLUMNS = {
 def gpu_figures(name: str, results: Path | None) -> tuple[Figures, str]:
     """A run's GPU figures and where they come from: the medians of its JSON in `results`
     (a `bash bench/gpu.sh routing` run) when there is one, else gpu-figures.md's."""
-    path = results / GPU_FILES[name] if results is not None else None
+    # `bash bench/gpu.sh routing` names each run's bench.ttft JSON routing-<run>.json.
+    path = results / f"routing-{name}.json" if results is not None else None
     if path is None or not path.exists():
         return GPU_RUNS[name][1], "gpu-figures.md"
     medians = json.loads(path.read_text())["medians"]
