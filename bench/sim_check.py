@@ -9,7 +9,9 @@ hot prefixes and on the docs' workload under round_robin and least_loaded), with
 server's cost as measured (`--sim-server-scale 1`), and prints each figure next to the sim's:
 the sim's times divided by `--sim-time-scale` and its requests/s multiplied by it, so both are
 in the GPU's seconds. A routing criterion judged in the sim is only as good as the sim's shape
-in that column.
+in that column. Then where each run's mean first token goes in the sim (the gateway and HTTP,
+the worker outside its engine, the engine's queue and prefill: bench/lib/first_token.py), and
+the GPU run's beside it where `--gpu-results` has it: which part the sim gets wrong.
 
     python -m bench.sim_check                    # about 7 min; bench/results/sim_check.json
     python -m bench.sim_check --only hot,docs --rounds 3
@@ -86,8 +88,43 @@ def gpu_figures(name: str, results: Path | None) -> tuple[Figures, str]:
     }, str(path)
 
 
+@dataclass(slots=True)
+class PartsRow:
+    """A run's mean first token in parts (bench/lib/first_token.py), in the GPU's seconds."""
+
+    run: str = col("run", 8, left=True)
+    policy: str = col("policy", 13, left=True)
+    side: str = col("on", 4, left=True)
+    client_ms: float = col("client", 9, ".0f", "ms")
+    to_worker_ms: float | None = col("to worker", 11, ".0f", "ms")
+    to_engine_ms: float | None = col("to engine", 11, ".0f", "ms")
+    queue_ms: float | None = col("engine queue", 14, ".0f", "ms")
+    prefill_ms: float | None = col("engine prefill", 16, ".0f", "ms")
+
+
+PARTS_COLUMNS = columns(PartsRow)
+PARTS = ("client_ms", "to_worker_ms", "to_engine_ms", "queue_ms", "prefill_ms")
+
+
+def parts_rows(name: str, side: str, path: Path, scale: float = 1.0) -> list[PartsRow]:
+    """A bench.ttft JSON's median parts per policy (none from a JSON without them), divided by
+    `scale` (the sim's time scale)."""
+    medians = json.loads(path.read_text()).get("first_token_parts", [])
+    return [
+        PartsRow(
+            name,
+            p["policy"],
+            side,
+            *(None if p[k] is None else p[k] / scale for k in PARTS),
+        )
+        for p in medians
+        if p["round"] == -1
+    ]
+
+
 def run_sim(name: str, policies: list[str], args: argparse.Namespace, out: Path) -> dict[str, dict]:
-    """One GPU run's workload in the sim under `policies`: bench.ttft's medians by policy."""
+    """One GPU run's workload in the sim under `policies`: bench.ttft's medians by policy (its
+    JSON left at `out`)."""
     workload = GPU_RUNS[name][0]
     cmd = [sys.executable, "-m", "bench.ttft", "--engine", "sim", *workload.split()]
     cmd += ["--policies", ",".join(policies), "--rounds", str(args.rounds)]
@@ -158,14 +195,19 @@ def _arguments() -> argparse.Namespace:
 def main() -> None:
     args = _arguments()
     rows: list[Row] = []
+    parts: list[PartsRow] = []
     sources: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.only.split(","):
             gpu, source = gpu_figures(name, args.gpu_results)
             print(f"{name}: the GPU's figures from {source}", flush=True)
-            medians = run_sim(name, list(gpu), args, Path(tmp) / f"{name}.json")
+            out = Path(tmp) / f"{name}.json"
+            medians = run_sim(name, list(gpu), args, out)
             rows += [make_row(name, p, gpu, medians[p], args.sim_time_scale) for p in gpu]
             sources[name] = source
+            if source != "gpu-figures.md":
+                parts += parts_rows(name, "GPU", Path(source))
+            parts += parts_rows(name, "sim", out, args.sim_time_scale)
     print(f"the GPU's figures against the sim's medians over {args.rounds} rounds, GPU seconds:")
     print_table(rows, COLUMNS)
     verdicts = shapes(rows)
@@ -174,11 +216,14 @@ def main() -> None:
             f"{v['run']:5s} {v['column']:9s}: GPU {v['gpu']} by {v['gpu_margin']:.2f}x,"
             f" sim {v['sim']} by {v['sim_margin']:.2f}x -> {'same' if v['same'] else 'DIFFERS'}"
         )
+    print("where the mean first token's time goes (medians of the runs' means), GPU seconds:")
+    print_table(parts, PARTS_COLUMNS)
     summary = {
         "args": args_dict(args),
         "gpu_sources": sources,
         "rows": [asdict(r) for r in rows],
         "shapes": verdicts,
+        "first_token_parts": [asdict(p) for p in parts],
     }
     write_json(args.out, summary)
 

@@ -11,7 +11,9 @@ run's concurrency, and the gateway serves more of them round robin (bench/lib/ro
 shapes, so no policy pays the workers' warm-up, and the gateway's latency models have timed
 every worker, as a gateway that has been serving has); then
 `--rounds` rounds (2 by default), each with the policy order turned by one place, every round
-printed and, at the end, each policy's medians over the rounds.
+printed and, at the end, each policy's medians over the rounds, and where each run's mean first
+token went: the gateway and HTTP, the worker's host, the engine's queue and prefill
+(bench/lib/first_token.py, from the workers' own histograms).
 
     python -m bench.ttft                             # table + bench/results/ttft.json
     python -m bench.ttft --workers 2 --policies cache_aware,round_robin,least_loaded
@@ -43,6 +45,7 @@ import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from bench.lib.first_token import PARTS_COLUMNS, Parts, first_token_parts
 from bench.lib.report import args_dict, col, columns, percentile, print_table, write_json
 from bench.lib.rounds import medians, rotated, warm_up
 from bench.lib.runs import Measured, add_workload_args, drive_policy, records, workload_spec
@@ -152,9 +155,10 @@ def make_cluster(args: argparse.Namespace, model: str) -> Cluster:
     return Cluster(spec)
 
 
-def run(args: argparse.Namespace) -> tuple[list[Row], list[dict]]:
-    """Every policy on the same trace, `--rounds` times in turn on one cluster; the rows, and
-    every request answered (`records`), in the order sent within each run."""
+def run(args: argparse.Namespace) -> tuple[list[Row], list[Parts], list[dict]]:
+    """Every policy on the same trace, `--rounds` times in turn on one cluster; the rows, each
+    run's mean first token in parts, and every request answered (`records`), in the order sent
+    within each run."""
     sim = args.engine == "sim"
     model = "demo" if sim else resolve_model(args.model, args.models_dir, args.device)
     images = {} if is_multimodal(model, args.engine) else {"image_prob": 0.0}
@@ -162,6 +166,7 @@ def run(args: argparse.Namespace) -> tuple[list[Row], list[dict]]:
         workload_spec(args, args.tenants, max_tokens=args.max_tokens, **images)  # type: ignore[arg-type]
     )
     rows: list[Row] = []
+    parts: list[Parts] = []
     answered: list[dict] = []
     with make_cluster(args, model) as c:
         failed = warm_up(c.gateway_url, c.worker_urls, workload, args.concurrency)
@@ -176,8 +181,9 @@ def run(args: argparse.Namespace) -> tuple[list[Row], list[dict]]:
                 )
                 rows.append(make_row(policy, m, round_))
                 print_table(rows[-1:], COLUMNS, header=len(rows) == 1)
+                parts.append(first_token_parts(policy, m, round_))
                 answered += records(m, policy, round_)
-    return rows, answered
+    return rows, parts, answered
 
 
 def ratios(rows: list[Row], base: str = "round_robin") -> dict[str, dict[str, float]]:
@@ -271,11 +277,13 @@ def _pass_through(ap: argparse.ArgumentParser) -> None:
 def main() -> None:
     args = _arguments()
     args.num_blocks = args.num_blocks or None
-    rows, answered = run(args)
+    rows, parts, answered = run(args)
     missed = [a for a in answered if a["predicted"] != a["reported"]]
     middle = medians(rows)
     print(f"medians over {args.rounds} rounds (run -1):")
     print_table(middle, COLUMNS)
+    print("where the mean first token's time goes (bench/lib/first_token.py), medians last:")
+    print_table([*parts, *medians(parts)], PARTS_COLUMNS)
     rel = [ratios([r for r in rows if r.round == k]) for k in range(args.rounds)]
     for k, per_round in enumerate(rel):
         for policy, entry in per_round.items():
@@ -287,6 +295,7 @@ def main() -> None:
         "args": args_dict(args),
         "results": [asdict(r) for r in rows],
         "medians": [asdict(r) for r in middle],
+        "first_token_parts": [asdict(p) for p in [*parts, *medians(parts)]],
         "medians_vs_round_robin": ratios(middle),
         "vs_round_robin": rel,
         "mismatches": missed,

@@ -21,6 +21,13 @@ _SAMPLES = {
     "vllm:generation_tokens_total": "generation_tokens",
     # A KV connector's hits past the GPU's: vLLM's offloading connector's and kvgate's host tier.
     "vllm:external_prefix_cache_hits_total": "host_hit_tokens",
+    # A first token's time at the worker (`first_token_parts`): the worker's TTFT from its HTTP
+    # server's arrival, and the engine's intervals within it, as vLLM names them.
+    "vllm:time_to_first_token_seconds_sum": "ttft_seconds",
+    "vllm:time_to_first_token_seconds_count": "first_tokens",
+    "vllm:request_queue_time_seconds_sum": "queue_seconds",
+    "vllm:request_prefill_time_seconds_sum": "prefill_seconds",
+    "vllm:request_prefill_time_seconds_count": "admitted",
 }
 
 
@@ -32,6 +39,11 @@ class WorkerCounters:
     prompt_tokens: float = 0.0
     generation_tokens: float = 0.0
     host_hit_tokens: float = 0.0
+    ttft_seconds: float = 0.0
+    first_tokens: float = 0.0
+    queue_seconds: float = 0.0
+    prefill_seconds: float = 0.0
+    admitted: float = 0.0
 
     def minus(self, before: WorkerCounters) -> WorkerCounters:
         return WorkerCounters(
@@ -63,6 +75,39 @@ def hit_rate(per_worker: dict[str, WorkerCounters]) -> float:
     """Prefix-cache hit tokens / looked-up tokens, summed over the workers."""
     queried = sum(c.queried_tokens for c in per_worker.values())
     return sum(c.hit_tokens for c in per_worker.values()) / queried if queried else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class FirstTokenParts:
+    """Mean seconds of a first token at the workers: their TTFT (from the HTTP server's arrival
+    to the first token out) and the engine's two intervals within it. What is left, `to_engine`,
+    is the worker's time outside the engine: rendering, tokenizing, the way to the engine core
+    and back, and the wait for the core to take the request in (between its steps)."""
+
+    worker: float
+    queue: float  # the engine's arrival to the request's admission to the running batch
+    prefill: float  # admission to its first token
+
+    @property
+    def to_engine(self) -> float:
+        return self.worker - self.queue - self.prefill
+
+
+def first_token_parts(per_worker: dict[str, WorkerCounters]) -> FirstTokenParts | None:
+    """The mean parts over every worker's requests; None where the workers timed none."""
+    firsts = sum(c.first_tokens for c in per_worker.values())
+    admitted = sum(c.admitted for c in per_worker.values())
+    if not firsts or not admitted:
+        return None
+    total = {
+        f: sum(getattr(c, f) for c in per_worker.values())
+        for f in ("ttft_seconds", "queue_seconds", "prefill_seconds")
+    }
+    return FirstTokenParts(
+        worker=total["ttft_seconds"] / firsts,
+        queue=total["queue_seconds"] / admitted,
+        prefill=total["prefill_seconds"] / admitted,
+    )
 
 
 def max_over_mean(counts: list[float]) -> float:

@@ -88,3 +88,20 @@ def test_a_gpu_runs_results_replace_the_reference_figures_policy_by_policy(tmp_p
         assert row["sim_rps"] > 0 and row["sim_p50_ms"] > 0  # the sim ran cache_aware too
     assert rows["one-c1", "round_robin"]["gpu_p50_ms"] == 58
     assert {v["column"] for v in summary["shapes"]} == {"req/s", "TTFT p50", "TTFT p90"}
+    # Where the first tokens' time went: the device's run as its JSON gives it, the sim's of
+    # every run beside it in the GPU's seconds.
+    parts = {(p["run"], p["policy"], p["side"]): p for p in summary["first_token_parts"]}
+    assert set(parts) == {
+        ("one-c1", "round_robin", "sim"),
+        *(
+            ("hot", policy, side)
+            for policy in ("round_robin", "cache_aware")
+            for side in ("GPU", "sim")
+        ),
+    }
+    for m in (p for p in device["first_token_parts"] if p["round"] == -1):
+        row = parts["hot", m["policy"], "GPU"]
+        assert [row[k] for k in ("client_ms", "to_engine_ms", "prefill_ms")] == [
+            m[k] for k in ("client_ms", "to_engine_ms", "prefill_ms")
+        ]
+    assert all(p["client_ms"] > 0 and p["prefill_ms"] > 0 for p in parts.values())

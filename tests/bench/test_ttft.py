@@ -1,6 +1,7 @@
 """`python -m bench.ttft --engine sim` on a small workload: every worker is warmed before the
 first measured policy, each round turns the policy order by one place, every round is reported,
-the medians over the rounds come last, and every request is written out."""
+the medians over the rounds come last, every request is written out, and each run's mean first
+token is split into where its time went."""
 
 from __future__ import annotations
 
@@ -45,3 +46,18 @@ def test_ttft_sim_rounds_are_warmed_rotated_and_reported(tmp_path: Path):
         assert all(0 < a["ttft_s"] <= a["latency_s"] and a["replica"] for a in run)
     missed = [a for a in answered if a["predicted"] != a["reported"]]
     assert summary["mismatches"] == missed
+    # Each run's mean first token in parts, from the client's timing and the workers' own
+    # histograms: the client's is its requests' mean, each part is time spent (none negative:
+    # each clock's interval lies within the one outside it), and the parts add up to it.
+    parts = summary["first_token_parts"]
+    assert [(p["round"], p["policy"]) for p in parts] == [
+        *((r["round"], r["policy"]) for r in rows),
+        (-1, "cache_aware"),
+        (-1, "round_robin"),
+    ]
+    for k, p in enumerate(parts[:4]):
+        mean = statistics.fmean(a["ttft_s"] for a in answered[8 * k : 8 * (k + 1)]) * 1e3
+        assert p["client_ms"] == pytest.approx(mean, abs=0.1)
+        pieces = [p[f] for f in ("to_worker_ms", "to_engine_ms", "queue_ms", "prefill_ms")]
+        assert min(pieces) >= 0 and p["prefill_ms"] > 0
+        assert sum(pieces) == pytest.approx(p["client_ms"], abs=0.3)

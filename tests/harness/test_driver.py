@@ -36,6 +36,12 @@ def test_streaming_driver_measures_ttft_and_cached_tokens(tmp_path: Path):
     assert counters.requests == 2
     assert counters.hit_tokens == second.cached_tokens
     assert counters.prompt_tokens == first.prompt_tokens + second.prompt_tokens
+    # The worker timed both first tokens, and the engine's intervals of each lie within them.
+    assert counters.first_tokens == counters.admitted == 2
+    parts = wm.first_token_parts(per)
+    assert parts is not None and parts.queue >= 0 and parts.prefill > 0 and parts.to_engine >= 0
+    assert parts.worker <= (first.ttft_s + second.ttft_s) / 2
+    assert wm.first_token_parts({}) is None
 
 
 def test_side_by_side_driver_serves_every_turn_to_each_worker(tmp_path: Path):

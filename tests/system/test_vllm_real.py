@@ -17,6 +17,7 @@ import pytest
 from cachekey.assets import ModelAssets
 from cachekey.render import Renderer
 from gateway.names import replica_name
+from harness import worker_metrics as wm
 from harness.ports import free_port
 from harness.prom import metric_by_labels, metric_total
 from harness.vllm_server import replica_ids, reset_prefix_cache
@@ -58,18 +59,29 @@ def hit_rate(answers: list[Answer]) -> float:
 def test_multimodal_trace_is_predicted_exactly_and_cache_aware_hits_more(vllm_fleet):
     """Two servers (three engines: one plus two data-parallel ranks), a multi-tenant trace whose
     turns repeat images across tenants: every prediction exact under both policies, and
-    cache_aware's hit rate above round_robin's on the same trace."""
+    cache_aware's hit rate above round_robin's on the same trace. vLLM's own histograms time
+    every first token, in the parts bench.ttft reports (harness/worker_metrics.py)."""
     fleet = vllm_fleet
     servers = [fleet.a, fleet.dp]
     spec = WorkloadSpec(tenants=4, users_per_tenant=2, turns=3, system_words=500, image_prob=0.4)
     workload = Workload(spec)
     assert sum(len(t.content) > 1 for t in workload) >= 6  # images, some repeated
     gw = start_gateway(fleet, servers, fleet.demo_dir, "gw-trace")
+    urls = [s.url for s in servers]
     try:
+        before = wm.scrape_all(urls)
         runs = {p: run_trace(gw, servers, workload, p) for p in ("cache_aware", "round_robin")}
+        per_server = wm.deltas(before, wm.scrape_all(urls))
         assert metric_total(gw.url, "kvgate_event_errors_total") == 0
     finally:
         gw.kill()
+    # The trace's requests and, before each policy's run, reset_caches' one-token request to
+    # each engine.
+    asked = sum(len(a) for a in runs.values()) + len(runs) * sum(s.ranks for s in servers)
+    assert sum(c.first_tokens for c in per_server.values()) == asked
+    assert sum(c.admitted for c in per_server.values()) == asked
+    parts = wm.first_token_parts(per_server)
+    assert parts is not None and parts.queue >= 0 and parts.prefill > 0 and parts.to_engine >= 0
     for answers in runs.values():
         assert_exact(answers)
     used = {a.replica for a in runs["round_robin"]}
