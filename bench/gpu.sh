@@ -19,7 +19,9 @@
 #                              # a GPU not yet measured); `ROUTING_ONE=1` adds one worker at 1, 4
 #                              # and 16 streams; `python -m bench.sim_check --gpu-results $OUT`
 #                              # then sets the sim beside these figures, and where each run's
-#                              # first tokens went beside the sim's (the workers' histograms)
+#                              # first tokens went beside the sim's (the workers' histograms);
+#                              # `python -m bench.sim_refit --gpu-results $OUT` refits the sim's
+#                              # worker-server cost to today's worker
 #   bash bench/gpu.sh hosttier # the host KV tier: its engine tests on CUDA (pinned copies, side
 #                              # stream), then bench.host_tier at 2,048 and 8,000 tokens: a host-tier
 #                              # hit's TTFT against cold and a GPU-tier hit (issue 40: <= 0.4x cold)

@@ -105,3 +105,13 @@ def test_a_gpu_runs_results_replace_the_reference_figures_policy_by_policy(tmp_p
             m[k] for k in ("client_ms", "to_engine_ms", "prefill_ms")
         ]
     assert all(p["client_ms"] > 0 and p["prefill_ms"] > 0 for p in parts.values())
+    # bench.sim_refit reads the same JSON: its one evenly spread median (round_robin, 2 streams
+    # over 2 workers) is one server figure, too few to fit three terms.
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.sim_refit", "--gpu-results", str(results)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 1 and "1 server figures in" in proc.stderr, proc.stderr
