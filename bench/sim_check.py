@@ -129,6 +129,7 @@ def run_sim(name: str, policies: list[str], args: argparse.Namespace, out: Path)
     cmd = [sys.executable, "-m", "bench.ttft", "--engine", "sim", *workload.split()]
     cmd += ["--policies", ",".join(policies), "--rounds", str(args.rounds)]
     cmd += ["--sim-preset", args.sim_preset, "--sim-server-scale", "1"]
+    cmd += [f"--worker-arg=--sim-server-model={args.sim_server_model}"]
     cmd += ["--sim-time-scale", str(args.sim_time_scale), "--out", str(out)]
     cmd += ["--log-dir", str(args.log_dir / name)]
     print(f"{name}: {' '.join(cmd[3:])}", flush=True)
@@ -177,6 +178,12 @@ def _arguments() -> argparse.Namespace:
         default=4.0,
         help="every sim step this many times the GPU's (the host's own CPU time then weighs "
         "less); results are scaled back",
+    )
+    ap.add_argument(
+        "--sim-server-model",
+        choices=("step", "apart"),
+        default="step",
+        help="where the sim worker charges its server's cost (the worker's flag)",
     )
     ap.add_argument(
         "--gpu-results",

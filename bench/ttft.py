@@ -146,7 +146,7 @@ def make_cluster(args: argparse.Namespace, model: str) -> Cluster:
     if args.engine == "sim":
         spec.worker_args = ["--sim-preset", args.sim_preset]
         spec.worker_args += ["--sim-server-scale", str(args.sim_server_scale)]
-        spec.worker_args += ["--sim-time-scale", str(args.sim_time_scale)]
+        spec.worker_args += ["--sim-time-scale", str(args.sim_time_scale), *args.worker_arg]
         return Cluster(spec)
     spec.worker_args = ["--device", args.device, "--dtype", args.dtype]
     if args.gpu_memory_utilization is not None:
@@ -269,8 +269,8 @@ def _pass_through(ap: argparse.ArgumentParser) -> None:
         "--worker-arg",
         action="append",
         default=[],
-        help="one more argument for every torch worker (repeat it), e.g. "
-        "--worker-arg=--async-scheduling",
+        help="one more argument for every torch or sim worker (repeat it), e.g. "
+        "--worker-arg=--async-scheduling, --worker-arg=--sim-server-model=apart",
     )
 
 

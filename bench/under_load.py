@@ -94,6 +94,7 @@ def sim_args(args: argparse.Namespace) -> tuple[str, ...]:
     if not args.sim_preset:
         return SIM_COST
     scales = ("--sim-server-scale", str(args.sim_server_scale))
+    scales += ("--sim-server-model", args.sim_server_model)
     return ("--sim-preset", args.sim_preset, *scales, "--sim-time-scale", str(args.sim_time_scale))
 
 
@@ -172,6 +173,10 @@ def main() -> None:
     ap.add_argument(
         "--sim-server-scale", type=float, default=1.0,
         help="with --sim-preset: share of the worker server's own measured cost (0: none)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--sim-server-model", choices=("step", "apart"), default="step",
+        help="with --sim-preset: where the worker server's cost goes (the worker's flag)",
     )  # fmt: skip
     ap.add_argument(
         "--sim-time-scale", type=float, default=1.0,

@@ -12,6 +12,7 @@ from kvgate_cli.flags import format_size, option, parse_size
 from worker.engine.sim_presets import preset
 
 _ENGINES = ("torch", "sim")
+SIM_SERVER_MODELS = ("step", "apart")
 _DEVICES = ("auto", "cpu", "cuda")
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _MM_MATCH_RULES: tuple[str, ...] = get_args(MMMatchRule)
@@ -158,6 +159,15 @@ class EngineConfig:
         "with --sim-preset: the share of the measured worker server's own cost per request "
         "it charges (0: a worker with none)",
     )
+    sim_server_model: str = option(
+        "step",
+        "with --sim-preset: where the worker server's own cost goes. step: all of it in the "
+        "engine step that starts a request (the worker of the preset's figures, its host work "
+        "holding the engine's thread); apart: its per-request and per-stream terms in the API "
+        "server, one request at a time, before the request reaches the engine (the engine core "
+        "a process of its own), its per-uncached-token term in the step",
+        choices=SIM_SERVER_MODELS,
+    )
     sim_time_scale: float = option(
         1.0,
         "multiply every sim step's time by this (2: the fleet runs at half speed): on a busy "
@@ -173,6 +183,7 @@ class EngineConfig:
         _choice("device", self.device, _DEVICES)
         _choice("dtype", self.dtype, _DTYPES)
         _choice("decode_attention", self.decode_attention, DECODE_BACKENDS)
+        _choice("sim_server_model", self.sim_server_model, SIM_SERVER_MODELS)
         _choice("elementwise_kernels", self.elementwise_kernels, ELEMENTWISE_BACKENDS)
         _choice("mm_match_rule", self.mm_match_rule, _MM_MATCH_RULES)
         if not 0.0 < self.gpu_memory_utilization <= 1.0:

@@ -104,7 +104,12 @@ class StepCost:
     def server(self, streams: int, uncached: int) -> float:
         """The worker server's host time for one request it starts among `streams`, with
         `uncached` prompt tokens to compute."""
-        return self.server_request + self.server_stream * streams + self.server_token * uncached
+        return self.host(streams) + self.server_token * uncached
+
+    def host(self, streams: int) -> float:
+        """The server's terms that do not depend on the cache: per request and per stream
+        (what `--sim-server-model apart` charges in the API server)."""
+        return self.server_request + self.server_stream * streams
 
     def scaled(self, server_scale: float) -> StepCost:
         return replace(

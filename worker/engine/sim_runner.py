@@ -7,7 +7,8 @@ reproducible. No torch.
 
 A step's time: with `--sim-preset`, the step model fitted to a device's measured figures
 (sim_presets.py: the batch's decode sequences and contexts, its prompt chunks, and the worker
-server's own host cost per request it starts, scaled by `--sim-server-scale`); without one,
+server's own host cost per request it starts, scaled by `--sim-server-scale`, all of it or with
+`--sim-server-model apart` only its per-uncached-token term); without one,
 `prefill_s_per_token * prefill tokens + decode_s_per_step` whatever the batch. With a host KV
 tier, a step also pays for the blocks copied back from it since the last step, at the preset's
 host-to-device rate (free without a preset); the copies out to it overlap the steps on a GPU
@@ -67,6 +68,9 @@ class SimRunner:
         self.step_cost: StepCost | None = None
         if config.sim_preset:
             self.step_cost = preset(config.sim_preset, config.sim_server_scale)
+        # `apart`: the API server charges the server's per-request and per-stream terms
+        # (worker/server/app_state.py), so a step charges only the per-uncached-token one.
+        self._apart = config.sim_server_model == "apart"
         self._unstarted: set[str] = set()  # registered, not yet in a step (server cost due)
         self._words = _word_token_ids(assets)
         self._seeds: dict[str, int] = {}
@@ -155,7 +159,10 @@ class SimRunner:
                 context += seq.num_tokens
             if seq.request_id in self._unstarted:
                 self._unstarted.discard(seq.request_id)
-                server += c.server(len(batch), seq.num_prompt_tokens - start)
+                uncached = seq.num_prompt_tokens - start
+                server += (
+                    c.server_token * uncached if self._apart else c.server(len(batch), uncached)
+                )
         base = c.eager_base if prompt else c.graph_base
         decode_part = decode * c.per_seq + c.ctx * context
         return base + decode_part + prompt + server

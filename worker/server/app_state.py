@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -29,7 +29,9 @@ from cachekey.documents import (
 )
 from cachekey.events import topic
 from kvgate_cli.drain import OpenStreams
+from worker.engine.config import EngineConfig
 from worker.engine.outputs import LoRAStats
+from worker.engine.sim_presets import preset
 from worker.server.config import ServerConfig
 from worker.server.core_process import CoreHandle
 from worker.server.engine_client import AsyncEngine
@@ -94,7 +96,14 @@ def init_app_state(
     first = cores[0]
     model_name = first.config.served_model_name
     assert model_name is not None  # EngineConfig fills it in
-    async_engines = [AsyncEngine(c, stall_timeout_s=config.engine_stall_timeout_s) for c in cores]
+    async_engines = [
+        AsyncEngine(
+            c,
+            stall_timeout_s=config.engine_stall_timeout_s,
+            host_seconds=sim_host_seconds(c.config),
+        )
+        for c in cores
+    ]
     info = worker_info(cores, config, instance_id, kv_topic)
     metrics = WorkerMetrics(
         [(str(r or 0), ae.stats) for r, ae in zip(ranks, async_engines, strict=True)],
@@ -110,6 +119,16 @@ def init_app_state(
     ]
     state.worker, state.ranks = states[0], states
     return states[0]
+
+
+def sim_host_seconds(config: EngineConfig) -> Callable[[int], float] | None:
+    """A sim worker with `--sim-server-model apart`: the seconds its API server holds for a
+    request it passes on among `streams` in flight (the preset's per-request and per-stream
+    server terms, times the time scale); None for every other worker."""
+    if config.engine != "sim" or not config.sim_preset or config.sim_server_model != "apart":
+        return None
+    cost, scale = preset(config.sim_preset, config.sim_server_scale), config.sim_time_scale
+    return lambda streams: cost.host(streams) * scale
 
 
 def _rank_state(

@@ -18,7 +18,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import zmq
@@ -46,9 +46,18 @@ class Health:
 
 
 class AsyncEngine:
-    def __init__(self, core: CoreHandle, *, stall_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        core: CoreHandle,
+        *,
+        stall_timeout_s: float = 30.0,
+        host_seconds: Callable[[int], float] | None = None,
+    ) -> None:
+        """`host_seconds`: a sim worker's modelled host work for a request passed on among
+        that many in flight (`--sim-server-model apart`, app_state.py); None elsewhere."""
         self.core = core
         self.stall_timeout_s = stall_timeout_s
+        self._host_seconds = host_seconds
         self._encode = m.encoder().encode
         self._decode = m.report_decoder().decode
         self._sinks: dict[str, asyncio.Queue] = {}
@@ -117,6 +126,10 @@ class AsyncEngine:
             self._sinks[rid] = sink
         prompts = [prompt] if isinstance(prompt, Prompt) else list(prompt)
         rids, ps = list(request_ids), list(params)
+        if self._host_seconds is not None:
+            # Blocking on purpose: the modelled host work holds the API server's one thread, as
+            # rendering does, so requests pay it one at a time and every stream waits meanwhile.
+            time.sleep(self._host_seconds(len(self._sinks)))
         try:
             # One command adds all n, so siblings enter the same step and share the prompt blocks.
             await self._call(

@@ -70,7 +70,7 @@ def test_unknown_preset_is_refused(demo_model_dir: Path) -> None:
 
 
 def timed_burst(
-    model_dir: Path, scale: float, n: int, time_scale: float = 1.0
+    model_dir: Path, scale: float, n: int, time_scale: float = 1.0, server_model: str = "step"
 ) -> tuple[float, float]:
     """`n` requests added at once to a preset sim engine: (seconds of the first step, seconds of
     a later pure-decode step)."""
@@ -80,6 +80,7 @@ def timed_burst(
         sim_preset="h200-llama-1b",
         sim_server_scale=scale,
         sim_time_scale=time_scale,
+        sim_server_model=server_model,
     )
     engine = LLMEngine(config)
     for i in range(n):  # distinct prompts: all admitted in the first step
@@ -103,6 +104,16 @@ def test_sim_engine_charges_the_preset(demo_model_dir: Path) -> None:
     assert decode >= c.decode(4, 0) and decode < first / 10
     bare_first, _ = timed_burst(demo_model_dir, 0.0, 4)
     assert c.eager_base <= bare_first < c.eager_base + c.server(4, 0)
+
+
+def test_apart_leaves_the_step_only_the_uncached_tokens_term(demo_model_dir: Path) -> None:
+    """`--sim-server-model apart`: the API server pays the per-request and per-stream terms
+    (tests/worker/server/test_sim_server_model.py), so the step that starts four requests pays
+    only their uncached tokens' term on top of the engine's own time."""
+    c = preset("h200-llama-1b")
+    first, _ = timed_burst(demo_model_dir, 1.0, 4)
+    apart, _ = timed_burst(demo_model_dir, 1.0, 4, server_model="apart")
+    assert apart >= c.eager_base and apart < first - 3 * c.host(4)
 
 
 def test_sim_time_scale_slows_every_step_alike(demo_model_dir: Path) -> None:
