@@ -10,6 +10,13 @@ one worker (workers / requests/s). It refits the three server coefficients on th
 engine fit, prints them beside the preset's with each figure's residual, and prints the rows to
 put in sim_presets.py for a preset of today's worker.
 
+The fit is the preset's: a request's server cost and its engine work add up on one worker
+(`--sim-server-model step`). Should the device run's first-token parts put the host work in
+its API server instead (bench.ttft's "to engine"; `apart`, where the two overlap), the figures
+say how long a request takes, not how the two parts share it, and these terms understate the
+API server's (when the two overlap, a worker bound by its host takes its host work per request,
+not that less the engine's).
+
     python -m bench.sim_refit --gpu-results /tmp/out      # bench/results/sim_refit.json
 """
 
