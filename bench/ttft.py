@@ -12,7 +12,7 @@ shapes, so no policy pays the workers' warm-up, and the gateway's latency models
 every worker, as a gateway that has been serving has); then
 `--rounds` rounds (2 by default), each with the policy order turned by one place, every round
 printed and, at the end, each policy's medians over the rounds, and where each run's mean first
-token went: the gateway and HTTP, the worker's host, the engine's queue and prefill
+token went: the gateway and HTTP, the worker before its engine, the engine's queue and prefill
 (bench/lib/first_token.py, from the workers' own histograms).
 
     python -m bench.ttft                             # table + bench/results/ttft.json
