@@ -113,7 +113,8 @@ class KVEventSubscriber:
     async def run(self) -> None:
         if self._inbox is not None:
             try:
-                await self._follow(self._from_inbox)
+                inbox = self._inbox
+                await self._follow(self._from_inbox, lambda: not inbox.empty())
             finally:
                 if self._replay is not None:
                     self._replay.close()
@@ -127,20 +128,23 @@ class KVEventSubscriber:
         try:
             sub.connect(self.source.endpoint(self.source.port))
             sub.subscribe(self.source.topic.encode())
-            await self._follow(lambda: self._from_sub(sub))
+            await self._follow(
+                lambda: self._from_sub(sub), lambda: bool(sub.getsockopt(zmq.EVENTS) & zmq.POLLIN)
+            )
         finally:
             sub.close(linger=0)
             if self._replay is not None:
                 self._replay.close()
 
-    async def _follow(self, receive) -> None:
-        """Sync, then apply live batches in order; an idle interval runs the tail check."""
+    async def _follow(self, receive, pending) -> None:
+        """Sync, then apply live batches in order; an idle interval runs the tail check.
+        `pending()`: whether a live batch is waiting to be received."""
         await self.resync(current_seq=None)
         self.synced.set()
         while True:
             item = await receive()
             if item is None:
-                await self._check_tail()
+                await self._check_tail(pending)
             else:
                 await self._on_batch(*item)
 
@@ -188,11 +192,16 @@ class KVEventSubscriber:
                 return
         await self._apply(seq, payload)
 
-    async def _check_tail(self) -> None:
+    async def _check_tail(self, pending) -> None:
         """No live batch for one interval: apply any the live stream missed (a silent gap)."""
         batches = await self._replayed()
         if batches is None:
             return  # no replay endpoint, or no answer: the poller decides about the worker
+        if pending():
+            # A live batch came in while the replay answered: what the replay holds may be that
+            # very batch, not one the stream missed. The live path applies it (and replays any
+            # gap before it), so nothing is counted as lost that was not.
+            return
         applied = await self._apply_run(batches)
         if applied == 0:
             return

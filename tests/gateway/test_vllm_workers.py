@@ -102,6 +102,37 @@ def test_vllm_offsets_each_rank_and_stamps_it_into_its_batches():
             assert decode_batch(bytes.fromhex(step["frames"][2])).data_parallel_rank == r
 
 
+def test_a_live_batch_landing_while_the_tail_check_asks_the_replay_is_no_gap():
+    """The tail check asks the replay port once the live stream has been idle. A batch published
+    live while the replay answers is the live stream's own, not one it missed: no tail gap
+    counted (this race once made the test below count 2 where 1 batch was lost)."""
+    vllm = VllmLike(DP)
+
+    def live_first(rank: int) -> None:
+        if rank == 0 and vllm.published[0] == 1:  # rank 0's batch 1, live, before the answer
+            vllm.publish(0)
+            time.sleep(0.05)  # so that it lands before the replay answer does
+
+    async def main() -> None:
+        spec = f"{vllm.url};kv-events={vllm.events_port};kv-replay={vllm.replay_port}"
+        async with Gateway(workers=(spec,)) as gw:
+            rank0, _ = await gw.synced(vllm.url, f"{vllm.url}#dp1")
+            vllm.subscribed(0)
+            vllm.publish(0)
+            await gw.applied(rank0, 0)
+            vllm.before_replay = live_first
+            await gw.applied(rank0, 1)
+            check_step(gw.index, rank0, DP[0], 1)
+            assert vllm.published[0] == 2  # the hook did publish it
+            assert sample(gw.metrics, "kvgate_event_tail_gaps_total") == 0
+            assert sample(gw.metrics, "kvgate_event_errors_total") == 0
+
+    try:
+        asyncio.run(main())
+    finally:
+        vllm.close()
+
+
 def test_dp2_vllm_worker_is_one_replica_per_rank_indexed_apart():
     """Both ranks cache p; only rank 1 caches q; rank 0 evicts p. A merged index would say rank
     0 still holds p (or count it twice); per rank, each prediction is vLLM's own. Rank 1's

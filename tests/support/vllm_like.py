@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import msgspec
@@ -97,6 +98,8 @@ class VllmLike:
         self.rank_headers: list[str | None] = []
         self.prefix_headers: list[str | None] = []  # kvgate workers only get one
         self.bodies: list[dict] = []  # the request bodies the gateway forwarded
+        # Called with the rank on its replay thread before each replay answer (a test's hook).
+        self.before_replay: Callable[[int], None] | None = None
         self._cache = PrefixCache(self.block_size)
         # Guards the PUBs (the test thread and HTTP threads send) and the published counts.
         self._lock = threading.Lock()
@@ -169,6 +172,8 @@ class VllmLike:
             for sock, _ in poller.poll(50):
                 rank = next(r for r, s in self.routers.items() if s is sock)
                 ident, _, start = sock.recv_multipart()
+                if self.before_replay is not None:
+                    self.before_replay(rank)
                 replies = [[bytes.fromhex(f) for f in r] for r in self.docs[rank]["replay_from_0"]]
                 with self._lock:
                     published = self.published[rank]
