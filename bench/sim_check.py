@@ -33,6 +33,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from bench.lib.first_token import Parts
 from bench.lib.report import args_dict, col, columns, print_table, write_json
 
 ONE_WORKER = "--workers 1 --num-blocks 2000 --tenants 2 --users-per-tenant 16 --seed 5"
@@ -89,21 +90,17 @@ def gpu_figures(name: str, results: Path | None) -> tuple[Figures, str]:
 
 
 @dataclass(slots=True)
-class PartsRow:
-    """A run's mean first token in parts (bench/lib/first_token.py), in the GPU's seconds."""
+class PartsRow(Parts):
+    """A run's mean first token in parts (bench/lib/first_token.py), in the GPU's seconds: whose
+    run it is, and on which side (the GPU or the sim)."""
 
     run: str = col("run", 8, left=True)
-    policy: str = col("policy", 13, left=True)
     side: str = col("on", 4, left=True)
-    client_ms: float = col("client", 9, ".0f", "ms")
-    to_worker_ms: float | None = col("to worker", 11, ".0f", "ms")
-    to_engine_ms: float | None = col("to engine", 11, ".0f", "ms")
-    queue_ms: float | None = col("engine queue", 14, ".0f", "ms")
-    prefill_ms: float | None = col("engine prefill", 16, ".0f", "ms")
 
 
-PARTS_COLUMNS = columns(PartsRow)
 PARTS = ("client_ms", "to_worker_ms", "to_engine_ms", "queue_ms", "prefill_ms")
+_PART_COLUMNS = {c.attr: c for c in columns(PartsRow)}
+PARTS_COLUMNS = tuple(_PART_COLUMNS[a] for a in ("run", "policy", "side", *PARTS))
 
 
 def parts_rows(name: str, side: str, path: Path, scale: float = 1.0) -> list[PartsRow]:
@@ -112,10 +109,11 @@ def parts_rows(name: str, side: str, path: Path, scale: float = 1.0) -> list[Par
     medians = json.loads(path.read_text()).get("first_token_parts", [])
     return [
         PartsRow(
-            name,
             p["policy"],
-            side,
+            -1,
             *(None if p[k] is None else p[k] / scale for k in PARTS),
+            run=name,
+            side=side,
         )
         for p in medians
         if p["round"] == -1
