@@ -6,6 +6,7 @@ processes a user would (`python -m worker`, `python -m gateway`).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,7 @@ import httpx
 from cachekey.worker_auth import WORKER_TOKEN_ENV
 from gateway.names import replica_name
 from harness import worker_metrics as wm
+from harness.lifetime import unwind_on_termination
 from harness.ports import HOST, free_port
 from harness.proc import Proc
 from harness.waits import wait_index_converged
@@ -55,6 +57,7 @@ class Cluster:
         self.workers: list[Proc] = []
         self.gateways: list[Proc] = []
         self.peer_ports: list[int] = []  # gateway i's --peer-port (spec.peers)
+        self._unwinding = contextlib.ExitStack()
         spec.log_dir.mkdir(parents=True, exist_ok=True)
 
     @property
@@ -192,7 +195,14 @@ class Cluster:
             p.kill()
 
     def __enter__(self) -> Cluster:
-        return self.start()
+        """Start it; a SIGTERM or SIGHUP now unwinds to `__exit__` (harness/lifetime.py)."""
+        self._unwinding.enter_context(unwind_on_termination())
+        try:
+            return self.start()
+        except BaseException:
+            self._unwinding.close()
+            raise
 
     def __exit__(self, *exc: object) -> None:
+        self._unwinding.close()  # a second signal while stopping ends this process at once
         self.stop()

@@ -1,5 +1,6 @@
 """`make demo`'s lifetime, with real processes: a run's cluster dies with it even when it is
-killed with SIGKILL, and each run writes its own logs, which no later run touches while it runs."""
+killed with SIGKILL, a bench's or test's cluster when it is sent SIGTERM, and each run writes its
+own logs, which no later run touches while it runs."""
 
 from __future__ import annotations
 
@@ -10,9 +11,12 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
+from harness.lifetime import unwind_on_termination
 from harness.run_logs import claim_log_dir, running_runs
 from tests.support.paths import REPO
-from tests.support.processes import alive, wait_dead
+from tests.support.processes import alive, children, wait_dead
 
 # A parent that starts a harness Proc (a sleeping Python) and waits to be killed.
 PARENT = """
@@ -24,6 +28,18 @@ p = Proc("child", ["-c", "import time; time.sleep(120)"], 0, Path(sys.argv[1]),
 p.start()
 print(p.popen.pid, flush=True)
 time.sleep(120)
+"""
+
+# A bench: one sim worker in a `with Cluster`, waiting to be stopped by a signal.
+BENCH = """
+import sys, time
+from pathlib import Path
+from harness.cluster import Cluster, ClusterSpec
+spec = ClusterSpec(workers=1, gateways=0, engine="sim", model=sys.argv[1],
+                   log_dir=Path(sys.argv[2]))
+with Cluster(spec) as c:
+    print(c.workers[0].popen.pid, flush=True)
+    time.sleep(120)
 """
 
 # A run that claims a log directory, says which, writes to it and waits to be killed.
@@ -69,6 +85,45 @@ def test_cluster_processes_die_with_a_sigkilled_parent(tmp_path: Path) -> None:
         for p in (child, free_child):
             if alive(p):
                 os.kill(p, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_bench_sent_sigterm_or_sighup_stops_its_cluster(
+    tmp_path: Path, demo_model_dir: Path, sig: signal.Signals
+) -> None:
+    bench, pid = spawn(BENCH, str(demo_model_dir), str(tmp_path / "logs"))
+    worker = int(pid)
+    (core,) = children(worker)  # its engine core process
+    try:
+        bench.send_signal(sig)
+        assert bench.wait(30) != 0  # it unwound: the with block stopped the cluster, then ended
+        assert wait_dead(worker, 10), f"the worker outlived a bench sent {sig.name}"
+        assert wait_dead(core, 10), "the worker's engine core outlived it"
+    finally:
+        for p in (worker, core):
+            if alive(p):
+                os.kill(p, signal.SIGKILL)
+        if bench.poll() is None:
+            bench.kill()
+
+
+def test_unwinding_is_on_only_within_its_block_and_leaves_others_handlers_alone() -> None:
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    with unwind_on_termination(), pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGTERM)
+        signal.sigtimedwait([], 0)  # let the handler run here, not in a later line
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+    def own(signum: int, frame: object) -> None:
+        pass
+
+    previous = signal.signal(signal.SIGHUP, own)
+    try:
+        with unwind_on_termination():
+            assert signal.getsignal(signal.SIGHUP) is own
+        assert signal.getsignal(signal.SIGHUP) is own
+    finally:
+        signal.signal(signal.SIGHUP, previous)
 
 
 def test_each_run_keeps_its_own_logs_while_it_runs(tmp_path: Path) -> None:

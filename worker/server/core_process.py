@@ -3,14 +3,13 @@
 One core per engine (per data-parallel rank). The API server binds two ipc:// sockets per
 core in a private temporary directory (commands out, reports in), starts
 `python -m worker.server.engine_core` with a `CoreSpec` on its stdin, and keeps that pipe open:
-its end-of-file tells the core that the API server is gone. A pidfd tells the API server the
-moment a core exits, however it died.
+its end-of-file tells the core that the API server is gone. An ExitWatch (a pidfd where the
+kernel has them) tells the API server the moment a core exits, however it died.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from cachekey.assets import ModelAssets
 from cachekey.render import Renderer
 from worker.engine.config import EngineConfig
 from worker.server import core_messages as m
+from worker.server.exit_watch import ExitWatch
 from worker.server.kv_publisher import PublisherConfig
 
 _START_TIMEOUT_S = 600.0  # loading a large model takes a while; a dead core is seen at once
@@ -55,7 +55,7 @@ class CoreHandle:
     proc: subprocess.Popen
     commands: zmq.Socket  # PUSH
     reports: zmq.Socket  # PULL
-    pidfd: int
+    exit_watch: ExitWatch
     ready: m.Ready
     config: EngineConfig
     assets: ModelAssets
@@ -90,8 +90,7 @@ class CoreHandle:
                 self.proc.stdin.close()
         self.commands.close(0)
         self.reports.close(0)
-        with contextlib.suppress(OSError):
-            os.close(self.pidfd)
+        self.exit_watch.close()
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
@@ -149,10 +148,9 @@ def _await_ready(proc, commands, reports, engine: EngineConfig, folder: str) -> 
                 namespace = HashNamespace(
                     engine.served_model_name, engine.block_size, engine.hash_seed
                 )
-                pidfd = os.pidfd_open(proc.pid)
                 return CoreHandle(
-                    proc, commands, reports, pidfd, report, engine, assets, Renderer(assets),
-                    namespace, folder,
+                    proc, commands, reports, ExitWatch(proc), report, engine, assets,
+                    Renderer(assets), namespace, folder,
                 )  # fmt: skip
         elif proc.poll() is not None:
             _abandon(proc, commands, reports, engine, folder)

@@ -5,10 +5,10 @@ a PUSH socket that never blocks; the core's reports come back on a PULL socket t
 reads when it is readable (no thread): one `Steps` message per engine step, whose outputs go to
 their requests' queues, and one `Done` per call. Every report is a heartbeat.
 
-The core is dead when it says so (`Dead`), when its process exits (a pidfd, seen at once, even
-for a SIGKILL), or when it has sent nothing for `stall_timeout_s` (the watchdog in app.py):
-then every pending request and call fails with a 503, `/health` turns red and new requests are
-refused at once.
+The core is dead when it says so (`Dead`), when its process exits (exit_watch.py: a pidfd,
+seen at once, even for a SIGKILL; polled every 100 ms where there is none), or when it has sent
+nothing for `stall_timeout_s` (the watchdog in app.py): then every pending request and call
+fails with a 503, `/health` turns red and new requests are refused at once.
 """
 
 from __future__ import annotations
@@ -74,13 +74,13 @@ class AsyncEngine:
         self._loop = loop
         self._beat = time.monotonic()
         loop.add_reader(self.core.reports.getsockopt(zmq.FD), self._read_reports)
-        loop.add_reader(self.core.pidfd, self._on_exit)
+        self.core.exit_watch.start(loop, self._on_exit)
         self._read_reports()  # what arrived before the reader was watching
 
     def shutdown(self) -> None:
         if self._loop is not None:
             self._loop.remove_reader(self.core.reports.getsockopt(zmq.FD))
-            self._loop.remove_reader(self.core.pidfd)
+            self.core.exit_watch.stop()
         if self._dead_reason is None:
             self._dead_reason = "the worker is shutting down"
         self.core.stop()
@@ -229,8 +229,6 @@ class AsyncEngine:
             self._die(report.reason)
 
     def _on_exit(self) -> None:
-        assert self._loop is not None
-        self._loop.remove_reader(self.core.pidfd)
         self._read_reports()  # a Dead it sent before exiting says more than its exit status
         code = self.core.proc.wait()
         self._die(f"engine core process exited (status {code})")

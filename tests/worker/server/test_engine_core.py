@@ -1,6 +1,7 @@
 """The engine core in a process of its own: a SIGKILL'd core turns /health red and fails every
-pending request with a 5xx at once; the core stops with the worker and when the API server dies
-(no process is left behind)."""
+pending request with a 5xx at once, seen through a pidfd or, where Python has no
+os.pidfd_open (macOS, Linux before 5.3), by polling; the core stops with the worker and when the
+API server dies (no process is left behind)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import httpx
+import pytest
 
 from harness.waits import wait_until
 from tests.support.processes import alive, children, wait_dead
@@ -52,8 +55,19 @@ def _in_background(url: str, stream: bool) -> tuple[threading.Thread, dict]:
     return t, result
 
 
-def test_killed_core_fails_pending_requests_and_health_at_once(demo_model_dir):
-    with WorkerProcess(demo_model_dir, *SLOW, events=False) as w:
+@pytest.fixture(params=["pidfd", "no_pidfd"])
+def platform_env(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
+    """The worker's environment: this host's, or one whose Python has no os.pidfd_open."""
+    if request.param == "pidfd":
+        return {}
+    (tmp_path / "sitecustomize.py").write_text("import os\n\ndel os.pidfd_open\n")
+    return {
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    }
+
+
+def test_killed_core_fails_pending_requests_and_health_at_once(demo_model_dir, platform_env):
+    with WorkerProcess(demo_model_dir, *SLOW, events=False, env=platform_env) as w:
         core = _core_pid(w)
         streamed, s = _in_background(w.url, stream=True)
         whole, p = _in_background(w.url, stream=False)
