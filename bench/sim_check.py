@@ -35,6 +35,7 @@ from pathlib import Path
 
 from bench.lib.first_token import Parts
 from bench.lib.report import args_dict, col, columns, print_table, write_json
+from worker.engine.config import SIM_SERVER_MODELS
 
 ONE_WORKER = "--workers 1 --num-blocks 2000 --tenants 2 --users-per-tenant 16 --seed 5"
 HOT = "--workers 4 --num-blocks 700 --tenants 2 --users-per-tenant 16 --concurrency 16 --seed 5"
@@ -179,7 +180,7 @@ def _arguments() -> argparse.Namespace:
     )
     ap.add_argument(
         "--sim-server-model",
-        choices=("step", "apart"),
+        choices=SIM_SERVER_MODELS,
         default="step",
         help="where the sim worker charges its server's cost (the worker's flag)",
     )

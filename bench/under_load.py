@@ -42,6 +42,7 @@ from bench.lib.rounds import medians
 from harness.cluster import Cluster, ClusterSpec
 from harness.floor import Floor, startup_floor
 from harness.workload import WorkloadSpec
+from worker.engine.config import SIM_SERVER_MODELS
 
 POLICIES = ("cache_aware", "least_loaded", "round_robin")
 WORKERS = 4
@@ -175,7 +176,7 @@ def main() -> None:
         help="with --sim-preset: share of the worker server's own measured cost (0: none)",
     )  # fmt: skip
     ap.add_argument(
-        "--sim-server-model", choices=("step", "apart"), default="step",
+        "--sim-server-model", choices=SIM_SERVER_MODELS, default="step",
         help="with --sim-preset: where the worker server's cost goes (the worker's flag)",
     )  # fmt: skip
     ap.add_argument(

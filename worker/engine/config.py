@@ -12,7 +12,7 @@ from kvgate_cli.flags import format_size, option, parse_size
 from worker.engine.sim_presets import preset
 
 _ENGINES = ("torch", "sim")
-SIM_SERVER_MODELS = ("step", "apart")
+SIM_SERVER_MODELS = ("step", "apart", "thread")
 _DEVICES = ("auto", "cpu", "cuda")
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _MM_MATCH_RULES: tuple[str, ...] = get_args(MMMatchRule)
@@ -165,7 +165,9 @@ class EngineConfig:
         "engine step that starts a request (the worker of the preset's figures, its host work "
         "holding the engine's thread); apart: its per-request and per-stream terms in the API "
         "server, one request at a time, before the request reaches the engine (the engine core "
-        "a process of its own), its per-uncached-token term in the step",
+        "a process of its own), holding its event loop, its per-uncached-token term in the "
+        "step; thread: as apart, in one thread beside the event loop, which goes on reading "
+        "requests and streaming meanwhile (as rendering off the loop would)",
         choices=SIM_SERVER_MODELS,
     )
     sim_time_scale: float = option(

@@ -68,9 +68,9 @@ class SimRunner:
         self.step_cost: StepCost | None = None
         if config.sim_preset:
             self.step_cost = preset(config.sim_preset, config.sim_server_scale)
-        # `apart`: the API server charges the server's per-request and per-stream terms
-        # (worker/server/app_state.py), so a step charges only the per-uncached-token one.
-        self._apart = config.sim_server_model == "apart"
+        # `apart`, `thread`: the API server charges the server's per-request and per-stream
+        # terms (worker/server/app_state.py), so a step charges only the per-uncached-token one.
+        self._apart = config.sim_server_model != "step"
         self._unstarted: set[str] = set()  # registered, not yet in a step (server cost due)
         self._words = _word_token_ids(assets)
         self._seeds: dict[str, int] = {}

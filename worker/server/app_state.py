@@ -101,6 +101,7 @@ def init_app_state(
             c,
             stall_timeout_s=config.engine_stall_timeout_s,
             host_seconds=sim_host_seconds(c.config),
+            host_in_thread=c.config.sim_server_model == "thread",
         )
         for c in cores
     ]
@@ -122,10 +123,10 @@ def init_app_state(
 
 
 def sim_host_seconds(config: EngineConfig) -> Callable[[int], float] | None:
-    """A sim worker with `--sim-server-model apart`: the seconds its API server holds for a
-    request it passes on among `streams` in flight (the preset's per-request and per-stream
-    server terms, times the time scale); None for every other worker."""
-    if config.engine != "sim" or not config.sim_preset or config.sim_server_model != "apart":
+    """A sim worker with `--sim-server-model apart` or `thread`: the seconds its API server
+    spends on a request it passes on among `streams` in flight (the preset's per-request and
+    per-stream server terms, times the time scale); None for every other worker."""
+    if config.engine != "sim" or not config.sim_preset or config.sim_server_model == "step":
         return None
     cost, scale = preset(config.sim_preset, config.sim_server_scale), config.sim_time_scale
     return lambda streams: cost.host(streams) * scale

@@ -19,6 +19,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import zmq
@@ -52,12 +53,15 @@ class AsyncEngine:
         *,
         stall_timeout_s: float = 30.0,
         host_seconds: Callable[[int], float] | None = None,
+        host_in_thread: bool = False,
     ) -> None:
         """`host_seconds`: a sim worker's modelled host work for a request passed on among
-        that many in flight (`--sim-server-model apart`, app_state.py); None elsewhere."""
+        that many in flight (`--sim-server-model apart` or `thread`, app_state.py); None
+        elsewhere. `host_in_thread` (`thread`): spent in one thread beside the event loop."""
         self.core = core
         self.stall_timeout_s = stall_timeout_s
         self._host_seconds = host_seconds
+        self._host_thread = ThreadPoolExecutor(1, "sim-host") if host_in_thread else None
         self._encode = m.encoder().encode
         self._decode = m.report_decoder().decode
         self._sinks: dict[str, asyncio.Queue] = {}
@@ -83,6 +87,8 @@ class AsyncEngine:
             self.core.exit_watch.stop()
         if self._dead_reason is None:
             self._dead_reason = "the worker is shutting down"
+        if self._host_thread is not None:
+            self._host_thread.shutdown(wait=False, cancel_futures=True)
         self.core.stop()
 
     # -- state seen by the HTTP layer -------------------------------------------------------------
@@ -126,11 +132,9 @@ class AsyncEngine:
             self._sinks[rid] = sink
         prompts = [prompt] if isinstance(prompt, Prompt) else list(prompt)
         rids, ps = list(request_ids), list(params)
-        if self._host_seconds is not None:
-            # Blocking on purpose: the modelled host work holds the API server's one thread, as
-            # rendering does, so requests pay it one at a time and every stream waits meanwhile.
-            time.sleep(self._host_seconds(len(self._sinks)))
         try:
+            if self._host_seconds is not None:
+                await self._hold_host(self._host_seconds(len(self._sinks)))
             # One command adds all n, so siblings enter the same step and share the prompt blocks.
             await self._call(
                 lambda call: m.Add(call, rids, prompts, ps, lora_name, cache_salt, hidden_states)
@@ -140,6 +144,16 @@ class AsyncEngine:
             self.release(request_ids, unfinished=request_ids)
             raise
         return RequestStream(self.release, request_ids, sink)
+
+    async def _hold_host(self, seconds: float) -> None:
+        """A sim worker's modelled host work, paid one request at a time: `apart` blocks the
+        event loop on purpose, as rendering on it would (every stream and every new request's
+        headers wait meanwhile); `thread` spends it in one thread beside the loop, as rendering
+        off the loop would, so the loop goes on reading requests and streaming."""
+        if self._host_thread is None:
+            time.sleep(seconds)
+        else:
+            await asyncio.get_running_loop().run_in_executor(self._host_thread, time.sleep, seconds)
 
     async def add_lora(self, name: str, path: str, replace: bool = False) -> None:
         await self._call(lambda call: m.AddLora(call, name, path, replace))

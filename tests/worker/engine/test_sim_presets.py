@@ -106,13 +106,16 @@ def test_sim_engine_charges_the_preset(demo_model_dir: Path) -> None:
     assert c.eager_base <= bare_first < c.eager_base + c.server(4, 0)
 
 
-def test_apart_leaves_the_step_only_the_uncached_tokens_term(demo_model_dir: Path) -> None:
-    """`--sim-server-model apart`: the API server pays the per-request and per-stream terms
-    (tests/worker/server/test_sim_server_model.py), so the step that starts four requests pays
-    only their uncached tokens' term on top of the engine's own time."""
+@pytest.mark.parametrize("model", ["apart", "thread"])
+def test_apart_leaves_the_step_only_the_uncached_tokens_term(
+    demo_model_dir: Path, model: str
+) -> None:
+    """`--sim-server-model apart` (or `thread`): the API server pays the per-request and
+    per-stream terms (tests/worker/server/test_sim_server_model.py), so the step that starts
+    four requests pays only their uncached tokens' term on top of the engine's own time."""
     c = preset("h200-llama-1b")
     first, _ = timed_burst(demo_model_dir, 1.0, 4)
-    apart, _ = timed_burst(demo_model_dir, 1.0, 4, server_model="apart")
+    apart, _ = timed_burst(demo_model_dir, 1.0, 4, server_model=model)
     assert apart >= c.eager_base and apart < first - 3 * c.host(4)
 
 
