@@ -78,6 +78,7 @@ class RankInfo(msgspec.Struct, frozen=True, kw_only=True):
     rank: Annotated[int, msgspec.Meta(ge=0)]  # the global rank, stamped into its event batches
     kv_events: KVEventsEndpoint
     num_blocks: PositiveInt | None = None
+    host_num_blocks: PositiveInt | None = None  # its host KV tier's size (None: no tier)
     lora: LoRAAdapters | None = None  # its own slots (None: as WorkerInfo.lora)
 
 
@@ -96,6 +97,9 @@ class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
     engine: str | None = None
     max_model_len: PositiveInt | None = None
     num_blocks: PositiveInt | None = None
+    # Its host KV tier's size in blocks (None: no host tier, or not said, as plain vLLM): a
+    # block evicted from the GPU moves there, and is lost only when that tier is full too.
+    host_num_blocks: PositiveInt | None = None
     has_snapshot: bool = True  # False: no /kv/snapshot (plain vLLM), resync from empty
     # True: a request whose next prefix block another running request is computing waits for
     # it and hits it (kvgate's scheduler); False: it may compute it too (plain vLLM).

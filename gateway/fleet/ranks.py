@@ -41,6 +41,7 @@ class RankSlot:
     kv_events: KVEventsEndpoint
     num_blocks: int | None
     snapshot_path: str | None  # None: no snapshot (plain vLLM)
+    host_num_blocks: int | None = None  # its host KV tier's size (None: none, or not said)
 
 
 def rank_slots(info: WorkerInfo) -> list[RankSlot]:
@@ -49,7 +50,11 @@ def rank_slots(info: WorkerInfo) -> list[RankSlot]:
     ranks = info.data_parallel_ranks
     if not ranks:
         rank = info.data_parallel_rank
-        return [RankSlot(rank, None, None, info.kv_events, info.num_blocks, snapshot)]
+        return [
+            RankSlot(
+                rank, None, None, info.kv_events, info.num_blocks, snapshot, info.host_num_blocks
+            )
+        ]
     many = len(ranks) > 1
     return [
         RankSlot(
@@ -59,6 +64,7 @@ def rank_slots(info: WorkerInfo) -> list[RankSlot]:
             r.kv_events,
             r.num_blocks,
             f"{snapshot}?rank={r.rank}" if snapshot else None,
+            r.host_num_blocks,
         )
         for i, r in enumerate(ranks)
     ]

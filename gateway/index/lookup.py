@@ -149,6 +149,10 @@ class IndexLookup:
             return g.blocks if (g := rep.groups.get(HOST_GROUP)) is not None else 0
         return max((g.blocks for i, g in rep.groups.items() if i != HOST_GROUP), default=0)
 
+    def replica_host_blocks(self, replica: ReplicaId) -> int:
+        """Blocks `replica`'s host tier holds."""
+        return self.replica_blocks(replica, host=True)
+
     def replica_digest(self, replica: ReplicaId) -> str:
         """Order-independent digest of the gateway keys a replica's GPU holds (for comparing
         indexes, and with a worker's snapshot)."""

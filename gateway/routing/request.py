@@ -186,6 +186,7 @@ class ProxyRequest:
             self.lora_name,
             {rid: n - self.gpu[rid] for rid, n in hits.items() if self.gpu.get(rid, n) < n},
             st.index.lookup.replica_blocks,
+            None if st.config.ignore_host_tier else st.index.lookup.replica_host_blocks,
         )
         ranked = self.policy.rank(ctx)
         st.metrics.routing_seconds.observe(time.perf_counter() - t0)

@@ -11,6 +11,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
+import msgspec
 import pytest
 import zmq.asyncio
 
@@ -273,3 +274,23 @@ def test_plain_vllm_info_of_two_engines_has_two_ranks_on_offset_ports() -> None:
     assert info.data_parallel_rank is None and not info.kv_events.enabled
     ranks = [(r.rank, r.kv_events.port, r.kv_events.replay_port) for r in info.data_parallel_ranks]
     assert ranks == [(0, 5557, 5600), (1, 5558, 5601)]
+
+
+def test_each_rank_of_a_worker_carries_its_host_tiers_size_to_its_slot() -> None:
+    """A kvgate worker with a host tier says its size per rank (`--kv-offload-blocks`); a
+    plain vLLM worker says none, so the gateway prices its GPU's evictions as lost."""
+    from gateway.fleet.ranks import rank_slots
+
+    events = KVEventsEndpoint(enabled=True, port=5557, replay_port=5600, topic="kv")
+    ranks = [RankInfo(rank=r, kv_events=events, num_blocks=64, host_num_blocks=256) for r in (0, 1)]
+    info = WorkerInfo(
+        model="m", block_size=16, hash_seed="0", instance_id="i", kv_events=events,
+        num_blocks=64, host_num_blocks=256, data_parallel_ranks=ranks,
+    )  # fmt: skip
+    again = decode_document(msgspec.json.encode(info), WorkerInfo)
+    assert [(s.num_blocks, s.host_num_blocks) for s in rank_slots(again)] == [(64, 256)] * 2
+    (one,) = rank_slots(msgspec.structs.replace(again, data_parallel_ranks=[]))
+    assert one.host_num_blocks == 256
+    metrics = 'vllm:cache_config_info{block_size="32",num_gpu_blocks="9"} 1.0\n'
+    plain = _vllm_info({"data": [{"id": "m"}]}, metrics, GatewayConfig())
+    assert plain is not None and [s.host_num_blocks for s in rank_slots(plain)] == [None]

@@ -11,6 +11,8 @@ import json
 import httpx
 import pytest
 
+from cachekey.documents import WorkerInfo, decode_document
+from gateway.fleet.ranks import rank_slots
 from harness.cluster import Cluster, ClusterSpec
 from harness.waits import wait_index_converged, wait_until
 from tests.support.chat import chat
@@ -75,6 +77,16 @@ def _settle(cluster: Cluster, host_holder: str) -> None:
     gw = cluster.gateway_url
     wait_until(lambda: _host_blocks(gw, host_holder) > 0, 15, "the host tier's events")
     wait_index_converged(gw, cluster.worker_urls)
+
+
+def test_a_worker_says_its_host_tiers_size(cluster):
+    """What cache_aware's eviction price needs (a full GPU cache evicts into the host tier, and
+    loses blocks only when that is full too): /kvgate/info carries both sizes to the slot."""
+    for url in cluster.worker_urls:
+        info = decode_document(httpx.get(f"{url}/kvgate/info").content, WorkerInfo)
+        assert (info.num_blocks, info.host_num_blocks) == (GPU_BLOCKS, 400)
+        (slot,) = rank_slots(info)
+        assert (slot.num_blocks, slot.host_num_blocks) == (GPU_BLOCKS, 400)
 
 
 def test_host_tier_holder_beats_cold_and_loses_to_gpu_holder(cluster):

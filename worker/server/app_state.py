@@ -199,12 +199,18 @@ def worker_info(
         engine=engine.config.engine,
         max_model_len=engine.ready.max_model_len,
         num_blocks=engine.ready.stats.num_blocks,
+        host_num_blocks=engine.ready.stats.host_num_blocks or None,
         defers_shared_prefill=engine.config.enable_prefix_caching,
         mm_match_rule=engine.config.mm_match_rule,
         kv_events=endpoints[0],
         data_parallel_ranks=(
             [
-                RankInfo(rank=r or 0, kv_events=ep, num_blocks=c.ready.stats.num_blocks)
+                RankInfo(
+                    rank=r or 0,
+                    kv_events=ep,
+                    num_blocks=c.ready.stats.num_blocks,
+                    host_num_blocks=c.ready.stats.host_num_blocks or None,
+                )
                 for r, ep, c in zip(ranks, endpoints, cores, strict=True)
             ]
             if len(ranks) > 1

@@ -29,6 +29,9 @@ class RouteContext:
     # Blocks a replica's GPU cache holds now (the index's count; None: not known): with its
     # size, what a request's uncached prompt would evict there.
     cached_blocks: Callable[[ReplicaId], int] | None = None
+    # Blocks a replica's host tier holds (None: not known, or routing as if no replica had a
+    # host tier, `--ignore-host-tier`): with its size, whether what the GPU evicts is kept.
+    host_blocks: Callable[[ReplicaId], int] | None = None
 
 
 class Policy(Protocol):

@@ -32,7 +32,9 @@ candidate's samples pooled, `fleet_model`, and applied to each candidate's own l
                own recompute; onto a full one, that and what it displaces. Without it the
                docs' workload's 12 prefixes, 2.8 caches' worth over 4, were spread by every
                imbalance until each replica's cache churned (52-54% hit; with it 75%;
-               docs/benchmarks.md, step 7)
+               docs/benchmarks.md, step 7). On a worker with a host tier the GPU's evicted
+               blocks move there: each token costs the copy back instead, and those the tier
+               drops for room (`dropped_tokens`) a recompute less the copy
   spread, adapter, busy as below, at the learned seconds per uncached token
 
 Until then (no replica fitted), the terms are priced in prompt tokens at the candidates' median
@@ -90,7 +92,9 @@ from gateway.routing.adapters import adapter_miss
 from gateway.routing.policies.base import RouteContext, tie_order
 from gateway.routing.policies.fleet_cost import (
     Cost,
+    dropped_tokens,
     evicted_tokens,
+    eviction_seconds,
     fleet_model,
     fleet_rate,
     learned_rate,
@@ -135,24 +139,18 @@ class CacheAwarePolicy:
         on_replica = r.requests_there()  # the worker's own counts see other gateways' too
         if fleet is not None:
             rate = learned_rate(fleet, floor)
-        copy = 0.0
-        if ctx.host and (host := ctx.host.get(r.id)):  # its host tier serves part of the hit
-            measured = r.copy_rate.seconds_per_token if floor or fleet is not None else None
-            copy = host * bs * copy_seconds_per_token(measured, rate)
+        # A host-tier token copied back: at its measured seconds once it is timed.
+        measured = r.copy_rate.seconds_per_token if floor or fleet is not None else None
+        copy_rate = copy_seconds_per_token(measured, rate)
+        copy = (ctx.host.get(r.id, 0) if ctx.host else 0) * bs * copy_rate  # its tier's hit
         adapter = 0.0
         if ctx.lora_name is not None:
             # Priced as that many uncached prompt blocks: its prefill plus its interference.
             miss = adapter_miss(r, ctx.lora_name, now, self.lora_ttl)
             adapter = rate * self.w.lora * bs * miss * (on_replica + 2)
         spread = rate * self.w.recent * r.recent_prefill_at(now, self.half_life)
-        busy = 0.0
-        if blocks and self.w.busy:
-            over = sharing(r.in_flight_prefixes, ctx.keys, blocks) - BUSY_SLACK
-            if over > 0:
-                busy = rate * self.w.busy * over * (ctx.num_prompt_tokens - uncached)
-        evict = 0.0
-        if self.w.evict:
-            evict = rate * self.w.evict * evicted_tokens(r, uncached, bs, ctx.cached_blocks)
+        busy = self._busy(ctx, r, blocks, rate)
+        evict = self._evict(ctx, r, uncached, rate, copy_rate)
         if fleet is not None:
             c = fleet.ttft
             return Cost(
@@ -176,6 +174,28 @@ class CacheAwarePolicy:
             busy=busy,
             evict=evict,
         )
+
+    def _busy(self, ctx: RouteContext, r: Replica, blocks: int, rate: float) -> float:
+        """The prefill time of the tokens `r` holds of the request, per request in flight there
+        sharing its prefix beyond `BUSY_SLACK`, times `--busy-weight`."""
+        if not blocks or not self.w.busy:
+            return 0.0
+        over = sharing(r.in_flight_prefixes, ctx.keys, blocks) - BUSY_SLACK
+        held = min(blocks * ctx.block_size, ctx.num_prompt_tokens)
+        return rate * self.w.busy * over * held if over > 0 else 0.0
+
+    def _evict(
+        self, ctx: RouteContext, r: Replica, uncached: int, rate: float, copy_rate: float
+    ) -> float:
+        """What the cached tokens `uncached` pushes out of `r`'s GPU cache cost later requests
+        (lost, or moved to its host tier), times `--evict-weight`."""
+        if not self.w.evict:
+            return 0.0
+        gone = evicted_tokens(r, uncached, ctx.block_size, ctx.cached_blocks)
+        if not gone:
+            return 0.0
+        dropped = dropped_tokens(r, gone, ctx.block_size, ctx.host_blocks)
+        return self.w.evict * eviction_seconds(gone, dropped, rate, copy_rate)
 
     def rank(self, ctx: RouteContext) -> list[Replica]:
         now = time.monotonic()

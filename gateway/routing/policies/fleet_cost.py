@@ -105,3 +105,27 @@ def evicted_tokens(
         return 0
     need = -(-uncached // block_size)
     return max(need - max(size - cached(r.id), 0), 0) * block_size
+
+
+def dropped_tokens(
+    r: Replica, evicted: int, block_size: int, host: Callable[[ReplicaId], int] | None
+) -> int | None:
+    """Of `evicted` tokens pushed out of `r`'s GPU cache, those its host tier then drops to
+    make room (a kvgate worker copies every evicted block there, and its tier is an LRU of its
+    own): the blocks beyond the tier's free ones. None where `r` has no host tier, or its size
+    or contents are not known: every evicted token is then lost."""
+    size = r.slot.host_num_blocks if r.slot is not None else None
+    if not size or host is None:
+        return None
+    moved = -(-evicted // block_size)
+    return max(moved - max(size - host(r.id), 0), 0) * block_size
+
+
+def eviction_seconds(evicted: int, dropped: int | None, rate: float, copy: float) -> float:
+    """What the tokens a request pushes out cost the later requests that ask for them, at
+    `rate` a recomputed token and `copy` one copied back from the host tier: each evicted
+    token lost (no host tier), or moved to the host tier (copied back later), each the tier
+    drops to take them having been a copy and becoming a recompute."""
+    if dropped is None:
+        return evicted * rate
+    return evicted * copy + dropped * max(rate - copy, 0.0)

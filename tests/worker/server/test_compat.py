@@ -67,6 +67,7 @@ def test_documents_decode_into_the_shared_structs(worker):
     assert info.fingerprint_parts is not None and info.has_snapshot
     assert info.fingerprint == info.fingerprint_parts.digest()
     assert info.namespace().block_size == 16 and info.max_model_len and info.num_blocks == 64
+    assert info.host_num_blocks is None  # no host tier (--kv-offload-blocks)
     body = {"model": "demo", "prompt": "documents " * 20, "max_tokens": 1}
     assert httpx.post(worker.url + "/v1/completions", json=body, timeout=30).status_code == 200
     snap = decode_document(httpx.get(worker.url + "/kv/snapshot").content, Snapshot)
