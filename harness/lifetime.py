@@ -58,10 +58,11 @@ def _interrupt(signum: int, _frame: object) -> None:
 def unwind_on_termination() -> Iterator[None]:
     """While active, SIGTERM and SIGHUP raise KeyboardInterrupt where they would have ended this
     process at once (their default), so `finally` and `with` stop what it started; a handler
-    someone else set is left alone. Main thread only (Python runs handlers there); elsewhere,
-    and once the block ends, nothing changes: a second signal while it unwinds ends it at once.
-    KeyboardInterrupt rather than SystemExit: pytest ends the session on it, where a SystemExit
-    would fail one test and go on."""
+    someone else set is left alone, and so is an ignored signal (`nohup` ignores SIGHUP: its
+    bench runs on after a hangup, as asked). Main thread only (Python runs handlers there);
+    elsewhere, and once the block ends, nothing changes: a second signal while it unwinds ends
+    it at once. KeyboardInterrupt rather than SystemExit: pytest ends the session on it, where a
+    SystemExit would fail one test and go on."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

@@ -30,11 +30,14 @@ print(p.popen.pid, flush=True)
 time.sleep(120)
 """
 
-# A bench: one sim worker in a `with Cluster`, waiting to be stopped by a signal.
+# A bench: one sim worker in a `with Cluster`, waiting to be stopped by a signal. Started as
+# from a terminal (SIGHUP at its default, whatever this test inherited: a suite run under
+# `nohup` ignores it, and so would its benches), or under nohup (argv[3]).
 BENCH = """
-import sys, time
+import signal, sys, time
 from pathlib import Path
 from harness.cluster import Cluster, ClusterSpec
+signal.signal(signal.SIGHUP, signal.SIG_IGN if sys.argv[3] == "nohup" else signal.SIG_DFL)
 spec = ClusterSpec(workers=1, gateways=0, engine="sim", model=sys.argv[1],
                    log_dir=Path(sys.argv[2]))
 with Cluster(spec) as c:
@@ -91,7 +94,7 @@ def test_cluster_processes_die_with_a_sigkilled_parent(tmp_path: Path) -> None:
 def test_a_bench_sent_sigterm_or_sighup_stops_its_cluster(
     tmp_path: Path, demo_model_dir: Path, sig: signal.Signals
 ) -> None:
-    bench, pid = spawn(BENCH, str(demo_model_dir), str(tmp_path / "logs"))
+    bench, pid = spawn(BENCH, str(demo_model_dir), str(tmp_path / "logs"), "terminal")
     worker = int(pid)
     (core,) = children(worker)  # its engine core process
     try:
@@ -103,6 +106,28 @@ def test_a_bench_sent_sigterm_or_sighup_stops_its_cluster(
         for p in (worker, core):
             if alive(p):
                 os.kill(p, signal.SIGKILL)
+        if bench.poll() is None:
+            bench.kill()
+
+
+def test_a_bench_under_nohup_outlives_a_hangup_and_stops_on_sigterm(
+    tmp_path: Path, demo_model_dir: Path
+) -> None:
+    """An ignored SIGHUP is someone else's choice (nohup's): the bench keeps it, and its
+    cluster runs on; SIGTERM still stops both."""
+    bench, pid = spawn(BENCH, str(demo_model_dir), str(tmp_path / "logs"), "nohup")
+    worker = int(pid)
+    try:
+        bench.send_signal(signal.SIGHUP)
+        with pytest.raises(subprocess.TimeoutExpired):
+            bench.wait(2)
+        assert alive(worker)
+        bench.send_signal(signal.SIGTERM)
+        assert bench.wait(30) != 0
+        assert wait_dead(worker, 10), "the worker outlived a bench sent SIGTERM"
+    finally:
+        if alive(worker):
+            os.kill(worker, signal.SIGKILL)
         if bench.poll() is None:
             bench.kill()
 
