@@ -141,8 +141,9 @@ class CacheAwarePolicy:
             rate = learned_rate(fleet, floor)
         # A host-tier token copied back: at its measured seconds once it is timed.
         measured = r.copy_rate.seconds_per_token if floor or fleet is not None else None
-        copy_rate = copy_seconds_per_token(measured, rate)
-        copy = (ctx.host.get(r.id, 0) if ctx.host else 0) * bs * copy_rate  # its tier's hit
+        copy = 0.0
+        if ctx.host and (host := ctx.host.get(r.id)):  # its host tier serves part of the hit
+            copy = host * bs * copy_seconds_per_token(measured, rate)
         adapter = 0.0
         if ctx.lora_name is not None:
             # Priced as that many uncached prompt blocks: its prefill plus its interference.
@@ -150,7 +151,7 @@ class CacheAwarePolicy:
             adapter = rate * self.w.lora * bs * miss * (on_replica + 2)
         spread = rate * self.w.recent * r.recent_prefill_at(now, self.half_life)
         busy = self._busy(ctx, r, blocks, rate)
-        evict = self._evict(ctx, r, uncached, rate, copy_rate)
+        evict = self._evict(ctx, r, uncached, rate, measured)
         if fleet is not None:
             c = fleet.ttft
             return Cost(
@@ -185,16 +186,15 @@ class CacheAwarePolicy:
         return rate * self.w.busy * over * held if over > 0 else 0.0
 
     def _evict(
-        self, ctx: RouteContext, r: Replica, uncached: int, rate: float, copy_rate: float
+        self, ctx: RouteContext, r: Replica, uncached: int, rate: float, measured: float | None
     ) -> float:
         """What the cached tokens `uncached` pushes out of `r`'s GPU cache cost later requests
-        (lost, or moved to its host tier), times `--evict-weight`."""
-        if not self.w.evict:
-            return 0.0
-        gone = evicted_tokens(r, uncached, ctx.block_size, ctx.cached_blocks)
+        (lost, or moved to its host tier: copied back at `measured`), times `--evict-weight`."""
+        gone = evicted_tokens(r, uncached, ctx.block_size, ctx.cached_blocks) if self.w.evict else 0
         if not gone:
             return 0.0
         dropped = dropped_tokens(r, gone, ctx.block_size, ctx.host_blocks)
+        copy_rate = copy_seconds_per_token(measured, rate) if dropped is not None else 0.0
         return self.w.evict * eviction_seconds(gone, dropped, rate, copy_rate)
 
     def rank(self, ctx: RouteContext) -> list[Replica]:
