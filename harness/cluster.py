@@ -45,8 +45,8 @@ class ClusterSpec:
     # KVGATE_WORKER_TOKEN; None: workers are open, as `make demo` runs them.
     worker_token: str | None = None
     # The processes get SIGTERM when the process that started them ends, even by SIGKILL
-    # (`make demo`); start the cluster from the main thread then (harness/lifetime.py).
-    die_with_parent: bool = False
+    # (harness/lifetime.py). None: when the cluster is started from the main thread.
+    die_with_parent: bool | None = None
 
 
 class Cluster:

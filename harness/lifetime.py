@@ -5,10 +5,16 @@ bench or test run at once, leaving the cluster it started running: its workers a
 in sessions of their own. `unwind_on_termination` (every Cluster, from the main thread) makes
 them unwind like Ctrl-C instead, so the `with` block stops the cluster.
 
-A SIGKILL skips all that. Linux's parent-death signal (prctl PR_SET_PDEATHSIG) covers it: the
-kernel sends the child a signal when the thread that started it exits, however it exits. A
-child started from a thread that ends before the child should would be signalled then, so only
-main-thread owners opt in (`make demo`). Elsewhere (macOS) these do nothing.
+A SIGKILL skips all that (an OOM kill, `kill -9`, a CI runner's hard timeout), and a GPU worker
+left behind holds its GPU's memory. Linux's parent-death signal (prctl PR_SET_PDEATHSIG) covers
+it: the kernel signals the child when the thread that started it exits, however it exits.
+Arming it in a `preexec_fn` runs Python between fork and exec, which is unsafe in a process
+with threads (most benches and every test session have some), so `parent_death_launcher`
+arms it in the child after exec instead: a tiny interpreter that calls prctl, checks that its
+parent is still the one that started it, and execs the real program (the signal survives
+exec). Because the kernel ties it to the starting thread, only processes started from the main
+thread are bound by default (`Proc.die_with_parent`); one started from a thread that ends
+first would be signalled then. Elsewhere (macOS) none of this does anything.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 PR_SET_PDEATHSIG = 1
 
@@ -31,16 +37,30 @@ def _set_parent_death_signal(sig: int) -> bool:
     return libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
 
 
-def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None]:
-    """A Popen preexec_fn: the child gets `sig` when this process (this thread) ends."""
-    parent = os.getpid()
+# Run as `python -I -S -c _ARM_AND_EXEC <parent pid> <signal> <program> <args...>`: nothing but
+# the standard library, no site packages, so it adds milliseconds to a process's start.
+_ARM_AND_EXEC = """
+import ctypes, os, sys
+parent, sig, argv = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+ctypes.CDLL(None, use_errno=True).prctl(1, sig, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+if os.getppid() != parent:
+    sys.exit(f"parent {parent} ended before {argv[0]} started")
+os.execv(argv[0], argv)
+"""
 
-    def arm() -> None:
-        _set_parent_death_signal(sig)
-        if os.getppid() != parent:  # the parent died between fork and prctl
-            os.kill(os.getpid(), sig)
 
-    return arm
+def parent_death_launcher(sig: int = signal.SIGTERM) -> list[str]:
+    """The argv prefix that starts a program bound to this process (to this thread): the
+    program gets `sig` when it ends, even by SIGKILL. Empty where Linux's prctl is not."""
+    if not sys.platform.startswith("linux"):
+        return []
+    return [sys.executable, "-I", "-S", "-c", _ARM_AND_EXEC, str(os.getpid()), str(int(sig))]
+
+
+def binds_by_default() -> bool:
+    """Whether a process started here now is bound to this one unless told otherwise: from the
+    main thread only, which ends with the process (harness/proc.py's `die_with_parent`)."""
+    return threading.current_thread() is threading.main_thread()
 
 
 def bind_to_parent(sig: int = signal.SIGTERM) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from harness.lifetime import die_with_parent
+from harness.lifetime import binds_by_default, parent_death_launcher
 from harness.ports import HOST
 
 
@@ -26,8 +26,9 @@ class Proc:
     popen: subprocess.Popen | None = None
     extra: dict[str, int] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)  # on top of this process's environment
-    # SIGTERM when this process ends, even by SIGKILL (harness/lifetime.py: main thread only).
-    die_with_parent: bool = False
+    # SIGTERM when the process that started it ends, even by SIGKILL (harness/lifetime.py).
+    # None: when started from the main thread, which ends only with that process.
+    die_with_parent: bool | None = None
     executable: str | None = None  # the interpreter (None: this one); vLLM has a venv of its own
 
     @property
@@ -42,13 +43,14 @@ class Proc:
         log = self.log_path.open("ab")
         env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
         # A new session, so stopping the cluster also stops anything the process started.
+        bound = binds_by_default() if self.die_with_parent is None else self.die_with_parent
+        launcher = parent_death_launcher() if bound else []
         self.popen = subprocess.Popen(
-            [self.executable or sys.executable, *self.args],
+            [*launcher, self.executable or sys.executable, *self.args],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,
-            preexec_fn=die_with_parent() if self.die_with_parent else None,
         )
         log.close()
 

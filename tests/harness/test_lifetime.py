@@ -1,6 +1,6 @@
-"""`make demo`'s lifetime, with real processes: a run's cluster dies with it even when it is
-killed with SIGKILL, a bench's or test's cluster when it is sent SIGTERM, and each run writes its
-own logs, which no later run touches while it runs."""
+"""The harness's process lifetimes, with real processes: a bench's, test's or `make demo`'s
+cluster dies with it even when it is killed with SIGKILL, unwinds when it is sent SIGTERM, and
+each demo run writes its own logs, which no later run touches while it runs."""
 
 from __future__ import annotations
 
@@ -18,14 +18,23 @@ from harness.run_logs import claim_log_dir, running_runs
 from tests.support.paths import REPO
 from tests.support.processes import alive, children, wait_dead
 
-# A parent that starts a harness Proc (a sleeping Python) and waits to be killed.
+# A parent with a thread of its own running (as a bench's load generator would be) that starts a
+# harness Proc (a sleeping Python), bound or not (argv[2]: 1, 0 or the default), from its main
+# thread or from another (argv[3]), and waits to be killed.
 PARENT = """
-import sys, time
+import sys, threading, time
 from pathlib import Path
 from harness.proc import Proc
+threading.Thread(target=time.sleep, args=(120,), daemon=True).start()
+bound = {"1": True, "0": False, "default": None}[sys.argv[2]]
 p = Proc("child", ["-c", "import time; time.sleep(120)"], 0, Path(sys.argv[1]),
-         die_with_parent=sys.argv[2] == "1")
-p.start()
+         die_with_parent=bound)
+if sys.argv[3] == "main":
+    p.start()
+else:
+    t = threading.Thread(target=p.start)
+    t.start()
+    t.join()
 print(p.popen.pid, flush=True)
 time.sleep(120)
 """
@@ -73,19 +82,46 @@ def kill9(proc: subprocess.Popen) -> None:
     proc.wait(10)
 
 
-def test_cluster_processes_die_with_a_sigkilled_parent(tmp_path: Path) -> None:
-    bound, pid = spawn(PARENT, str(tmp_path / "bound.log"), "1")
-    free, free_pid = spawn(PARENT, str(tmp_path / "free.log"), "0")
-    child, free_child = int(pid), int(free_pid)
+@pytest.mark.parametrize(
+    ("bound", "thread", "dies"),
+    [
+        ("1", "main", True),
+        ("default", "main", True),  # every bench's and test's cluster, started from main
+        ("0", "main", False),  # what `make demo` did before: the test can fail
+        # Bound by default only from the main thread: the kernel signals the child when the
+        # thread that started it ends, and this one ended at once.
+        ("default", "other", False),
+    ],
+)
+def test_processes_die_with_a_sigkilled_parent(
+    tmp_path: Path, bound: str, thread: str, dies: bool
+) -> None:
+    parent, pid = spawn(PARENT, str(tmp_path / "child.log"), bound, thread)
+    child = int(pid)
     try:
-        assert alive(child) and alive(free_child)
-        kill9(bound)
-        kill9(free)
-        assert wait_dead(child, 10), "a die_with_parent child outlived its SIGKILLed parent"
-        # Without it the child lives on (what `make demo` did): the test above can fail.
-        assert not wait_dead(free_child, 1)
+        assert alive(child)
+        kill9(parent)
+        if dies:
+            assert wait_dead(child, 10), "a bound child outlived its SIGKILLed parent"
+        else:
+            assert not wait_dead(child, 1), "an unbound child died with its parent"
     finally:
-        for p in (child, free_child):
+        if alive(child):
+            os.kill(child, signal.SIGKILL)
+
+
+def test_a_sigkilled_bench_takes_its_cluster_with_it(tmp_path: Path, demo_model_dir: Path) -> None:
+    """A bench killed with SIGKILL (an OOM kill, a CI runner's hard timeout) runs no `finally`:
+    its worker and the worker's engine core go anyway, as they would hold a GPU's memory."""
+    bench, pid = spawn(BENCH, str(demo_model_dir), str(tmp_path / "logs"), "terminal")
+    worker = int(pid)
+    (core,) = children(worker)
+    try:
+        kill9(bench)
+        assert wait_dead(worker, 10), "the worker outlived a SIGKILLed bench"
+        assert wait_dead(core, 10), "the worker's engine core outlived it"
+    finally:
+        for p in (worker, core):
             if alive(p):
                 os.kill(p, signal.SIGKILL)
 
