@@ -62,17 +62,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             "KV events are open to whoever reaches this worker (docs/security.md)"
         )
 
-    import uvicorn
-
-    from kvgate_cli.drain import DrainingServer
-    from worker.server.app import create_app
-    from worker.server.launch import start_worker_cores
+    from worker.server.launch import spawn_worker_cores
 
     try:
         sock = listen_socket(server_config.host, server_config.port)
         # One engine core process per data-parallel rank, each with its own KV cache (as
-        # vLLM's); the model loads there.
-        cores = start_worker_cores(engine_config, server_config)
+        # vLLM's); the model loads there while this process imports its web stack.
+        starting = spawn_worker_cores(engine_config, server_config)
+    except (ValueError, OSError) as e:
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        import uvicorn
+
+        from kvgate_cli.drain import DrainingServer
+        from worker.server.app import create_app
+    except BaseException:
+        starting.abandon()
+        raise
+    try:
+        cores = starting.wait()
     except (ValueError, OSError) as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2

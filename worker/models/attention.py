@@ -18,7 +18,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.nn.attention.bias import causal_lower_right
+
+if torch.cuda.is_available():
+    # Only CUDA's kernels take the lazy mask; torch.nn.attention.bias imports torch._dynamo, a
+    # second of every CPU worker's start (and of each test that starts one) for nothing.
+    from torch.nn.attention.bias import causal_lower_right
 
 # On CUDA: flash first, then memory-efficient, never cuDNN. cuDNN's SDPA builds a new plan for
 # every new shape (milliseconds of CPU each), and prompt lengths are all different.

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from worker.models.attention import sdpa
-from worker.models.layers import MergedLinear, get_activation
+from worker.models.layers import Embedding, MergedLinear, get_activation
 
 
 @dataclass(slots=True)
@@ -57,7 +57,7 @@ class ClipVisionEmbeddings(nn.Module):
             stride=config.patch_size,
             bias=False,
         )
-        self.position_embedding = nn.Embedding(config.num_patches + 1, config.hidden_size)
+        self.position_embedding = Embedding(config.num_patches + 1, config.hidden_size)
 
     def forward(self, pixel_values: Tensor) -> Tensor:
         batch, _, height, width = pixel_values.shape

@@ -91,6 +91,16 @@ class GatedActivation(nn.Module):
         return self.act(gate) * up
 
 
+class Embedding(nn.Embedding):
+    """nn.Embedding that skips its random init on the meta device, where the loader builds
+    models (loader.py) and init is meaningless: torch's meta `normal_` imports torch._dynamo,
+    about a second of every worker's start on a CPU."""
+
+    def reset_parameters(self) -> None:
+        if not self.weight.is_meta:
+            super().reset_parameters()
+
+
 class MergedLinear(nn.Linear):
     """Several checkpoint projections stacked along the output dim (qkv, gate_up): one matmul.
 

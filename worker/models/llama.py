@@ -8,7 +8,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from worker.models.attention import AttentionContext
-from worker.models.layers import GatedActivation, MergedLinear, RMSNorm
+from worker.models.layers import Embedding, GatedActivation, MergedLinear, RMSNorm
 from worker.models.rotary import RotaryEmbedding
 
 # Fields a config.json may omit, per model_type (the transformers defaults for each family).
@@ -150,7 +150,7 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers)
         )

@@ -85,6 +85,22 @@ def llava_checkpoint_name(name: str) -> str:
     return name
 
 
+def materialize(model: nn.Module, dtype: torch.dtype, device: torch.device) -> None:
+    """`model.to(dtype).to_empty(device=device)` for a model built on the meta device: every
+    parameter uninitialised on `device`, floating ones in `dtype` (the checkpoint fills them).
+    Not `to_empty` itself: its `empty_like` of a meta tensor runs torch's Python decompositions,
+    which import sympy, a third of a second of every worker's start. Shared parameters come
+    out unshared, as from `to_empty` (the models' `tie_weights` re-shares them)."""
+    for module in model.modules():
+        for name, p in list(module.named_parameters(recurse=False)):
+            kind = dtype if p.is_floating_point() else p.dtype
+            empty = torch.empty(p.shape, dtype=kind, device=device)
+            setattr(module, name, nn.Parameter(empty, requires_grad=p.requires_grad))
+        for name, b in list(module.named_buffers(recurse=False)):
+            kind = dtype if b.is_floating_point() else b.dtype
+            module._buffers[name] = torch.empty(b.shape, dtype=kind, device=device)  # as _apply
+
+
 def load_model(
     model_dir: str | Path,
     device: str | torch.device = "cpu",
@@ -103,7 +119,7 @@ def load_model(
     cls = resolve_architecture(config)
     with torch.device("meta"):
         model = cls.from_hf_config(config)
-    model = model.to(dtype=target_dtype).to_empty(device=target_device)
+    materialize(model, target_dtype, target_device)
     model.tie_weights()
 
     if isinstance(model, LlavaForConditionalGeneration):

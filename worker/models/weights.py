@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from torch import Tensor, nn
 
 from worker.models.layers import MergedLinear
@@ -33,10 +33,15 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
 
 
 def iter_checkpoint(model_dir: Path) -> Iterator[tuple[str, Tensor]]:
+    """Every tensor of every checkpoint file; a ValueError naming the file when one cannot be
+    read (a download cut short), where safetensors' own error names neither."""
     for path in checkpoint_files(model_dir):
-        with safe_open(str(path), framework="pt", device="cpu") as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                yield name, f.get_tensor(name)
+        try:
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                    yield name, f.get_tensor(name)
+        except SafetensorError as e:
+            raise ValueError(f"{path} is not a readable safetensors file ({e})") from e
 
 
 def _merged_shards(model: nn.Module) -> dict[str, tuple[str, str]]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -27,7 +26,6 @@ from cachekey.documents import (
     RankInfo,
     WorkerInfo,
 )
-from cachekey.events import topic
 from kvgate_cli.drain import OpenStreams
 from worker.engine.config import EngineConfig
 from worker.engine.outputs import LoRAStats
@@ -36,7 +34,6 @@ from worker.server.config import ServerConfig
 from worker.server.core_process import CoreHandle
 from worker.server.engine_client import AsyncEngine
 from worker.server.faults import FaultInjector
-from worker.server.kv_publisher import PublisherConfig
 from worker.server.metrics import WorkerMetrics
 from worker.server.serving import ServingContext, rank_index
 from worker.server.serving_chat import ServingChat
@@ -86,7 +83,8 @@ def init_app_state(
     state: State, cores: Sequence[CoreHandle], config: ServerConfig, identity: tuple[str, str]
 ) -> WorkerState:
     """Build the worker's state around started engine cores (one per data-parallel rank) and
-    store it on `state` (once). `identity`: the instance id and KV-event topic (new_identity)."""
+    store it on `state` (once). `identity`: the instance id and KV-event topic
+    (launch.py's new_identity)."""
     if getattr(state, "worker", None) is not None:
         raise RuntimeError("the worker's app state is already initialized")
     ranks = config.engine_ranks()
@@ -254,29 +252,3 @@ def _endpoint(config: ServerConfig, kv_topic: str, i: int) -> KVEventsEndpoint:
         topic=kv_topic,
         curve=events and config.worker_token is not None,
     )
-
-
-def new_identity(model_name: str) -> tuple[str, str]:
-    """A new instance id and its KV-event topic (one for every rank, as vLLM's); the cores'
-    publishers need the topic before the app state exists."""
-    instance_id = uuid.uuid4().hex
-    return instance_id, topic(instance_id, model_name)
-
-
-def publisher_configs(config: ServerConfig, kv_topic: str) -> list[PublisherConfig | None]:
-    """Each engine's publisher (None: KV events disabled), started in its core process."""
-    if not config.events_enabled:
-        return [None] * len(config.engine_ranks())
-    replay = config.kv_events_replay_port
-    return [
-        PublisherConfig(
-            host=config.zmq_host,
-            port=config.kv_events_port + i,
-            replay_port=replay + i if replay else None,
-            topic=kv_topic,
-            buffer_size=config.kv_events_buffer,
-            data_parallel_rank=rank,
-            curve=config.curve_keys,
-        )
-        for i, rank in enumerate(config.engine_ranks())
-    ]

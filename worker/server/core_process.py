@@ -94,21 +94,56 @@ class CoreHandle:
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
-def start_cores(
+@dataclass
+class StartingCore:
+    """A core process started and not yet heard from (`await_cores`)."""
+
+    proc: subprocess.Popen
+    commands: zmq.Socket
+    reports: zmq.Socket
+    engine: EngineConfig
+    folder: str
+
+    def abandon(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        if self.proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
+        self.commands.close(0)
+        self.reports.close(0)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def spawn_cores(
     ctx: zmq.Context, specs: Sequence[tuple[EngineConfig, PublisherConfig | None]], **common
-) -> list[CoreHandle]:
-    """Start one core per (engine, publisher) config, all at once, and wait for every one;
-    on a failure stop them all and raise CoreStartError with the core's message."""
-    pending = [_spawn(ctx, engine, publisher, **common) for engine, publisher in specs]
+) -> list[StartingCore]:
+    """Start one core per (engine, publisher) config, all at once; `await_cores` waits for
+    them, and the caller may do its own start-up meanwhile."""
+    starting: list[StartingCore] = []
+    try:
+        for engine, publisher in specs:
+            starting.append(_spawn(ctx, engine, publisher, **common))
+    except BaseException:
+        for core in starting:
+            core.abandon()
+        raise
+    return starting
+
+
+def await_cores(starting: Sequence[StartingCore]) -> list[CoreHandle]:
+    """Wait until every core has loaded; on a failure stop them all and raise CoreStartError
+    with the core's message."""
     handles: list[CoreHandle] = []
     try:
-        for p in pending:
-            handles.append(_await_ready(*p))
+        for core in starting:
+            handles.append(_await_ready(core))
     except BaseException:
         for h in handles:
             h.stop()
-        for p in pending[len(handles) :]:
-            _abandon(*p)
+        for core in starting[len(handles) :]:
+            core.abandon()
         raise
     return handles
 
@@ -130,42 +165,33 @@ def _spawn(ctx: zmq.Context, engine: EngineConfig, publisher: PublisherConfig | 
     assert proc.stdin is not None
     proc.stdin.write(msgspec.json.encode(spec) + b"\n")
     proc.stdin.flush()  # and kept open: its end-of-file is the API server's death
-    return proc, commands, reports, engine, folder
+    return StartingCore(proc, commands, reports, engine, folder)
 
 
-def _await_ready(proc, commands, reports, engine: EngineConfig, folder: str) -> CoreHandle:
+def _await_ready(core: StartingCore) -> CoreHandle:
     decode = m.report_decoder().decode
     deadline = time.monotonic() + _START_TIMEOUT_S
     while time.monotonic() < deadline:
-        if reports.poll(100):
-            report = decode(reports.recv())
+        if core.reports.poll(100):
+            report = decode(core.reports.recv())
             if isinstance(report, m.Failed):
-                _abandon(proc, commands, reports, engine, folder)
+                core.abandon()
                 raise CoreStartError(report.message)
             if isinstance(report, m.Ready):
-                assets = ModelAssets.from_dir(engine.model)
-                assert engine.served_model_name is not None
-                namespace = HashNamespace(
-                    engine.served_model_name, engine.block_size, engine.hash_seed
-                )
-                return CoreHandle(
-                    proc, commands, reports, ExitWatch(proc), report, engine, assets,
-                    Renderer(assets), namespace, folder,
-                )  # fmt: skip
-        elif proc.poll() is not None:
-            _abandon(proc, commands, reports, engine, folder)
-            raise CoreStartError(f"the engine core exited while loading ({proc.returncode})")
-    _abandon(proc, commands, reports, engine, folder)
+                return _handle(core, report)
+        elif core.proc.poll() is not None:
+            core.abandon()
+            raise CoreStartError(f"the engine core exited while loading ({core.proc.returncode})")
+    core.abandon()
     raise CoreStartError(f"the engine core did not load in {_START_TIMEOUT_S:.0f}s")
 
 
-def _abandon(proc, commands, reports, _engine, folder: str) -> None:
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait()
-    if proc.stdin is not None:
-        with contextlib.suppress(OSError):
-            proc.stdin.close()
-    commands.close(0)
-    reports.close(0)
-    shutil.rmtree(folder, ignore_errors=True)
+def _handle(core: StartingCore, ready: m.Ready) -> CoreHandle:
+    engine = core.engine
+    assets = ModelAssets.from_dir(engine.model)
+    assert engine.served_model_name is not None
+    namespace = HashNamespace(engine.served_model_name, engine.block_size, engine.hash_seed)
+    return CoreHandle(
+        core.proc, core.commands, core.reports, ExitWatch(core.proc), ready, engine, assets,
+        Renderer(assets), namespace, core.folder,
+    )  # fmt: skip

@@ -180,6 +180,15 @@ def test_misshapen_weight_is_a_loud_error(tmp_path: Path) -> None:
         load_model(tmp_path, "cpu", "float32")
 
 
+def test_truncated_checkpoint_is_an_error_naming_its_file(tmp_path: Path) -> None:
+    """A download cut short: safetensors' own error names no file."""
+    _hf_text_model(TEXT_CONFIGS["llama_gqa"](), tmp_path)
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(path.read_bytes()[:1000])
+    with pytest.raises(ValueError, match=r"model\.safetensors is not a readable safetensors file"):
+        load_model(tmp_path, "cpu", "float32")
+
+
 # --- LLaVA ---------------------------------------------------------------------------------
 
 IMAGE_TOKEN = VOCAB - 1

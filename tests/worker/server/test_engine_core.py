@@ -1,20 +1,26 @@
 """The engine core in a process of its own: a SIGKILL'd core turns /health red and fails every
 pending request with a 5xx at once, seen through a pidfd or, where Python has no
 os.pidfd_open (macOS, Linux before 5.3), by polling; the core stops with the worker and when the
-API server dies (no process is left behind)."""
+API server dies (no process is left behind); a core that cannot load ends its worker with its
+message."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import httpx
 import pytest
 
 from harness.waits import wait_until
+from tests.support.paths import REPO
 from tests.support.processes import alive, children, wait_dead
 from tests.support.worker_harness import WorkerProcess
 
@@ -122,3 +128,34 @@ def test_core_exits_when_the_api_server_is_killed(demo_model_dir):
         assert isinstance(streamed_result["error"], httpx.RemoteProtocolError)
     finally:
         w.stop()
+
+
+def _processes_with(marker: str) -> list[int]:
+    """Live processes whose environment holds `marker` (this user's, from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "environ").read_bytes() and alive(int(entry.name)):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_a_core_that_cannot_load_ends_the_worker_with_its_message(demo_model_dir, tmp_path):
+    """The API server imports its web stack while its cores load; a core that fails (here a
+    checkpoint cut short) ends the worker with exit status 2 and the core's own message, and
+    leaves no process behind."""
+    model = tmp_path / "model"
+    shutil.copytree(demo_model_dir, model)
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    marker = f"KVGATE_TEST_MARK={uuid.uuid4().hex}"
+    env = dict(os.environ, **dict([marker.split("=")]))
+    argv = [sys.executable, "-m", "worker", "--model", str(model), "--port", "0"]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert f"error: {weights} is not a readable safetensors file" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    wait_until(lambda: not _processes_with(marker), 10, "the core to end with its worker")
