@@ -242,9 +242,19 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+def _leave_stopping_to_the_api_server(signum: int, _frame: object) -> None:
+    logger.info("%s to the process group: the API server drains, then stops this core",
+                signal.Signals(signum).name)  # fmt: skip
+
+
 def main() -> int:
-    # Ctrl-C reaches the whole process group: the API server alone decides when to stop.
+    # Ctrl-C, and a SIGTERM sent to the whole process group (systemd's default stop, `kill --
+    # -PGID`, a harness stopping a cluster), reach the core too: the API server alone decides
+    # when it stops, once its streams have drained (a Shutdown, or its stdin's end when it
+    # dies). A handler, not SIG_IGN, for SIGTERM: the processes a core execs (compilers) keep
+    # the default.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _leave_stopping_to_the_api_server)
     _die_with_parent()
     spec = msgspec.json.decode(sys.stdin.buffer.readline(), type=CoreSpec)
     logging.basicConfig(
@@ -255,5 +265,14 @@ def main() -> int:
     return serve(spec)
 
 
+def _exit(code: int) -> None:
+    """End without the interpreter's teardown: serve() has closed the sockets and the publisher,
+    and unloading torch's modules is half a second of every stop. Logs and output go first."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit(main())

@@ -19,6 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from harness.ports import free_port
+from harness.proc import Proc
 from harness.waits import wait_until
 from tests.support.paths import REPO
 from tests.support.processes import alive, children, wait_dead
@@ -41,13 +43,15 @@ def _running(url: str) -> float:
     raise AssertionError("vllm:num_requests_running not exported")
 
 
-def _in_background(url: str, stream: bool) -> tuple[threading.Thread, dict]:
+def _in_background(
+    url: str, stream: bool, body: dict | None = None
+) -> tuple[threading.Thread, dict]:
     result: dict = {"lines": []}
 
     def run() -> None:
-        body = {**LONG, "stream": stream}
+        body_sent = {**(body or LONG), "stream": stream}
         try:
-            with httpx.stream("POST", url + "/v1/completions", json=body, timeout=30) as r:
+            with httpx.stream("POST", url + "/v1/completions", json=body_sent, timeout=30) as r:
                 result["status"] = r.status_code
                 for line in r.iter_lines():
                     if line:
@@ -159,3 +163,32 @@ def test_a_core_that_cannot_load_ends_the_worker_with_its_message(demo_model_dir
     assert f"error: {weights} is not a readable safetensors file" in proc.stderr
     assert "Traceback" not in proc.stderr
     wait_until(lambda: not _processes_with(marker), 10, "the core to end with its worker")
+
+
+def test_a_sigterm_to_the_whole_process_group_drains_like_one_to_the_worker(
+    demo_model_dir, tmp_path
+):
+    """systemd's default stop (and `kill -- -PGID`) sends SIGTERM to every process of the
+    worker, its engine core too: the core leaves stopping to the API server, so a stream in
+    flight finishes as in a drain instead of ending with the core's death."""
+    port = free_port()
+    args = ["-m", "worker", "--model", str(demo_model_dir), "--served-model-name", "demo",
+            "--engine", "sim", "--port", str(port), "--kv-events-port", str(free_port()),
+            "--kv-events-replay-port", str(free_port()), *SLOW]  # fmt: skip
+    w = Proc("worker", args, port, tmp_path / "worker.log")  # a session of its own
+    w.start()
+    try:
+        w.wait_healthy(60)
+        body = {**LONG, "max_tokens": 60, "stream": True}
+        streamed, result = _in_background(w.url, stream=True, body=body)
+        wait_until(lambda: _running(w.url) == 1, 10)
+        assert w.popen is not None
+        os.killpg(w.popen.pid, signal.SIGTERM)
+        streamed.join(30)
+        assert result["status"] == 200 and result["lines"][-1] == "data: [DONE]"
+        assert not any("error" in line for line in result["lines"]), result["lines"][-3:]
+        assert len(result["lines"]) == 60 + 1  # every token, then [DONE]
+        assert w.popen.wait(30) in (0, -signal.SIGTERM)
+        assert "engine core dead" not in w.log_tail(50)
+    finally:
+        w.kill()
