@@ -243,8 +243,8 @@ def _die_with_parent() -> None:
 
 
 def _leave_stopping_to_the_api_server(signum: int, _frame: object) -> None:
-    logger.info("%s to the process group: the API server drains, then stops this core",
-                signal.Signals(signum).name)  # fmt: skip
+    name = signal.Signals(signum).name
+    logger.info("%s ignored: the API server drains, then stops this core", name)
 
 
 def main() -> int:
