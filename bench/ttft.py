@@ -13,7 +13,9 @@ every worker, as a gateway that has been serving has); then
 `--rounds` rounds (2 by default), each with the policy order turned by one place, every round
 printed and, at the end, each policy's medians over the rounds, and where each run's mean first
 token went: the gateway and HTTP, the worker before its engine, the engine's queue and prefill
-(bench/lib/first_token.py, from the workers' own histograms).
+(bench/lib/first_token.py, from the workers' own histograms), and the workers' CPU per request
+in their API servers (`srv CPU`) and their engine cores (`core CPU`), which on a GPU host says
+where a request's host cost lives.
 
     python -m bench.ttft                             # table + bench/results/ttft.json
     python -m bench.ttft --workers 2 --policies cache_aware,round_robin,least_loaded
@@ -46,6 +48,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench.lib.first_token import PARTS_COLUMNS, Parts, first_token_parts
+from bench.lib.proc_stats import CpuMeter
 from bench.lib.report import args_dict, col, columns, percentile, print_table, write_json
 from bench.lib.rounds import medians, rotated, warm_up
 from bench.lib.runs import Measured, add_workload_args, drive_policy, records, workload_spec
@@ -73,13 +76,18 @@ class Row:
     output_tokens_per_s: float = col("out tok/s", 10, ".1f")
     max_over_mean: float = col("max/mean", 9, ".2f")
     exact: str = col("exact", 9)  # predicted == reported cached tokens, of the answered
+    server_cpu_ms: float = col("srv CPU", 9, ".1f", "ms")  # the workers' API servers, per request
+    core_cpu_ms: float = col("core CPU", 10, ".1f", "ms")  # what runs below them (engine cores)
     seconds: float
 
 
 COLUMNS = columns(Row)
 
 
-def make_row(policy: str, m: Measured, round_: int = 0) -> Row:
+def make_row(
+    policy: str, m: Measured, round_: int = 0, cpu_s: tuple[float, float] = (0.0, 0.0)
+) -> Row:
+    """`cpu_s`: the CPU seconds the workers' API servers and their engine cores spent on it."""
     results, per_worker, seconds = m.results, m.per_worker, m.seconds
     ok = [r for r in results if r.ok]
     ttfts = [r.ttft_s * 1000 for r in ok if r.ttft_s is not None]
@@ -98,6 +106,8 @@ def make_row(policy: str, m: Measured, round_: int = 0) -> Row:
         output_tokens_per_s=round(output_tokens / seconds, 1),
         max_over_mean=round(wm.max_over_mean([c.requests for c in per_worker.values()]), 2),
         exact=f"{sum(r.predicted_cached_tokens == r.cached_tokens for r in ok)}/{len(ok)}",
+        server_cpu_ms=round(1000 * cpu_s[0] / max(len(ok), 1), 2),
+        core_cpu_ms=round(1000 * cpu_s[1] / max(len(ok), 1), 2),
         seconds=round(seconds, 2),
     )
 
@@ -174,12 +184,12 @@ def run(args: argparse.Namespace) -> tuple[list[Row], list[Parts], list[dict]]:
             f"warm-up: the workload's first turns on each worker and through the gateway "
             f"({failed} failed)"
         )
+        meter = CpuMeter([w.popen.pid for w in c.workers if w.popen is not None])
         for round_ in range(args.rounds):
             for policy in rotated(args.policies.split(","), round_):
-                m = drive_policy(
-                    c, workload, policy, concurrency=args.concurrency, stream=True, timeout=600.0
-                )
-                rows.append(make_row(policy, m, round_))
+                m = drive_policy(c, workload, policy, concurrency=args.concurrency, stream=True,
+                                 timeout=600.0, on_start=meter.start)  # fmt: skip
+                rows.append(make_row(policy, m, round_, meter.spent()))
                 print_table(rows[-1:], COLUMNS, header=len(rows) == 1)
                 parts.append(first_token_parts(policy, m, round_))
                 answered += records(m, policy, round_)

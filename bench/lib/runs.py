@@ -88,12 +88,21 @@ def drive(
 
 
 def drive_policy(
-    cluster: Cluster, workload: Workload, policy: str, *, concurrency: int, **kwargs
+    cluster: Cluster,
+    workload: Workload,
+    policy: str,
+    *,
+    concurrency: int,
+    on_start: Callable[[], object] | None = None,
+    **kwargs,
 ) -> Measured:
     """One policy's run through the cluster's gateway, on cold caches, each conversation
-    pinned by its session header (for the `session` policy). `kwargs` go to `drive`."""
+    pinned by its session header (for the `session` policy). `on_start` is called once the
+    caches are reset and settled, as the first request goes. `kwargs` go to `drive`."""
     cluster.reset_prefix_caches()
     time.sleep(SETTLE_S)
+    if on_start is not None:
+        on_start()
     return drive(
         cluster.gateway_url,
         cluster.worker_urls,

@@ -1,7 +1,8 @@
 """`python -m bench.ttft --engine sim` on a small workload: every worker is warmed before the
 first measured policy, each round turns the policy order by one place, every round is reported,
-the medians over the rounds come last, every request is written out, and each run's mean first
-token is split into where its time went."""
+the medians over the rounds come last, every request is written out, each run's mean first
+token is split into where its time went, and the workers' CPU into their API servers' and their
+engine cores'."""
 
 from __future__ import annotations
 
@@ -30,6 +31,10 @@ def test_ttft_sim_rounds_are_warmed_rotated_and_reported(tmp_path: Path):
     ]
     for r in rows:
         assert r["failed"] == 0 and r["requests"] == 8 and r["ttft_p50_ms"] > 0
+        assert r["server_cpu_ms"] >= 0 and r["core_cpu_ms"] >= 0
+    # The workers' CPU per request, split: their API servers and their engine cores both work
+    # (read in clock ticks from /proc: summed over the runs, not one run's 8 requests).
+    assert sum(r["server_cpu_ms"] for r in rows) > 0 and sum(r["core_cpu_ms"] for r in rows) > 0
     middle = {r["policy"]: r for r in summary["medians"]}
     for policy, row in middle.items():
         mine = [r["requests_per_s"] for r in rows if r["policy"] == policy]
