@@ -19,7 +19,9 @@
 #                              # a GPU not yet measured); `ROUTING_ONE=1` adds one worker at 1, 4
 #                              # and 16 streams; `python -m bench.sim_check --gpu-results $OUT`
 #                              # then sets the sim beside these figures, and where each run's
-#                              # first tokens went beside the sim's (the workers' histograms);
+#                              # first tokens went beside the sim's (the workers' histograms),
+#                              # and the workers' CPU per request in their API servers and their
+#                              # engine cores (which --sim-server-model today's worker is);
 #                              # `python -m bench.sim_refit --gpu-results $OUT` refits the sim's
 #                              # worker-server cost to today's worker
 #   bash bench/gpu.sh hosttier # the host KV tier: its engine tests on CUDA (pinned copies, side

@@ -20,7 +20,8 @@ the GPU run's beside it where `--gpu-results` has it: which part the sim gets wr
 With `--gpu-results DIR` (what `bash bench/gpu.sh routing` wrote, ROUTING_ONE=1 for the one
 worker's runs) a run whose JSON is there is held to that run's medians, every policy it ran
 (cache_aware too: today's router on the GPU against itself in the sim); the others keep
-gpu-figures.md's.
+gpu-figures.md's. Its runs' worker CPU per request, in the API servers and in the engine cores,
+is printed too: where the device's worker pays its host cost, so which `--sim-server-model`.
 """
 
 from __future__ import annotations
@@ -121,6 +122,22 @@ def parts_rows(name: str, side: str, path: Path, scale: float = 1.0) -> list[Par
     ]
 
 
+def host_cpu(name: str, path: Path) -> list[dict]:
+    """A device run's worker CPU per request by policy (its medians): in the workers' API
+    servers and in their engine cores, which says where today's worker pays its host cost and so
+    which `--sim-server-model` it is (none from a JSON older than bench.ttft's CPU columns)."""
+    return [
+        {
+            "run": name,
+            "policy": m["policy"],
+            "server_cpu_ms": m["server_cpu_ms"],
+            "core_cpu_ms": m["core_cpu_ms"],
+        }
+        for m in json.loads(path.read_text())["medians"]
+        if "server_cpu_ms" in m
+    ]
+
+
 def run_sim(name: str, policies: list[str], args: argparse.Namespace, out: Path) -> dict[str, dict]:
     """One GPU run's workload in the sim under `policies`: bench.ttft's medians by policy (its
     JSON left at `out`)."""
@@ -202,6 +219,7 @@ def main() -> None:
     args = _arguments()
     rows: list[Row] = []
     parts: list[PartsRow] = []
+    cpu: list[dict] = []
     sources: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.only.split(","):
@@ -213,6 +231,7 @@ def main() -> None:
             sources[name] = source
             if source != "gpu-figures.md":
                 parts += parts_rows(name, "GPU", Path(source))
+                cpu += host_cpu(name, Path(source))
             parts += parts_rows(name, "sim", out, args.sim_time_scale)
     print(f"the GPU's figures against the sim's medians over {args.rounds} rounds, GPU seconds:")
     print_table(rows, COLUMNS)
@@ -224,12 +243,21 @@ def main() -> None:
         )
     print("where the mean first token's time goes (medians of the runs' means), GPU seconds:")
     print_table(parts, PARTS_COLUMNS)
+    if cpu:
+        print("the device's workers' CPU per request: in the API servers (`thread`, `apart`) and")
+        print("in the engine cores (`step`), medians:")
+        for c in cpu:
+            print(
+                f"{c['run']:8s} {c['policy']:13s} API servers {c['server_cpu_ms']:6.1f} ms,"
+                f" engine cores {c['core_cpu_ms']:6.1f} ms"
+            )
     summary = {
         "args": args_dict(args),
         "gpu_sources": sources,
         "rows": [asdict(r) for r in rows],
         "shapes": verdicts,
         "first_token_parts": [asdict(p) for p in parts],
+        "gpu_host_cpu": cpu,
     }
     write_json(args.out, summary)
 

@@ -105,6 +105,16 @@ def test_a_gpu_runs_results_replace_the_reference_figures_policy_by_policy(tmp_p
             m[k] for k in ("client_ms", "to_engine_ms", "prefill_ms")
         ]
     assert all(p["client_ms"] > 0 and p["prefill_ms"] > 0 for p in parts.values())
+    # The device's worker CPU per request, API servers and engine cores, as its JSON gives it.
+    assert summary["gpu_host_cpu"] == [
+        {
+            "run": "hot",
+            "policy": m["policy"],
+            "server_cpu_ms": m["server_cpu_ms"],
+            "core_cpu_ms": m["core_cpu_ms"],
+        }
+        for m in device["medians"]
+    ]
     # bench.sim_refit reads the same JSON: its one evenly spread median (round_robin, 2 streams
     # over 2 workers) is one server figure, too few to fit three terms.
     proc = subprocess.run(
