@@ -29,7 +29,7 @@ from pathlib import Path
 import httpx
 
 from harness.envoy_config import EnvoySpec, bootstrap
-from harness.lifetime import binds_by_default, parent_death_launcher
+from harness.lifetime import parent_death_launcher
 from harness.ports import HOST, free_port
 
 
@@ -69,7 +69,7 @@ class Envoy:
         config = bootstrap(s, self.port, self.admin_port, p["access"])
         p["config"].write_text(json.dumps(config, indent=1))
         # Bound to this process when started from its main thread (harness/lifetime.py).
-        bind = parent_death_launcher() if binds_by_default() else []
+        bind = parent_death_launcher()
         args = [*bind, envoy_binary(), "-c", str(p["config"]), "--log-level", "info",
                 "--base-id", str(self.admin_port), "--concurrency", "1",
                 "--file-flush-interval-msec", "20"]  # fmt: skip

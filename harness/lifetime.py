@@ -49,18 +49,16 @@ os.execv(argv[0], argv)
 """
 
 
-def parent_death_launcher(sig: int = signal.SIGTERM) -> list[str]:
+def parent_death_launcher(bind: bool | None = None, sig: int = signal.SIGTERM) -> list[str]:
     """The argv prefix that starts a program bound to this process (to this thread): the
-    program gets `sig` when it ends, even by SIGKILL. Empty where Linux's prctl is not."""
-    if not sys.platform.startswith("linux"):
+    program gets `sig` when it ends, even by SIGKILL. `bind` None: bound when started from the
+    main thread, which ends only with the process. Empty when unbound, or where Linux's prctl
+    is not."""
+    if bind is None:
+        bind = threading.current_thread() is threading.main_thread()
+    if not bind or not sys.platform.startswith("linux"):
         return []
     return [sys.executable, "-I", "-S", "-c", _ARM_AND_EXEC, str(os.getpid()), str(int(sig))]
-
-
-def binds_by_default() -> bool:
-    """Whether a process started here now is bound to this one unless told otherwise: from the
-    main thread only, which ends with the process (harness/proc.py's `die_with_parent`)."""
-    return threading.current_thread() is threading.main_thread()
 
 
 def bind_to_parent(sig: int = signal.SIGTERM) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from harness.lifetime import binds_by_default, parent_death_launcher
+from harness.lifetime import parent_death_launcher
 from harness.ports import HOST
 
 
@@ -43,8 +43,7 @@ class Proc:
         log = self.log_path.open("ab")
         env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
         # A new session, so stopping the cluster also stops anything the process started.
-        bound = binds_by_default() if self.die_with_parent is None else self.die_with_parent
-        launcher = parent_death_launcher() if bound else []
+        launcher = parent_death_launcher(self.die_with_parent)
         self.popen = subprocess.Popen(
             [*launcher, self.executable or sys.executable, *self.args],
             stdout=log,

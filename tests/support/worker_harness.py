@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from harness.lifetime import binds_by_default, parent_death_launcher
+from harness.lifetime import parent_death_launcher
 from harness.ports import free_port
 from tests.support.paths import REPO
 
@@ -65,7 +65,7 @@ class WorkerProcess:
     def start(self, timeout: float = 120.0) -> WorkerProcess:
         env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
         # Bound to this test run, as harness/proc.py's processes: a SIGKILLed pytest leaves none.
-        bind = parent_death_launcher() if binds_by_default() else []
+        bind = parent_death_launcher()
         self.proc = subprocess.Popen(
             [*bind, *self.argv], cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT
         )
