@@ -33,6 +33,7 @@ GATEWAY_ARGS = (
     "--max-body-bytes", "64KiB",
     "--max-inflight-per-replica", "1",  # one slot and no queue: a second request is shed
     "--max-queue", "0",
+    "--request-timeout", "3",  # a whole answer of LONG tokens (20 s) is a 502 after 3 s
 )  # fmt: skip
 
 
@@ -170,6 +171,22 @@ def test_abandoned_request_is_client_gone_and_stops_the_worker(cluster) -> None:
     assert metric_total(c.gateway_url, PREDICTED) == predicted
     # The slot came back: the next request is served, not shed.
     assert post(c.gateway_url, _body("after the abandoned one"), headers=AUTH).status_code == 200
+
+
+def test_every_replica_failed_is_a_counted_502_naming_no_url(cluster) -> None:
+    """The worker sends nothing for --request-timeout (a whole answer comes at its end): 502
+    `upstream_failed`, naming the replica by its name, never its URL (docs/security.md)."""
+    c = cluster
+    (worker,) = c.worker_urls
+    before = outcomes(c)
+    body = _body("an answer slower than the timeout", max_tokens=LONG, ignore_eos=True)
+    r = post(c.gateway_url, body, headers=AUTH)
+    assert r.status_code == 502, r.text
+    err = r.json()["error"]
+    assert err["code"] == "upstream_failed", err
+    assert c.replica_name(worker) in err["message"] and worker not in err["message"], err
+    wait_until(lambda: metric_total(worker, RUNNING) == 0, 5, "the worker to stop")
+    assert moved(before, outcomes(c))[("none", "cache_aware", "502")] == 1.0
 
 
 def test_no_replica_is_a_counted_503(cluster) -> None:
