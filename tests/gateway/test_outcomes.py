@@ -202,3 +202,9 @@ def test_no_replica_is_a_counted_503(cluster) -> None:
     r = post(c.gateway_url, _body("nobody to serve it"), headers=AUTH)
     assert r.status_code == 503 and r.json()["error"]["code"] == "no_healthy_worker"
     assert moved(before, outcomes(c)) == {("none", "cache_aware", "503"): 1.0}
+    # A model no worker served: still 503 while none is healthy, but not "no worker is
+    # configured" (one is, and down).
+    r = post(c.gateway_url, _body("for a model nobody serves", model="nope"), headers=AUTH)
+    assert r.status_code == 503, r.text
+    message = r.json()["error"]["message"]
+    assert "configured" not in message and "none of the known workers" in message, message
