@@ -61,7 +61,7 @@ class GatewayConfig:
     workers: tuple[str, ...] = option(
         (),
         "static worker base URLs, comma-separated or repeated; a plain vLLM worker may add "
-        "its events endpoints: URL;kv-events=[HOST:]PORT;kv-replay=[HOST:]PORT;kv-topic=T "
+        "its events endpoints: URL;kv-events=PORT;kv-replay=PORT;kv-topic=T;kv-host=HOST "
         "(docs/gateway.md)",
         metavar="URL[,URL]",
     )
@@ -189,7 +189,7 @@ class GatewayConfig:
     )
     retries: int = option(2, "extra replicas tried on a connect error or 5xx before the first byte")
     connect_timeout: float = option(2.0, "seconds to connect to a worker")
-    request_timeout: float = option(600.0, "seconds for a whole proxied request")
+    request_timeout: float = option(600.0, "read timeout: seconds without a byte from the worker")
     drain_timeout: float = option(
         30.0,
         "seconds, after SIGTERM, that requests and streams in flight may take to finish: the "

@@ -174,6 +174,8 @@ class ReplicaSet:
             or r.model in (model, None)
             or (r.lora is not None and model in r.lora.adapters)
         ]
+        if not reps and self.replicas:  # workers there are; none serves `model`
+            return "none of the known workers served it at their last poll"
         if not reps:
             return "no worker is configured (--workers or --discovery k8s)"
         return "; ".join(r.describe(now) for r in reps)

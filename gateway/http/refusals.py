@@ -1,6 +1,6 @@
 """Counting the refusals of every route the proxied path does not serve itself.
 
-The proxied POST routes count each request once where it ends (`serving.end`). Every other
+The proxied POST routes count each request once where it ends (`Exchange.end`). Every other
 answer of 400 or more (an unknown URL's 404, a wrong method's 405, `/v1/models`' 401 or 503, the
 admin port's 404) is counted here, at the one place every such response passes: the ASGI `send`
 of `GatewayApp`. The probes' own answers (`GET /health`, `GET /ready`) are states, not

@@ -2,7 +2,8 @@
 
 At most `--retries` more replicas are tried, in ranked order, each only if it has a free slot;
 the request's lease (its slot and load, gateway/routing/lease.py) moves with the attempt. A
-worker's answer below 500 is the request's answer.
+worker's answer below 500 is the request's answer. The 502 names the last replica tried by its name,
+never its URL (docs/security.md, *Admin endpoints and replica names*).
 """
 
 from __future__ import annotations
@@ -29,13 +30,13 @@ async def send_with_retries(px: ProxyRequest, payload: bytes) -> UpstreamRespons
             resp = await rep.link.pool.post(px.endpoint, payload, _header_lines(px, rep))
         except UpstreamError as e:
             reason = str(e)
-            failed = UpstreamFailed(f"{rep.id}: {reason}")
+            failed = UpstreamFailed(f"{rep.name}: {reason}")
         else:
             if resp.status < 500:
                 accounting.attempt_answered(st, rep)
                 return resp
             reason = f"HTTP {resp.status}"
-            failed = UpstreamFailed(f"{rep.id}: {reason}", resp.status, await resp.read())
+            failed = UpstreamFailed(f"{rep.name}: {reason}", resp.status, await resp.read())
         accounting.attempt_failed(st, rep, px.policy_name, reason)
         rest = [] if len(tried) >= attempts else [r for r in px.ranked if r.id not in tried]
         lease.move(rest, px.prediction)

@@ -33,6 +33,7 @@ GATEWAY_ARGS = (
     "--max-body-bytes", "64KiB",
     "--max-inflight-per-replica", "1",  # one slot and no queue: a second request is shed
     "--max-queue", "0",
+    "--request-timeout", "3",  # a whole answer of LONG tokens (20 s) is a 502 after 3 s
 )  # fmt: skip
 
 
@@ -172,6 +173,22 @@ def test_abandoned_request_is_client_gone_and_stops_the_worker(cluster) -> None:
     assert post(c.gateway_url, _body("after the abandoned one"), headers=AUTH).status_code == 200
 
 
+def test_every_replica_failed_is_a_counted_502_naming_no_url(cluster) -> None:
+    """The worker sends nothing for --request-timeout (a whole answer comes at its end): 502
+    `upstream_failed`, naming the replica by its name, never its URL (docs/security.md)."""
+    c = cluster
+    (worker,) = c.worker_urls
+    before = outcomes(c)
+    body = _body("an answer slower than the timeout", max_tokens=LONG, ignore_eos=True)
+    r = post(c.gateway_url, body, headers=AUTH)
+    assert r.status_code == 502, r.text
+    err = r.json()["error"]
+    assert err["code"] == "upstream_failed", err
+    assert c.replica_name(worker) in err["message"] and worker not in err["message"], err
+    wait_until(lambda: metric_total(worker, RUNNING) == 0, 5, "the worker to stop")
+    assert moved(before, outcomes(c))[("none", "cache_aware", "502")] == 1.0
+
+
 def test_no_replica_is_a_counted_503(cluster) -> None:
     """Runs last: it stops the worker."""
     c = cluster
@@ -185,3 +202,9 @@ def test_no_replica_is_a_counted_503(cluster) -> None:
     r = post(c.gateway_url, _body("nobody to serve it"), headers=AUTH)
     assert r.status_code == 503 and r.json()["error"]["code"] == "no_healthy_worker"
     assert moved(before, outcomes(c)) == {("none", "cache_aware", "503"): 1.0}
+    # A model no worker served: still 503 while none is healthy, but not "no worker is
+    # configured" (one is, and down).
+    r = post(c.gateway_url, _body("for a model nobody serves", model="nope"), headers=AUTH)
+    assert r.status_code == 503, r.text
+    message = r.json()["error"]["message"]
+    assert "configured" not in message and "none of the known workers" in message, message
