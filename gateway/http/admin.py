@@ -3,8 +3,9 @@
 Both tell whoever reads them about other tenants' traffic (per-request token deltas, every
 replica's index) and the workers' URLs. With an admin port they are answered only there, and
 the public port answers them 404, so an Ingress or LoadBalancer in front of the public port
-never exposes them; the admin port answers nothing else but `/health` and `/ready`. One server serves both
-sockets (one app, one state): the port a connection arrived on says which side it is.
+never exposes them; the admin port answers nothing else but `/health` and `/ready`. One server
+serves both sockets (one app, one state): the port a connection arrived on says which side it
+is.
 """
 
 from __future__ import annotations
