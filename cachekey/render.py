@@ -214,7 +214,8 @@ class Renderer:
             return {"type": "text", "text": part["text"]}
         if not isinstance(kind, str) or kind not in IMAGE_PART_TYPES:
             raise UnsupportedContentError(
-                f"{where}: content part type {kind!r} is not supported; use 'text' or 'image_url'",
+                f"{where}: content part type {kind!r} is not supported; use 'text', 'image_url'"
+                " or 'input_image'",
                 param=f"{where}.type",
             )
         if self.assets.image is None:

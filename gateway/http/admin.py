@@ -3,8 +3,9 @@
 Both tell whoever reads them about other tenants' traffic (per-request token deltas, every
 replica's index) and the workers' URLs. With an admin port they are answered only there, and
 the public port answers them 404, so an Ingress or LoadBalancer in front of the public port
-never exposes them; the admin port answers nothing else but `/health`. One server serves both
-sockets (one app, one state): the port a connection arrived on says which side it is.
+never exposes them; the admin port answers nothing else but `/health` and `/ready`. One server
+serves both sockets (one app, one state): the port a connection arrived on says which side it
+is.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from starlette.responses import Response
 from starlette.types import Scope
 
-from cachekey.openai.errors import APIError
+from cachekey.openai.errors import UNKNOWN_URL, APIError
 from gateway.errors import error_response
 
 ADMIN_PATHS = frozenset({"/metrics", "/kvgate/index"})
@@ -29,4 +30,5 @@ def misrouted(scope: Scope, admin_port: int) -> bool:
 
 def not_found(scope: Scope) -> Response:
     where = "the admin port" if scope["path"] in ADMIN_PATHS else "the public port"
-    return error_response(APIError(404, f"Not Found: {scope['path']} is served on {where}"))
+    message = f"Not Found: {scope['path']} is served on {where}"
+    return error_response(APIError(404, message, code=UNKNOWN_URL))

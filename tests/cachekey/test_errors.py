@@ -113,7 +113,7 @@ UCE = UnsupportedContentError
             UCE,
             400,
             "messages[0].content[0].type",
-            "input_audio",
+            "'input_audio' is not supported; use 'text', 'image_url' or 'input_image'",
         ),
         ([{"role": "wizard", "content": "hi"}], UCE, 400, "messages[0].role", "wizard"),
         ([{"role": ["user"], "content": "hi"}], UCE, 400, "messages[0].role", "role"),

@@ -51,6 +51,7 @@ def test_admin_endpoints_are_gone_from_the_public_port(cluster, path: str) -> No
     assert r.status_code == 404, r.text[:200]
     err = r.json()["error"]
     assert err["type"] == "invalid_request_error" and "admin port" in err["message"]
+    assert err["code"] == "unknown_url", err
     assert "kvgate_" not in r.text and "127.0.0.1" not in r.text
     served = httpx.get(cluster.admin_url + path, timeout=10)
     assert served.status_code == 200
@@ -62,7 +63,8 @@ def test_admin_endpoints_are_gone_from_the_public_port(cluster, path: str) -> No
 )
 def test_the_admin_port_serves_nothing_else(cluster, method: str, path: str) -> None:
     r = httpx.request(method, cluster.admin_url + path, json={}, timeout=10)
-    assert r.status_code == 404 and "public port" in r.json()["error"]["message"]
+    err = r.json()["error"]
+    assert r.status_code == 404 and "public port" in err["message"] and err["code"] == "unknown_url"
     assert httpx.get(cluster.admin_url + "/health", timeout=10).status_code == 200
 
 

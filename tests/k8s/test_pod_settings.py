@@ -115,6 +115,8 @@ def test_gateway_pods_spread_across_nodes_by_default(chart) -> None:  # noqa: F8
         {"worker": {"image": {"repository": "r", "digest": "latest"}}},
         {"gateway": {"topologySpreadConstraints": [{"maxSkew": 0}]}},
         {"gateway": {"runtimeClass": "nvidia"}},  # a misspelt key is still refused
+        {"wroker": {"replicas": 4}},  # at the top level too
+        {"metric": {"serviceMonitor": {"enabled": True}}},
     ],
 )
 def test_the_schema_checks_them(chart, bad: dict) -> None:  # noqa: F811
@@ -122,3 +124,14 @@ def test_the_schema_checks_them(chart, bad: dict) -> None:  # noqa: F811
         chart.render(
             {"model": {"demo": True}, **bad}, name="kvgate", namespace="inference", is_install=True
         )
+
+
+def test_a_parent_charts_keys_are_taken(chart) -> None:  # noqa: F811
+    """As a subchart: the parent's `global` values and its `condition` switch."""
+    out = chart.render(
+        {"model": {"demo": True}, "global": {"imageRegistry": "r"}, "enabled": True},
+        name="kvgate",
+        namespace="inference",
+        is_install=True,
+    )
+    assert any(name.endswith("worker-statefulset.yaml") for name in out)
