@@ -29,7 +29,8 @@
 #                              # hit's TTFT against cold and a GPU-tier hit (issue 40: <= 0.4x cold)
 #
 # Wheels the host lacks (msgspec for the engine; fastapi, uvicorn, pyzmq, openai, ... for `ttft`)
-# are installed from .whl/ when it is there. Results go to $OUT (default /tmp/out).
+# are installed from .whl/ when it is there: `python -m bench.gpu_kit` fills it (and .devtools/)
+# before the run, on a machine with a package index. Results go to $OUT (default /tmp/out).
 set -euo pipefail
 MODE=${1:?usage: bash bench/gpu.sh tests|engine|memory|ttft|routing|fused|async|asyncmix|hosttier}
 OUT=${OUT:-/tmp/out}
