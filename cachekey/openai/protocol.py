@@ -24,6 +24,8 @@ Number = Annotated[float, Strict()]  # strict float still takes a JSON integer
 Bool = Annotated[bool, Strict()]
 Str = Annotated[str, Strict()]
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+# A token id: past int64 the worker could not pass it to its engine core (msgpack), a 500.
+TokenId = Annotated[int, Strict(), Field(ge=0, le=INT64_MAX)]
 MAX_N = 16384  # vLLM's default VLLM_MAX_N_SEQUENCES
 
 
@@ -37,17 +39,20 @@ class SamplingFields(OpenAIRequest):
     """The sampling fields chat and completions share, declared once for the gateway and the
     worker, with the bounds vLLM checks (its protocol and `SamplingParams._verify_args`): `n` in
     [1, 16384], `seed` an int64, `temperature` in [0, 2], `top_p` in (0, 1], `top_k` -1 or more
-    (0 and -1: off), the penalties in [-2, 2]. The gateway's `--max-n` bounds `n` further."""
+    (0 and -1: off), the penalties in [-2, 2]. The gateway's `--max-n` bounds `n` further.
+    `top_k` and each of `stop_token_ids` are also at most an int64 (`stop_token_ids` at least 0):
+    the worker sends them to its engine core as msgpack, which has no larger integer, so
+    `top_k: 18446744073709551616` was a 500 there, and three of them ejected every replica."""
 
     n: Int | None = Field(1, ge=1, le=MAX_N)
     seed: Int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
     temperature: Number | None = Field(None, ge=0.0, le=2.0)
     top_p: Number | None = Field(None, gt=0.0, le=1.0)
-    top_k: Int | None = Field(None, ge=-1)
+    top_k: Int | None = Field(None, ge=-1, le=INT64_MAX)
     presence_penalty: Number | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: Number | None = Field(None, ge=-2.0, le=2.0)
     stop: Str | list[Str] | None = None
-    stop_token_ids: list[Int] | None = None
+    stop_token_ids: list[TokenId] | None = None
     ignore_eos: Bool | None = False
 
 

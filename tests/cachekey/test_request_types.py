@@ -120,7 +120,7 @@ BOUNDS = [
     ("n", 16384, 16385), ("n", 1, 0),
     ("seed", 2**63 - 1, 2**63), ("seed", -(2**63), -(2**63) - 1),
     ("temperature", 2, 2.001), ("temperature", 0, -0.001),
-    ("top_p", 1, 1.001), ("top_k", -1, -2),
+    ("top_p", 1, 1.001), ("top_k", -1, -2), ("top_k", 2**63 - 1, 2**63),
     ("presence_penalty", 2, 2.5), ("frequency_penalty", -2, -2.5),
 ]  # fmt: skip
 

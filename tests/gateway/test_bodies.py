@@ -117,6 +117,31 @@ def test_explicit_max_tokens_is_kept(cluster) -> None:
     assert r.json()["usage"]["completion_tokens"] == 16
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "param"),
+    [("top_k", 2**64, "top_k"), ("stop_token_ids", [2**64], "stop_token_ids[0]")],
+)
+def test_integers_past_int64_are_a_400_and_eject_nobody(cluster, field, value, param) -> None:
+    """The worker hands these to its engine core as msgpack, which has no integer past 64 bits:
+    `top_k: 2**64` was a 500 there, the gateway's circuit breaker counted it, and three such
+    requests ejected every replica (every client got 503 for --eject-seconds)."""
+    body = {"model": "demo", "messages": HELLO, "max_tokens": 2, field: value}
+    for url in (cluster.workers[0].url, *[cluster.gateway_url] * 4):
+        err = _error(post(url, body))
+        assert err["param"] == param and err["code"] == "integer_above_max_value", err
+    assert httpx.get(f"{cluster.gateway_url}/health").status_code == 200
+    assert post(cluster.gateway_url, {"model": "demo", "messages": HELLO}).status_code == 200
+
+
+def test_the_largest_seed_takes_several_choices(cluster) -> None:
+    """Choice i samples with seed + i, wrapped within int64: the largest int64 with n 2 was a
+    400 for a seed the client never sent."""
+    body = {"model": "demo", "messages": HELLO, "max_tokens": 2, "n": 2, "seed": 2**63 - 1}
+    r = post(cluster.gateway_url, body)
+    assert r.status_code == 200, r.text
+    assert len(r.json()["choices"]) == 2
+
+
 # ---- finding 5: bodies and encodings -------------------------------------------------------
 
 

@@ -80,6 +80,11 @@ BAD_IMAGE = data_url(b"not a png")
                                      {"type": "image_url", "image_url": {"url": BAD_IMAGE}}]),
          400, "invalid_image", "messages[0].content[1]", True),
         ("unknown model", CHAT, _body("hi", model="nope"), 404, "model_not_found", "model", False),
+        ("not UTF-8", CHAT, b'{"model": "demo", "messages": [{"role": "user", "content": "\xe9"}]}',
+         400, "invalid_json", None, False),
+        ("an empty stop string", CHAT, _body("hi", stop=""), 400, "invalid_value", None, True),
+        ("an empty embeddings input", EMBED, {"model": "demo", "input": ""}, 400,
+         "invalid_value", None, True),
     ],
 )  # fmt: skip
 def test_gateway_and_worker_refuse_alike(

@@ -56,8 +56,11 @@ def _filtered_probs(logits: Tensor, params: SamplingParams) -> Tensor:
     if params.top_p < 1.0:
         sorted_logits, order = torch.sort(logits, descending=True)
         cum = sorted_logits.softmax(-1).cumsum(-1)
-        # Drop a token when the tokens before it already reach top_p (the top token stays).
+        # Drop a token when the tokens before it already reach top_p. The top token always
+        # stays: a top_p below float32's range (1e-300) rounds to 0 here and would drop every
+        # token, NaN probabilities that killed the engine loop.
         drop_sorted = (cum - sorted_logits.softmax(-1)) >= params.top_p
+        drop_sorted[0] = False
         drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits.softmax(-1)

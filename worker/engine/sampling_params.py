@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# Below this temperature sampling is greedy, as vLLM's `_SAMPLING_EPS`: dividing the logits by
+# 1e-300 (a valid temperature) gives inf and NaN probabilities, and torch.multinomial raised in
+# the engine step, which killed the engine loop.
+SAMPLING_EPS = 1e-5
+
 
 @dataclass(slots=True)
 class SamplingParams:
@@ -43,4 +48,4 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < SAMPLING_EPS

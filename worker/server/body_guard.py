@@ -14,7 +14,7 @@ import asyncio
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from cachekey.json_shape import JSONShapeError, check_json_shape
+from cachekey.json_shape import INVALID_JSON, JSONShapeError, check_json_shape
 from cachekey.openai.errors import LIMIT_EXCEEDED
 from worker.server.errors import send_error
 
@@ -48,6 +48,11 @@ class BodyGuard:
         except JSONShapeError as e:
             await send_error(send, 400, e.message, code=e.code)
             return
+        except UnicodeDecodeError as e:
+            # As the gateway's strict decoder: FastAPI would answer "There was an error
+            # parsing the body" without a code.
+            await send_error(send, 400, f"invalid JSON body: {e}", code=INVALID_JSON)
+            return
         await self.app(_as_json(scope), _replaying(raw, receive), send)
 
     async def _read(self, scope: Scope, receive: Receive) -> bytes | None:
@@ -68,11 +73,17 @@ class BodyGuard:
                 return b"".join(chunks)
 
     async def _check(self, raw: bytes) -> None:
-        args = (raw, self.max_depth, self.max_elements)
         if len(raw) <= _CHECK_INLINE_BYTES:
-            check_json_shape(*args)
+            _check_body(raw, self.max_depth, self.max_elements)
         else:
-            await asyncio.to_thread(check_json_shape, *args)
+            await asyncio.to_thread(_check_body, raw, self.max_depth, self.max_elements)
+
+
+def _check_body(raw: bytes, max_depth: int, max_elements: int) -> None:
+    """Its shape (JSONShapeError), then UTF-8 (UnicodeDecodeError): JSON's only encoding."""
+    check_json_shape(raw, max_depth, max_elements)
+    if not raw.isascii():  # no str of the whole body for an ASCII one (base64 images)
+        raw.decode("utf-8")
 
 
 def _content_length(scope: Scope) -> int | None:

@@ -13,7 +13,13 @@ from starlette.types import Send
 
 from cachekey.errors import PromptTooLongError, RenderError
 from cachekey.json_shape import INVALID_JSON
-from cachekey.openai.errors import INTERNAL_ERROR, APIError, error_body, route_error
+from cachekey.openai.errors import (
+    INTERNAL_ERROR,
+    INVALID_VALUE,
+    APIError,
+    error_body,
+    route_error,
+)
 from cachekey.openai.validation import validation_error
 from worker.engine.lora_adapter import LoRAError
 
@@ -34,8 +40,8 @@ def as_api_error(exc: Exception) -> APIError:
         return APIError(400, exc.message, param=exc.param, code=exc.code)
     if isinstance(exc, RenderError | LoRAError):
         return APIError(exc.status_code, exc.message, param=exc.param, code=exc.code)
-    if isinstance(exc, ValueError):
-        return APIError(400, str(exc))
+    if isinstance(exc, ValueError):  # a value the engine does not take (`stop: ""`)
+        return APIError(400, str(exc), code=INVALID_VALUE)
     return APIError(500, f"internal error: {type(exc).__name__}: {exc}", code=INTERNAL_ERROR)
 
 

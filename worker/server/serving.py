@@ -106,7 +106,7 @@ class OpenAIServing:
                 top_p=1.0 if body.top_p is None else body.top_p,
                 top_k=top_k,
                 # Siblings of one request must not sample the same tokens.
-                seed=None if body.seed is None else body.seed + i,
+                seed=None if body.seed is None else _sibling_seed(body.seed, i),
                 max_tokens=max_tokens,
                 stop=body.stop_strings(),
                 stop_token_ids=tuple(body.stop_token_ids or ()),
@@ -292,3 +292,9 @@ def rank_index(raw: Request, count: int) -> int | None:
             f"{count} engine(s)",
         )
     return asked
+
+
+def _sibling_seed(seed: int, i: int) -> int:
+    """Choice i's seed, `seed + i` wrapped within int64: a client's `seed` may be any int64, and
+    `2**63 - 1` with `n: 2` was refused for a seed the request never sent."""
+    return (seed + i + 2**63) % 2**64 - 2**63

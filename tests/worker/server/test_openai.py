@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 
+import httpx
 import openai
 import pytest
 from PIL import Image
@@ -227,3 +228,23 @@ def test_stop_string_truncates_and_reports_stop(client):
     cut = client.completions.create(**kwargs, stop=[stop]).choices[0]
     assert cut.finish_reason == "stop"
     assert cut.text == full[: full.index(stop)]
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [{"temperature": 1e-300}, {"temperature": 5e-324}, {"top_p": 1e-300}, {"top_p": 1e-46}],
+    ids=["temperature-1e-300", "temperature-denormal", "top_p-1e-300", "top_p-below-float32"],
+)
+def test_vanishing_temperature_or_top_p_leaves_the_engine_alive(client, worker, sampling):
+    """Both are within their bounds. Before, the logits over 1e-300 were inf, a top_p that
+    float32 rounds to 0 dropped every token, torch.multinomial raised inside the engine step
+    and the engine loop died: one request, a dead worker (and, through a gateway that retried
+    it, every worker). Now a temperature under 1e-5 samples greedily, as vLLM's does, and top_p
+    keeps the top token."""
+    kwargs = dict(
+        model="demo", prompt="Tiny numbers", max_tokens=4, extra_body={"ignore_eos": True}
+    )
+    greedy = client.completions.create(**kwargs, temperature=0).choices[0].text
+    out = client.completions.create(**kwargs, **sampling).choices[0].text
+    assert out == greedy
+    assert httpx.get(worker.url + "/health", timeout=10).status_code == 200
