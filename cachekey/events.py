@@ -37,7 +37,10 @@ MEDIUM_GPU = "GPU"
 MEDIUM_CPU = "CPU"  # vLLM's offloading connector's host-memory tier (kvgate's worker's too)
 
 
-class BlockStored(msgspec.Struct, tag=True, omit_defaults=True, gc=False):
+# BlockStored and BlockRemoved send every field, defaults too: vLLM's own structs declare
+# `lora_id`, `medium` and `lora_name` (BlockRemoved: `medium`) without a default, so vLLM's
+# decoder refuses an event that leaves them out. (This decoder accepts either.)
+class BlockStored(msgspec.Struct, tag=True, gc=False):
     block_hashes: list[EngineHash]
     parent_block_hash: EngineHash | None
     token_ids: list[TokenId]
@@ -59,7 +62,7 @@ class BlockStored(msgspec.Struct, tag=True, omit_defaults=True, gc=False):
     lookahead_token_ids: list[list[TokenId]] | None = None
 
 
-class BlockRemoved(msgspec.Struct, tag=True, omit_defaults=True, gc=False):
+class BlockRemoved(msgspec.Struct, tag=True, gc=False):
     block_hashes: list[EngineHash]
     medium: str | None = MEDIUM_GPU
     group_idx: GroupIdx | None = None

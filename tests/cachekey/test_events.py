@@ -6,8 +6,10 @@ pins the wire bytes a vLLM publisher sends rather than our own encoder's round t
 
 from __future__ import annotations
 
+import json
 import struct
 
+import msgspec
 import pytest
 
 from cachekey.events import (
@@ -25,6 +27,7 @@ from cachekey.events import (
     seq_from_bytes,
     topic,
 )
+from tests.support.paths import FIXTURES
 
 
 def mp(v) -> bytes:
@@ -162,6 +165,36 @@ def test_our_encoding_round_trips_with_bytes_keys():
     events = expected(B1, B2)
     batch = decode_batch(encode_batch(events, dp_rank=1))
     assert batch.events == events and batch.data_parallel_rank == 1
+
+
+def _keys_vllm_always_sends() -> dict[str, frozenset[str]]:
+    """Per event type, the keys of every event vLLM 0.33.0 published in the recorded scenarios
+    (its replay buffers' raw payloads)."""
+    seen: dict[str, list[frozenset[str]]] = {}
+    for path in sorted((FIXTURES / "vllm_0_33").rglob("*.json")):
+        for frames in json.loads(path.read_text()).get("replay_from_0") or []:
+            if len(frames) == 4 and frames[3]:
+                for event in msgspec.msgpack.decode(bytes.fromhex(frames[3]))[1]:
+                    seen.setdefault(event["type"], []).append(frozenset(event))
+    return {kind: frozenset.intersection(*keys) for kind, keys in seen.items()}
+
+
+def test_our_events_carry_every_key_vllm_sends():
+    """vLLM's decoder (its msgspec structs) refuses an event without `lora_id`, `medium` or
+    `lora_name`, which have no default there: a kvgate worker's events must carry them, also
+    when they hold the defaults (a GPU block, no LoRA)."""
+    vllm = _keys_vllm_always_sends()
+    assert {"lora_id", "medium", "lora_name"} <= vllm["BlockStored"]
+    assert "medium" in vllm["BlockRemoved"]
+    ours = [
+        BlockStored([B1], None, TOKENS[:4], 4, extra_keys=[None]),
+        BlockRemoved([B1]),
+        BlockStored([B1], None, TOKENS[:4], 4, medium="CPU", lora_name="a", extra_keys=[("a",)]),
+        BlockRemoved([B1], medium="CPU"),
+    ]
+    for event in msgspec.msgpack.decode(encode_batch(ours))[1]:
+        missing = vllm[event["type"]] - set(event)
+        assert not missing, f"{event['type']} leaves out {sorted(missing)}"
 
 
 @pytest.mark.parametrize("payload", [b"\xc1", mp(5), mp([1.0]), mp({"ts": 1.0})])

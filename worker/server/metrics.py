@@ -133,7 +133,12 @@ _STATS_METRICS = (
         "Images whose embeddings came from the encoder cache.",
         "encoder_cache_hits",
     ),
-    (_C, "kvgate_worker_images_processed", "Images in admitted requests.", "images_processed"),
+    (
+        _C,
+        "kvgate_worker_images_processed",
+        "Images whose placeholder tokens a step computed to their end (not those in a prefix hit).",
+        "images_processed",
+    ),
     (_C, "kvgate_worker_vision_tower_runs", "Vision-tower forward passes.", "vision_tower_runs"),
     (
         _G,
