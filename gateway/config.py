@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from cachekey.headers import SESSION_HEADER
 from gateway.config_checks import DISCOVERY_NAMES, POLICY_NAMES, check_config
+from gateway.cost_weights import CostWeights
 from gateway.limits import RequestLimits
 from kvgate_cli.flags import LOG_LEVELS, flag_group, format_size, option, parse_size
 
@@ -16,44 +17,6 @@ def _unbounded_if_zero(text: str) -> int | None:
 
 def _rate_or_unbounded(text: str) -> float | None:
     return float(text) or None
-
-
-@dataclass(slots=True)
-class CostWeights:
-    """Weights of the cache_aware cost's terms beyond the time estimate (docs/gateway.md)."""
-
-    recent: float = option(
-        0.05,
-        "per token of uncached prefill routed to the replica lately (decayed): spreads new "
-        "prefixes over the replicas' caches",
-        name="--recent-weight",
-    )
-    busy: float = option(
-        0.5,
-        "prefill time charged to a prefix's holder, per request it serves that shares the "
-        "prefix beyond 2, in the tokens it holds of the request: a hot prefix's busy holders "
-        "lose to a replica that recomputes it, so the prefix gets another holder, while "
-        "distinct tenants stay on their holders (0: off)",
-        name="--busy-weight",
-    )
-    evict: float = option(
-        1.0,
-        "prefill time charged per cached token a request's uncached prompt pushes out of a "
-        "full cache, which a later request may recompute (0: off)",
-        name="--evict-weight",
-    )
-    lora: float = option(
-        32.0,
-        "prompt blocks of prefill time charged to a request for a LoRA adapter on a replica "
-        "that must load it by evicting another; half of it when a slot is free, 0 when the "
-        "adapter is resident",
-        name="--lora-weight",
-    )
-
-    def __post_init__(self) -> None:
-        for name in ("recent", "busy", "evict", "lora"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"weight {name} must be >= 0")
 
 
 @dataclass(slots=True)
@@ -188,6 +151,13 @@ class GatewayConfig:
         default_text="2.0; 120.0 with --no-kv-events",
     )
     retries: int = option(2, "extra replicas tried on a connect error or 5xx before the first byte")
+    poison_ttl: float = option(
+        600.0,
+        "seconds a request that was in two kvgate workers' engines when they died is refused "
+        "(400 engine_killer) without reaching a worker; it is tried on no third either way "
+        "(docs/reliability.md). 0: not refused",
+        metavar="SECONDS",
+    )
     connect_timeout: float = option(2.0, "seconds to connect to a worker")
     request_timeout: float = option(600.0, "read timeout: seconds without a byte from the worker")
     drain_timeout: float = option(

@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from cachekey.openai.errors import (
+    ENGINE_KILLER,
     INTERNAL_ERROR,
     RATE_LIMIT_EXCEEDED,
     APIError,
@@ -45,6 +46,19 @@ class UpstreamFailed(APIError):
         super().__init__(502, f"all replicas failed: {reason}", code="upstream_failed")
         self.answer_status = status
         self.answer_body = body
+
+
+class EngineKiller(APIError):
+    """A request that was in two workers' engines when they died (gateway/quarantine.py)."""
+
+    def __init__(self, ttl: float) -> None:
+        held = f"; identical requests are refused for {ttl:g} s" if ttl > 0 else ""
+        super().__init__(
+            400,
+            "this request was in flight on two workers whose engines died while serving it, "
+            f"so it is not sent to another{held}",
+            code=ENGINE_KILLER,
+        )
 
 
 def as_gateway_error(exc: BaseException) -> APIError:

@@ -22,6 +22,7 @@ from gateway.peers.link import PeerLink
 from gateway.peers.outbox import PeerOutbox
 from gateway.peers.shares import PeerShares
 from gateway.peers.view import PeerView
+from gateway.quarantine import Quarantine
 from gateway.routing.admission import Admission, RenderQueue
 from gateway.routing.policies import POLICIES, Policy
 from gateway.routing.tenants import TenantRegistry
@@ -42,6 +43,7 @@ class GatewayState:
     admission: Admission
     breaker: CircuitBreaker
     render_queue: RenderQueue
+    quarantine: Quarantine  # requests that killed engines (gateway/quarantine.py)
     tenants: TenantRegistry | None = None  # None: no API keys, no tenant salts
     peers: PeerOutbox | None = None  # None: no peer gateways (--peer-port)
     peer_link: PeerLink | None = None
@@ -83,6 +85,7 @@ class GatewayState:
             admission=Admission(config),
             breaker=CircuitBreaker(config, metrics),
             render_queue=RenderQueue(4, config.max_render_queue),
+            quarantine=Quarantine(config.poison_ttl),
             tenants=(
                 TenantRegistry(config.api_keys_file, config.tenant_salt_secret)
                 if config.api_keys_file

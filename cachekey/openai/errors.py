@@ -25,6 +25,12 @@ LIMIT_EXCEEDED = "limit_exceeded"
 UNKNOWN_URL = "unknown_url"
 METHOD_NOT_ALLOWED = "method_not_allowed"
 INTERNAL_ERROR = "internal_error"
+# A kvgate worker's engine: dead when the request came (any replica may serve it), or died while
+# the request was in it (it may be why: a gateway does not try it on replica after replica).
+ENGINE_DEAD = "engine_dead"
+ENGINE_DIED = "engine_died"
+# A request that was in two engines when they died: the gateway refuses it for a while.
+ENGINE_KILLER = "engine_killer"
 
 
 def error_type(status: int) -> str:

@@ -21,8 +21,8 @@ FLOORS: tuple[frozenset[str], ...] = tuple(
     frozenset(f.split())
     for f in (
         "names pace tasks metrics",
-        "limits protocol assets upstream discovery images",
-        "errors config_checks",
+        "limits protocol assets upstream discovery images quarantine",
+        "errors config_checks cost_weights",
         "config",
         "index",
         "events",

@@ -142,6 +142,7 @@ def _rank_state(
 ) -> WorkerState:
     model_name = core.config.served_model_name
     assert model_name is not None
+    faults = FaultInjector(engine, config.events_enabled) if config.enable_fault_injection else None
     ctx = ServingContext(
         engine,
         core.renderer,
@@ -150,6 +151,7 @@ def _rank_state(
         metrics.engines[i],
         hidden_layers=core.ready.hidden_layers,
         streams=streams,
+        faults=faults,
     )
     model_config = json.loads(core.assets.files.get("config.json", b"{}"))
     return WorkerState(
@@ -163,9 +165,7 @@ def _rank_state(
         assets=AssetFiles(dict(core.assets.files)),
         max_num_seqs=core.config.max_num_seqs,
         created=int(time.time()),
-        faults=FaultInjector(engine, config.events_enabled)
-        if config.enable_fault_injection
-        else None,
+        faults=faults,
         rank=rank,
     )
 

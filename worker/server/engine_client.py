@@ -32,7 +32,7 @@ from worker.engine.sampling_params import SamplingParams
 from worker.server import core_messages as m
 from worker.server.core_messages import SnapshotResult
 from worker.server.core_process import CoreHandle
-from worker.server.errors import EngineDeadError
+from worker.server.errors import EngineDeadError, EngineDiedError
 from worker.server.request_stream import RequestStream
 
 logger = logging.getLogger(__name__)
@@ -182,10 +182,12 @@ class AsyncEngine:
             self._send(m.Abort(list(unfinished)))
 
     def fail_all_pending(self, reason: str) -> None:
-        """Fail every in-flight request and call (the core died or stalled while they waited)."""
-        err = EngineDeadError(reason)
+        """Fail every in-flight request (`engine_died`: it was in the engine) and call
+        (`engine_dead`): the core died or stalled while they waited."""
+        died = EngineDiedError(reason)
         for sink in set(self._sinks.values()):
-            sink.put_nowait(err)
+            sink.put_nowait(died)
+        err = EngineDeadError(reason)
         calls, self._calls = self._calls, {}
         for fut in calls.values():
             if not fut.done():

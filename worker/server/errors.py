@@ -14,6 +14,8 @@ from starlette.types import Send
 from cachekey.errors import PromptTooLongError, RenderError
 from cachekey.json_shape import INVALID_JSON
 from cachekey.openai.errors import (
+    ENGINE_DEAD,
+    ENGINE_DIED,
     INTERNAL_ERROR,
     INVALID_VALUE,
     APIError,
@@ -28,7 +30,16 @@ class EngineDeadError(APIError):
     """The engine loop is dead or stalled: requests fail fast instead of hanging."""
 
     def __init__(self, reason: str) -> None:
-        super().__init__(503, f"engine unavailable: {reason}", code="engine_dead")
+        super().__init__(503, f"engine unavailable: {reason}", code=ENGINE_DEAD)
+
+
+class EngineDiedError(APIError):
+    """The engine loop died or stalled while this request was in it. Maybe because of it: the
+    code tells a gateway not to try it on replica after replica (gateway/serving/poison.py)."""
+
+    def __init__(self, reason: str) -> None:
+        message = f"the engine died while serving this request: {reason}"
+        super().__init__(503, message, code=ENGINE_DIED)
 
 
 def as_api_error(exc: Exception) -> APIError:

@@ -24,6 +24,7 @@ from worker.engine.sampling_params import SamplingParams
 from worker.server.arrival_order import ArrivalOrder, Turn
 from worker.server.engine_client import AsyncEngine
 from worker.server.errors import as_api_error
+from worker.server.faults import FaultInjector
 from worker.server.hidden_encoding import encode_hidden_states, require_hidden_cache
 from worker.server.metrics import EngineLatency
 from worker.server.protocol import EngineRequest
@@ -44,6 +45,7 @@ class ServingContext:
     hidden_layers: tuple[int, ...] = ()
     order: ArrivalOrder = field(default_factory=ArrivalOrder)  # requests reach the engine FIFO
     streams: OpenStreams = field(default_factory=OpenStreams)  # what a drain cuts (all ranks')
+    faults: FaultInjector | None = None  # only with --enable-fault-injection
 
 
 @dataclass(slots=True)
@@ -148,6 +150,8 @@ class OpenAIServing:
             )
         finally:
             turn.leave()
+        if self.ctx.faults is not None:
+            self.ctx.faults.added(body)
         if body.stream:
             return StreamingResponse(
                 self._sse(stream, body, request_id, arrived), media_type=SSE_MEDIA_TYPE

@@ -66,14 +66,17 @@ def test_dead_engine_fails_health_and_requests_fast(demo_model_dir, kind):
         t.join(10)
         assert not t.is_alive()
         assert result["done_at"] - injected < 5
-        assert any('"error"' in c for c in result["chunks"])
+        # It was in the engine: `engine_died`, which a gateway does not retry on replica after
+        # replica (gateway/quarantine.py).
+        assert any('"engine_died"' in c for c in result["chunks"]), result["chunks"]
         assert result["chunks"][-1] == "data: [DONE]"
-        # New requests are refused at once.
+        # New requests are refused at once: the engine was dead before them (`engine_dead`).
         t0 = time.monotonic()
         r = httpx.post(w.url + "/v1/completions", json={**LONG, "max_tokens": 2}, timeout=10)
         assert r.status_code == 503
         assert time.monotonic() - t0 < 1.0
         assert r.json()["error"]["type"] == "server_error"
+        assert r.json()["error"]["code"] == "engine_dead"
         # The HTTP layer itself still answers (info, metrics) so operators can see why.
         assert httpx.get(w.url + "/kvgate/info").status_code == 200
 

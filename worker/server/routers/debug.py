@@ -11,12 +11,14 @@ router = APIRouter()
 
 
 @router.post("/debug/fault")
-async def fault(raw: Request, kind: str = Query(...), count: int = Query(1)) -> dict:
+async def fault(
+    raw: Request, kind: str = Query(...), count: int = Query(1), marker: str | None = Query(None)
+) -> dict:
     faults = rank_state(raw).faults  # the engine X-data-parallel-rank names
     if faults is None:
         raise APIError(404, "fault injection is disabled (--enable-fault-injection)")
     try:
-        faults.inject(kind, count)
+        faults.inject(kind, count, marker)
     except ValueError as e:
         raise APIError(400, str(e), param="kind") from None
     return {"injected": kind}

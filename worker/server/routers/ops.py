@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from cachekey.openai.errors import error_body
+from cachekey.openai.errors import ENGINE_DEAD, error_body
 from worker.server.app_state import all_ranks, worker_state
 from worker.server.metrics import CONTENT_TYPE
 
@@ -20,7 +20,7 @@ async def health(raw: Request) -> Response:
         h = rank.engine.health()
         if not h.ok:
             which = f" (data-parallel rank {rank.rank})" if len(ranks) > 1 else ""
-            body = error_body(503, f"engine unhealthy{which}: {h.reason}", code="engine_dead")
+            body = error_body(503, f"engine unhealthy{which}: {h.reason}", code=ENGINE_DEAD)
             return JSONResponse(body, status_code=503)
     return Response(status_code=200)
 
