@@ -55,7 +55,7 @@ BAD: dict[str, list] = {  # bad values, and a few good ones (their pairs test th
     "tools": ["x", [1], {}],
     "add_generation_prompt": [1, "x"],
     "chat_template_kwargs": [5, []],
-    # fields neither side declares: forwarded by the gateway, ignored by the worker
+    # fields the gateway does not declare: forwarded by it; most the worker refuses (not done)
     "min_p": [-1, 2], "repetition_penalty": [0, -1], "logit_bias": ["x", {"a": 1}],
     "response_format": [5], "best_of": [0], "unknown_field": [1, None, "x"],
     "echo": [1], "suffix": [5], "service_tier": [1],

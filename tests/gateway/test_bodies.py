@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from harness.cluster import Cluster, ClusterSpec
-from tests.support.chat import post, user
+from tests.support.chat import CHAT, post, user
 from tests.support.json_bombs import many_keys, many_objects, reset_peak_rss, status_kib
 
 pytestmark = pytest.mark.slow
@@ -208,6 +208,30 @@ def test_32_mib_of_elements_leaves_memory_flat(cluster, make) -> None:
 def test_huge_unknown_field_is_forwarded_within_the_limits(cluster) -> None:
     body = {"model": "demo", "messages": HELLO, "max_tokens": 2, "junk": "x" * (8 * 2**20)}
     assert post(cluster.gateway_url, body).status_code == 200
+
+
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+
+
+@pytest.mark.parametrize(
+    ("path", "fields", "param"),
+    [
+        (CHAT, {"response_format": {"type": "json_object"}}, "response_format"),
+        (CHAT, {"tools": TOOLS, "tool_choice": "required"}, "tool_choice"),
+        (CHAT, {"presence_penalty": 0.5}, "presence_penalty"),
+        ("/v1/completions", {"suffix": " world", "best_of": 2}, "suffix"),
+    ],
+)
+def test_a_field_only_the_worker_refuses_is_forwarded(cluster, path, fields, param) -> None:
+    """The gateway also fronts vLLM servers, which honour these: it forwards them, and the
+    kvgate worker's own 400 (worker/server/protocol.py) comes back as the worker sent it."""
+    base = {"model": "demo", "max_tokens": 2}
+    body = {**base, **({"messages": HELLO} if path == CHAT else {"prompt": "hi"}), **fields}
+    direct = post(cluster.workers[0].url, body, path)
+    through = post(cluster.gateway_url, body, path)
+    assert _error(through)["param"] == param
+    assert through.json() == direct.json()
+    assert through.headers.get("x-kvgate-replica")  # answered by the worker, not the gateway
 
 
 def test_gateway_still_serves(cluster) -> None:

@@ -1,6 +1,12 @@
 """The worker's request models: the shared ones (cachekey/openai/protocol.py) on the fields its
 engine runs. Unknown fields are ignored: peer routers add their own.
 
+A known field whose value asks for what this worker does not do (`response_format` JSON, a
+required tool call, `logit_bias`, `echo`, `suffix`, `best_of` above `n`, logprobs, non-zero
+penalties) is a 400 (`invalid_value`, `param` the field), so a client never takes free text for
+what it asked. The neutral values SDKs send unasked (0, `{}`, `"text"`, `"auto"`) are accepted.
+The gateway forwards all of these: the vLLM servers it also fronts honour them.
+
 Strict as the gateway's are: "64" or 64.0 for an integer is a 400, never coerced; a number field
 takes integers too; `null` means "not set". A string holding a lone UTF-16 surrogate (JSON
 `"\\ud800"`), which no tokenizer accepts, is a 400 too. Responses are built as plain dicts in the
@@ -12,11 +18,23 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pydantic import ConfigDict, ValidationInfo, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from cachekey.openai.protocol import ChatFields, CompletionFields, OpenAIRequest, SamplingFields
+from cachekey.openai.protocol import (
+    Bool,
+    ChatFields,
+    CompletionFields,
+    Int,
+    OpenAIRequest,
+    SamplingFields,
+    Str,
+)
 
 _SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads joins valid pairs: any left is lone
+
+
+def _not_done(what: str, instead: str) -> ValueError:
+    return ValueError(f"{what} is not supported by this worker; {instead}")
 
 
 def has_lone_surrogate(value: Any) -> bool:
@@ -65,6 +83,10 @@ class EngineRequest(SamplingFields, _Model):
     logprobs: bool | int | None = None
     # SGLang's extension: each choice carries the hidden states of every token the model ran.
     return_hidden_states: bool = False
+    # Declared only to be refused (see the module docstring): the engine does none of them.
+    response_format: dict[str, Any] | None = None
+    logit_bias: dict[str, Any] | None = None
+    echo: Bool | None = None
 
     @field_validator("n", "ignore_eos", "stream")
     @classmethod
@@ -85,6 +107,35 @@ class EngineRequest(SamplingFields, _Model):
             raise ValueError("logprobs are not supported by this worker")
         return v
 
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _no_penalties(cls, v: float | None, info: ValidationInfo) -> float | None:
+        if v:  # bounds checked first (SamplingFields)
+            raise _not_done(f"a non-zero {info.field_name}", "omit it or send 0")
+        return v
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_only(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is not None and v.get("type") != "text":
+            what = f"response_format {str(v.get('type'))[:64]!r}"
+            raise _not_done(what, 'the output is free text: omit it or send {"type": "text"}')
+        return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_logit_bias(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v:
+            raise _not_done("logit_bias", "omit it or send {}")
+        return v
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, v: bool | None) -> bool | None:
+        if v:
+            raise _not_done("echo", "omit it or send false")
+        return v
+
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:
             return ()
@@ -97,8 +148,47 @@ class EngineRequest(SamplingFields, _Model):
 class ChatCompletionRequest(ChatFields, EngineRequest):
     """/v1/chat/completions: the shared chat fields on the engine's sampling fields."""
 
+    # Tools are rendered into the prompt (cachekey/render.py) and the model's answer comes back
+    # as text, never parsed into `tool_calls`: "none" and "auto" (the model may answer in text)
+    # are what that gives; "required" or a named function would need a tool-call parser.
+    tool_choice: Str | dict[str, Any] | None = None
+    top_logprobs: Int | None = None
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _no_forced_tool(cls, v: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+        if v is not None and v not in ("none", "auto"):
+            what = "a named tool_choice" if isinstance(v, dict) else f"tool_choice {v[:64]!r}"
+            raise _not_done(what, 'tool calls are not parsed: send "none" or "auto"')
+        return v
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _no_top_logprobs(cls, v: int | None) -> int | None:
+        if v:
+            raise _not_done("top_logprobs", "omit it or send 0")
+        return v
+
 
 class CompletionRequest(CompletionFields, EngineRequest):
+    suffix: Str | None = None
+    best_of: Int | None = Field(None, ge=1)  # after `n`, which it is checked against
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, v: str | None) -> str | None:
+        if v:
+            raise _not_done("suffix", "omit it or send an empty string")
+        return v
+
+    @field_validator("best_of")
+    @classmethod
+    def _no_ranking(cls, v: int | None, info: ValidationInfo) -> int | None:
+        # best_of <= n returns every choice sampled, which is what n does; more would be ranked.
+        if v is not None and v > (info.data.get("n") or 1):
+            raise _not_done("best_of above n", "the n choices are sampled, not ranked: omit it")
+        return v
+
     def single_prompt(self) -> str | list[int]:
         """The one prompt of this request; a batch of several is refused with a clear message."""
         p = self.prompt

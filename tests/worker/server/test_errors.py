@@ -6,6 +6,7 @@ import base64
 import io
 
 import httpx
+import openai
 import pytest
 from PIL import Image
 
@@ -132,3 +133,72 @@ def test_a_body_is_read_as_json_whatever_its_content_type(worker, content_type) 
     assert r.status_code == 200, r.text
     bad = httpx.post(worker.url + "/v1/chat/completions", content=b"{not json", timeout=30)
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_json", bad.text
+
+
+# ---- fields the worker takes but does not honour --------------------------------------------
+# Each is a 400 naming the field, so a client that asked for JSON output or a tool call is not
+# handed free text with a 200; the neutral values clients send unasked still pass.
+
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+PROMPT = {"model": "demo", "prompt": "hello", "max_tokens": 2}
+SCHEMA = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
+CHAT_PATH, COMPLETIONS_PATH = "/v1/chat/completions", "/v1/completions"
+UNHONOURED = [
+    (CHAT_PATH, {"response_format": {"type": "json_object"}}, "response_format"),
+    (CHAT_PATH, {"response_format": SCHEMA}, "response_format"),
+    (COMPLETIONS_PATH, {"response_format": {"type": "json_object"}}, "response_format"),
+    (CHAT_PATH, {"tools": TOOLS, "tool_choice": "required"}, "tool_choice"),
+    (CHAT_PATH, {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "f"}}},
+     "tool_choice"),
+    (CHAT_PATH, {"logit_bias": {"5": 100}}, "logit_bias"),
+    (COMPLETIONS_PATH, {"logit_bias": {"5": -100}}, "logit_bias"),
+    (COMPLETIONS_PATH, {"echo": True}, "echo"),
+    (CHAT_PATH, {"echo": True}, "echo"),
+    (COMPLETIONS_PATH, {"best_of": 3}, "best_of"),
+    (COMPLETIONS_PATH, {"n": 2, "best_of": 3}, "best_of"),
+    (COMPLETIONS_PATH, {"suffix": " world"}, "suffix"),
+    (CHAT_PATH, {"top_logprobs": 21}, "top_logprobs"),
+    (CHAT_PATH, {"top_logprobs": 5}, "top_logprobs"),
+    (CHAT_PATH, {"presence_penalty": 0.5}, "presence_penalty"),
+    (COMPLETIONS_PATH, {"frequency_penalty": -1}, "frequency_penalty"),
+]  # fmt: skip
+NEUTRAL = [
+    (CHAT_PATH, {"presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {},
+                 "top_logprobs": 0, "logprobs": False, "echo": False,
+                 "response_format": {"type": "text"}}),
+    (CHAT_PATH, dict.fromkeys(("presence_penalty", "frequency_penalty", "logit_bias",
+                               "top_logprobs", "echo", "response_format", "tool_choice"))),
+    (CHAT_PATH, {"tools": TOOLS, "tool_choice": "auto"}),
+    (CHAT_PATH, {"tools": TOOLS, "tool_choice": "none"}),
+    (COMPLETIONS_PATH, {"best_of": 1, "echo": False, "suffix": "", "logit_bias": {},
+                        "presence_penalty": 0, "frequency_penalty": 0, "logprobs": 0}),
+    (COMPLETIONS_PATH, {"n": 2, "best_of": 2}),
+]  # fmt: skip
+
+
+def _base(path: str) -> dict:
+    return CHAT if path == CHAT_PATH else PROMPT
+
+
+@pytest.mark.parametrize(("path", "fields", "param"), UNHONOURED, ids=lambda v: str(v)[:40])
+def test_a_field_the_worker_does_not_honour_is_refused(worker, path, fields, param) -> None:
+    r = httpx.post(worker.url + path, json={**_base(path), **fields}, timeout=30)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert (err["code"], err["param"]) == ("invalid_value", param), err
+    assert "not supported by this worker" in err["message"]
+
+
+@pytest.mark.parametrize(("path", "fields"), NEUTRAL, ids=lambda v: str(v)[:40])
+def test_the_neutral_value_of_each_is_accepted(worker, path, fields) -> None:
+    r = httpx.post(worker.url + path, json={**_base(path), **fields}, timeout=30)
+    assert r.status_code == 200, r.text
+
+
+def test_the_openai_sdk_sees_the_refusal(worker) -> None:
+    client = openai.OpenAI(base_url=worker.url + "/v1", api_key="x", max_retries=0, timeout=30)
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(
+            model="demo", messages=CHAT["messages"], response_format={"type": "json_object"}
+        )
+    assert (refused.value.code, refused.value.param) == ("invalid_value", "response_format")
