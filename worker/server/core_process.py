@@ -31,6 +31,9 @@ from worker.server.kv_publisher import PublisherConfig
 
 _START_TIMEOUT_S = 600.0  # loading a large model takes a while; a dead core is seen at once
 _STOP_TIMEOUT_S = 5.0
+# A listening core takes Shutdown in milliseconds; only then is its stdin closed: closed at once,
+# it read the end-of-file first and logged that its API server was gone.
+_SHUTDOWN_GRACE_S = 1.0
 
 
 class CoreSpec(msgspec.Struct):
@@ -71,14 +74,17 @@ class CoreHandle:
             return
         with contextlib.suppress(zmq.ZMQError):
             self.commands.send(m.encoder().encode(m.Shutdown()), zmq.NOBLOCK)
-        if self.proc.stdin is not None:  # its end-of-file ends a stalled loop too
-            with contextlib.suppress(OSError):
-                self.proc.stdin.close()
         try:
-            self.proc.wait(timeout=_STOP_TIMEOUT_S)
+            self.proc.wait(timeout=_SHUTDOWN_GRACE_S)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+            if self.proc.stdin is not None:  # its end-of-file ends a stalled loop too
+                with contextlib.suppress(OSError):
+                    self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
         self.close()
 
     def close(self) -> None:

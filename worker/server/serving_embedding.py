@@ -118,12 +118,13 @@ class ServingEmbedding(OpenAIServing):
         )
 
     async def _collect(self, raw: Request, stream: RequestStream):
-        """(vector, prompt tokens, cached tokens) per input; None if the client went away."""
+        """(vector, prompt tokens, cached tokens, of them from the host tier or None without
+        one) per input; None if the client went away."""
         return await unless_gone(raw, stream, _results(stream))
 
     def _response(self, body: EmbeddingRequest, results: list) -> dict:
         data = []
-        for i, (vector, _, _) in enumerate(results):
+        for i, (vector, *_) in enumerate(results):
             if body.dimensions is not None:
                 vector = vector[: body.dimensions]
             if body.normalize:
@@ -131,6 +132,9 @@ class ServingEmbedding(OpenAIServing):
             embedding = b64_floats(vector) if body.encoding_format == "base64" else vector.tolist()
             data.append({"object": "embedding", "index": i, "embedding": embedding})
         prompt_tokens = sum(r[1] for r in results)
+        details = {"cached_tokens": sum(r[2] for r in results)}
+        if results and results[0][3] is not None:  # a host KV tier: its share, as chat's usage
+            details["cpu_cached_tokens"] = sum(r[3] for r in results)
         return {
             "id": f"{self.id_prefix}-{uuid.uuid4().hex}",
             "object": "list",
@@ -140,12 +144,12 @@ class ServingEmbedding(OpenAIServing):
             "usage": {
                 "prompt_tokens": prompt_tokens,
                 "total_tokens": prompt_tokens,
-                "prompt_tokens_details": {"cached_tokens": sum(r[2] for r in results)},
+                "prompt_tokens_details": details,
             },
         }
 
 
-async def _results(stream: RequestStream) -> list[tuple[np.ndarray, int, int]]:
+async def _results(stream: RequestStream) -> list[tuple[np.ndarray, int, int, int | None]]:
     index = {rid: i for i, rid in enumerate(stream.request_ids)}
     results: list = [None] * len(index)
     async for out in stream:
@@ -155,5 +159,6 @@ async def _results(stream: RequestStream) -> list[tuple[np.ndarray, int, int]]:
                 out.hidden_states,
                 out.num_prompt_tokens,
                 out.num_cached_tokens,
+                out.num_host_cached_tokens,
             )
     return results

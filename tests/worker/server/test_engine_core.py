@@ -112,11 +112,18 @@ def test_killed_core_fails_pending_requests_and_health_at_once(demo_model_dir, p
 
 def test_core_stops_with_the_worker(demo_model_dir):
     w = WorkerProcess(demo_model_dir, events=False).start()
-    core = _core_pid(w)
-    r = httpx.post(w.url + "/v1/completions", json={**LONG, "max_tokens": 4})
-    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
-    w.stop()  # SIGTERM: the lifespan stops the core
-    assert wait_dead(core, 10)
+    try:
+        core = _core_pid(w)
+        r = httpx.post(w.url + "/v1/completions", json={**LONG, "max_tokens": 4})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+        assert w.proc is not None
+        w.proc.terminate()  # SIGTERM: the lifespan stops the core
+        w.proc.wait(15)
+        assert wait_dead(core, 10)
+        # An orderly stop: the core took Shutdown, not the end of its stdin.
+        assert "API server is gone" not in w.log(), w.log()[-2000:]
+    finally:
+        w.stop()
 
 
 def test_core_exits_when_the_api_server_is_killed(demo_model_dir):

@@ -79,13 +79,21 @@ def metric(text: str, name: str, labels: str = "") -> float:
     return float(found.group(1))
 
 
+TIERED = (
+    "--num-blocks", "8", "--max-num-seqs", "1", "--max-model-len", "256",
+    "--sim-preset", "h200-llama-1b", "--sim-server-scale", "0",
+    "--kv-offload-bytes", str(4 * PER_BLOCK),
+)  # fmt: skip
+
+
+def embed(w: WorkerProcess, tokens: list[int]) -> dict:
+    r = httpx.post(f"{w.url}/v1/embeddings", json={"model": "demo", "input": tokens}, timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()["usage"]
+
+
 def test_cpu_tier_events_in_order_and_a_host_hit(demo_model_dir) -> None:
-    args = (
-        "--num-blocks", "8", "--max-num-seqs", "1", "--max-model-len", "256",
-        "--sim-preset", "h200-llama-1b", "--sim-server-scale", "0",
-        "--kv-offload-bytes", str(4 * PER_BLOCK),
-    )  # fmt: skip
-    with WorkerProcess(demo_model_dir, *args, engine="sim") as w:
+    with WorkerProcess(demo_model_dir, *TIERED, engine="sim") as w:
         a = [7] * 64  # 4 cached blocks; 63 prompt tokens usable as a hit: 3 blocks
         complete(w, a)
         complete(w, [9] * 112)  # 7 of the 8 GPU blocks: a's last three go to host memory
@@ -124,3 +132,15 @@ def test_cpu_tier_events_in_order_and_a_host_hit(demo_model_dir) -> None:
     # The two blocks' copy back, as the sim charged it (time scale 1): vLLM's load time.
     charged = preset("h200-llama-1b").host_load(32)
     assert charged > 0 and abs(metric(metrics, "vllm:kv_offload_load_time_total") - charged) < 1e-9
+
+
+def test_embeddings_say_the_host_tiers_share_as_completions_do(demo_model_dir) -> None:
+    """The same three prompts as above, embedded: the usage splits the hit by tier alike (the
+    gateway checks its per-tier prediction against it)."""
+    with WorkerProcess(demo_model_dir, *TIERED, engine="sim") as w:
+        first = embed(w, [7] * 64)
+        assert first["prompt_tokens_details"] == {"cached_tokens": 0, "cpu_cached_tokens": 0}
+        embed(w, [9] * 112)
+        again = embed(w, [7] * 64)
+    # As the completion above: a0 from the GPU, a1 and a2 copied back from host memory.
+    assert again["prompt_tokens_details"] == {"cached_tokens": 48, "cpu_cached_tokens": 32}
