@@ -309,9 +309,11 @@ def test_gateway_never_5xx_or_hangs(
     _check(resp, body)
 
 
-@pytest.mark.parametrize(("seed", "n"), [(2**63, 1), (-(2**63) - 1, 1), (2**63 - 1, 2)])
+@pytest.mark.parametrize(("seed", "n"), [(2**63, 1), (-(2**63) - 1, 1)])
 def test_found_by_fuzzing_seed_past_int64_is_a_400(cluster: Cluster, seed: int, n: int) -> None:
     # Once a worker 500 (its seed packing overflowed), retried on every replica and ejecting them.
+    # (The largest seed with n 2 is served now: choice i's seed wraps within int64,
+    # tests/gateway/test_bodies.py.)
     body = {"model": "demo", "prompt": "hello", "max_tokens": 1, "seed": seed, "n": n}
     for _ in range(4):  # more than --eject-after-failures
         r = httpx.post(f"{cluster.gateway_url}/v1/completions", json=body, timeout=10)

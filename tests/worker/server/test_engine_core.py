@@ -94,11 +94,12 @@ def test_killed_core_fails_pending_requests_and_health_at_once(demo_model_dir, p
             assert not t.is_alive()
         # The stream had its 200: it ends with an in-band error event, then [DONE].
         assert s["status"] == 200 and s["done_at"] - killed < 2
-        assert '"error"' in s["lines"][-2] and "engine unavailable" in s["lines"][-2]
+        # Both were in the engine when it died: `engine_died` (gateway/quarantine.py).
+        assert '"engine_died"' in s["lines"][-2] and "engine core process" in s["lines"][-2]
         assert s["lines"][-1] == "data: [DONE]"
         # The whole answer had not started: a 503 with an OpenAI error body.
         assert p["status"] == 503 and p["done_at"] - killed < 2
-        assert "engine unavailable" in p["lines"][0]
+        assert '"engine_died"' in p["lines"][0]
         # New requests are refused at once, with a clear 503; the server itself answers.
         t0 = time.monotonic()
         r = httpx.post(w.url + "/v1/completions", json={**LONG, "max_tokens": 2}, timeout=10)
