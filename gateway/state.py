@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from cachekey.bodies import BodyBudget, budget_bytes
 from cachekey.render import Renderer
 from cachekey.worker_auth import CurveKeys, bearer
 from gateway.assets import load_assets
@@ -42,6 +43,7 @@ class GatewayState:
     admission: Admission
     breaker: CircuitBreaker
     render_queue: RenderQueue
+    bodies: BodyBudget  # the bytes of the request bodies being read (gateway/limits.py)
     tenants: TenantRegistry | None = None  # None: no API keys, no tenant salts
     peers: PeerOutbox | None = None  # None: no peer gateways (--peer-port)
     peer_link: PeerLink | None = None
@@ -61,6 +63,7 @@ class GatewayState:
             headers={"authorization": bearer(token)} if token else None,
         )
         replicas = ReplicaSet(config, index, metrics, http)
+        lim = config.limits
         metrics.in_flight.source = lambda: (
             (
                 r.name,
@@ -83,6 +86,7 @@ class GatewayState:
             admission=Admission(config),
             breaker=CircuitBreaker(config, metrics),
             render_queue=RenderQueue(4, config.max_render_queue),
+            bodies=BodyBudget(budget_bytes(lim.body_read_budget, lim.max_body_bytes)),
             tenants=(
                 TenantRegistry(config.api_keys_file, config.tenant_salt_secret)
                 if config.api_keys_file

@@ -25,6 +25,7 @@ LIMIT_EXCEEDED = "limit_exceeded"
 UNKNOWN_URL = "unknown_url"
 METHOD_NOT_ALLOWED = "method_not_allowed"
 INTERNAL_ERROR = "internal_error"
+REQUEST_TIMEOUT = "request_timeout"  # a body not whole within --body-read-timeout (408)
 
 
 def error_type(status: int) -> str:
