@@ -15,6 +15,13 @@ from typing import Any
 
 from fastapi import Request
 
+from cachekey.bodies import (
+    DEFAULT_BUDGET_BODIES,
+    DEFAULT_TIMEOUT_S,
+    BodyBudget,
+    BodyTimeout,
+    budget_bytes,
+)
 from cachekey.errors import RenderError
 from cachekey.json_shape import JSONShapeError, decode_json
 from cachekey.openai.errors import LIMIT_EXCEEDED, APIError
@@ -39,6 +46,17 @@ _SIZE = {"parse": parse_size, "show": format_size, "metavar": "BYTES"}
 @dataclass(frozen=True, slots=True)
 class RequestLimits:
     max_body_bytes: int = option(32 * 2**20, "request body size (413 past it)", **_SIZE)
+    body_read_timeout: float = option(
+        DEFAULT_TIMEOUT_S,
+        "seconds from a request's headers to its body's end (408 past it, connection closed)",
+        metavar="SECONDS",
+    )
+    body_read_budget: int | None = option(
+        None,
+        "bytes of the request bodies being read at once, across all connections (429 past it)",
+        default_text=f"{DEFAULT_BUDGET_BODIES} x --max-body-bytes",
+        **_SIZE,
+    )
     max_messages: int = option(1024, "messages per chat request")
     max_content_parts: int = option(256, "content parts per message")
     max_images: int = option(32, "images per request", name="--max-images-per-request")
@@ -75,6 +93,9 @@ class RequestLimits:
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+        if not self.body_read_timeout > 0:
+            raise ValueError("body_read_timeout must be positive")
+        budget_bytes(self.body_read_budget, self.max_body_bytes)  # raises on a bad one
         if self.max_prompt_tokens is not None and self.max_prompt_tokens <= 0:
             raise ValueError("max_prompt_tokens must be positive")
         if self.max_json_depth > 256:  # the parser itself recurses; stay far from its limit
@@ -93,33 +114,43 @@ def _over(what: str, value: int, limit: int, flag: str, status: int, param: str)
     return LimitError(status, f"{what}: {value} > limit {limit} ({flag})", param)
 
 
-async def read_body(request: Request, limits: RequestLimits) -> bytearray:
-    """The request body, refused (413) by Content-Length or as soon as it grows past the limit.
+async def read_body(request: Request, limits: RequestLimits, budget: BodyBudget) -> bytearray:
+    """The request body, refused (413) by Content-Length or as soon as it grows past the limit,
+    408 when it is not whole `--body-read-timeout` s after its headers, and 429 when the bodies
+    being read at once would pass `--body-read-budget` (cachekey/bodies.py).
 
-    Read into one buffer of the declared length (not chunks joined at the end, nor a buffer
-    that grows by copying): the body is held once.
+    The buffer grows with the bytes that arrive, never to the declared length ahead of them
+    (a Content-Length alone would otherwise cost its size). Growing a large bytearray is a
+    realloc, which glibc does by remapping pages, not copying them: the body is held once.
     """
     cap = limits.max_body_bytes
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > cap:
-        raise _over("request body bytes", int(declared), cap, "--max-body-bytes", 413, "body")
-    body, size = bytearray(int(declared) if declared.isdigit() else 0), 0
-    async for chunk in request.stream():
-        end = size + len(chunk)
-        if end > cap:
-            raise _over("request body bytes", end, cap, "--max-body-bytes", 413, "body")
-        body[size : min(end, len(body))] = chunk  # in place while it fits, else it grows
-        size = end
-    del body[size:]
+    if declared.isdigit():
+        if int(declared) > cap:
+            raise _over("request body bytes", int(declared), cap, "--max-body-bytes", 413, "body")
+        budget.check(int(declared))
+    body = bytearray()
+    try:
+        async with asyncio.timeout(limits.body_read_timeout):
+            async for chunk in request.stream():
+                if len(body) + len(chunk) > cap:
+                    end = len(body) + len(chunk)
+                    raise _over("request body bytes", end, cap, "--max-body-bytes", 413, "body")
+                budget.take(len(chunk))
+                body += chunk
+    except TimeoutError:
+        raise BodyTimeout(limits.body_read_timeout, len(body)) from None
+    finally:
+        budget.give(len(body))
     return body
 
 
-async def read_json(request: Request, limits: RequestLimits) -> Any:
+async def read_json(request: Request, limits: RequestLimits, budget: BodyBudget) -> Any:
     """The parsed body: bounded in bytes, depth and elements (cachekey/json_shape.py), or 400.
 
     A large body is measured and parsed in a thread, so the event loop keeps serving.
     """
-    raw = await read_body(request, limits)
+    raw = await read_body(request, limits, budget)
     args = (raw, limits.max_json_depth, limits.max_json_elements)
     try:
         if len(raw) <= _PARSE_INLINE_BYTES:

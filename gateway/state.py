@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from cachekey.bodies import BodyBudget, budget_bytes
 from cachekey.render import Renderer
 from cachekey.worker_auth import CurveKeys, bearer
 from gateway.assets import load_assets
@@ -44,6 +45,7 @@ class GatewayState:
     breaker: CircuitBreaker
     render_queue: RenderQueue
     quarantine: Quarantine  # requests that killed engines (gateway/quarantine.py)
+    bodies: BodyBudget  # the bytes of the request bodies being read (gateway/limits.py)
     tenants: TenantRegistry | None = None  # None: no API keys, no tenant salts
     peers: PeerOutbox | None = None  # None: no peer gateways (--peer-port)
     peer_link: PeerLink | None = None
@@ -63,6 +65,7 @@ class GatewayState:
             headers={"authorization": bearer(token)} if token else None,
         )
         replicas = ReplicaSet(config, index, metrics, http)
+        lim = config.limits
         metrics.in_flight.source = lambda: (
             (
                 r.name,
@@ -86,6 +89,7 @@ class GatewayState:
             breaker=CircuitBreaker(config, metrics),
             render_queue=RenderQueue(4, config.max_render_queue),
             quarantine=Quarantine(config.poison_ttl),
+            bodies=BodyBudget(budget_bytes(lim.body_read_budget, lim.max_body_bytes)),
             tenants=(
                 TenantRegistry(config.api_keys_file, config.tenant_salt_secret)
                 if config.api_keys_file

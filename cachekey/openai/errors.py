@@ -31,6 +31,7 @@ ENGINE_DEAD = "engine_dead"
 ENGINE_DIED = "engine_died"
 # A request that was in two engines when they died: the gateway refuses it for a while.
 ENGINE_KILLER = "engine_killer"
+REQUEST_TIMEOUT = "request_timeout"  # a body not whole within --body-read-timeout (408)
 
 
 def error_type(status: int) -> str:

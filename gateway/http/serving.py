@@ -12,6 +12,7 @@ from functools import partial
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
+from cachekey.bodies import BodyTimeout
 from cachekey.openai.sse import SSE_MEDIA_TYPE
 from gateway.accounting import CLIENT_GONE
 from gateway.errors import error_response
@@ -68,6 +69,8 @@ class ProxyServing:
         except Exception as e:  # every failure, from any stage, is answered here
             out = error_response(e)
             status = str(out.status_code)
+            if isinstance(e, BodyTimeout):  # the rest of its body is never read
+                out.headers["connection"] = "close"
             return out
         finally:
             if not streaming:

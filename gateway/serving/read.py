@@ -40,7 +40,7 @@ async def parse(request: RequestSource, model_cls: type[OpenAIRequest], state: G
     decoder or the model refuses becomes its `APIError` here, where it is raised."""
     limits = state.config.limits
     try:
-        data = await read_json(request, limits)  # bounded in bytes, depth and elements
+        data = await read_json(request, limits, state.bodies)  # bytes, time, depth, elements
         check_body(data, limits)
         return model_cls.model_validate(data)
     except ValidationError as e:

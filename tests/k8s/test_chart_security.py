@@ -56,7 +56,13 @@ def test_auth_secret_limits_and_fetch_values() -> None:
     values = {
         "auth": {"existingSecret": "api-keys", "secretKey": "keys.yaml", "saltSecretKey": "salt"},
         "gateway": {
-            "limits": {"maxPromptTokens": 4096, "maxN": 4, "maxJsonDepth": 32},
+            "limits": {
+                "maxPromptTokens": 4096,
+                "maxN": 4,
+                "maxJsonDepth": 32,
+                "bodyReadTimeoutSeconds": 7.5,
+                "bodyReadBudget": 2**30,
+            },
             "imageFetch": {
                 "remoteImages": False,
                 "allow": ["images.internal", "10.1.0.0/16"],
@@ -73,6 +79,7 @@ def test_auth_secret_limits_and_fetch_values() -> None:
     assert not cfg.remote_images
     assert cfg.image_fetch_allow == ("images.internal", "10.1.0.0/16")
     assert cfg.limits.max_json_depth == 32
+    assert (cfg.limits.body_read_timeout, cfg.limits.body_read_budget) == (7.5, 2**30)
     assert cfg.image_fetch_max_bytes == 1000 and cfg.allow_image_uuids
     assert cfg.max_inflight_per_replica is None and cfg.max_queue == 10
     (salt,) = [e for e in c["env"] if e["name"] == "KVGATE_TENANT_SALT_SECRET"]

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable
 
 from fastapi import FastAPI
 
+from cachekey.bodies import budget_bytes
 from cachekey.documents import WorkerInfo
 from worker.server.app_state import WorkerState, init_app_state
 from worker.server.auth import WorkerAuth
@@ -61,6 +62,8 @@ def create_app(
         max_bytes=config.max_body_bytes,
         max_depth=config.max_json_depth,
         max_elements=config.max_json_elements,
+        read_timeout=config.body_read_timeout,
+        budget=budget_bytes(config.body_read_budget, config.max_body_bytes),
     )
     app.add_middleware(PrefixHint)
     if config.worker_token is not None:

@@ -1,11 +1,14 @@
-"""Request bodies bounded before FastAPI parses them: bytes, then JSON depth and element count.
+"""Request bodies bounded before FastAPI parses them: bytes and time, then JSON depth and element
+count; the bodies being read at once, in bytes (cachekey/bodies.py, as the gateway bounds them).
 
 FastAPI reads a body whole and hands it to `json.loads`: a 32 MiB body of `[{}, {}, ...]` under
 any byte limit is still millions of Python objects (about 1 GB), and 100,000 levels of `[[[`
 exhaust the parser's recursion. So this ASGI wrapper reads the body first (refusing it past
 `--max-body-bytes` without reading on), measures its shape on the raw bytes with the gateway's
 own guard (cachekey.json_shape), and only then lets the app see it, as JSON whatever its
-content-type. Violations are a 413 or a 400 with an OpenAI error body naming the flag.
+content-type. Violations are a 413 or a 400 with an OpenAI error body naming the flag; a body
+not whole within `--body-read-timeout` is a 408 (and the connection is closed), one past
+`--body-read-budget` a 429 with Retry-After.
 """
 
 from __future__ import annotations
@@ -14,12 +17,14 @@ import asyncio
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from cachekey.bodies import BodyBudget, BodyTimeout
 from cachekey.json_shape import INVALID_JSON, JSONShapeError, check_json_shape
-from cachekey.openai.errors import LIMIT_EXCEEDED
+from cachekey.openai.errors import LIMIT_EXCEEDED, APIError
 from worker.server.errors import send_error
 
 _CHECK_INLINE_BYTES = 1 << 20  # larger bodies are measured in a thread: the loop keeps serving
 _WITH_BODY = frozenset({"POST", "PUT", "PATCH"})
+_CLOSE = (b"connection", b"close")
 
 
 class BodyTooLarge(Exception):
@@ -28,9 +33,19 @@ class BodyTooLarge(Exception):
 
 
 class BodyGuard:
-    def __init__(self, app: ASGIApp, max_bytes: int, max_depth: int, max_elements: int) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_bytes: int,
+        max_depth: int,
+        max_elements: int,
+        read_timeout: float,
+        budget: int,
+    ) -> None:
         self.app = app
         self.max_bytes, self.max_depth, self.max_elements = max_bytes, max_depth, max_elements
+        self.read_timeout = read_timeout
+        self.budget = BodyBudget(budget)  # every connection's, as one app serves them all
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] not in _WITH_BODY:
@@ -40,6 +55,11 @@ class BodyGuard:
             raw = await self._read(scope, receive)
         except BodyTooLarge as e:
             await send_error(send, 413, str(e), param="body", code=LIMIT_EXCEEDED)
+            return
+        except APIError as e:  # a 408 (the rest is never read: close) or the budget's 429
+            extra = tuple((k.encode(), v.encode()) for k, v in (e.headers or {}).items())
+            extra += (_CLOSE,) if isinstance(e, BodyTimeout) else ()
+            await send_error(send, e.status, e.message, code=e.code, param=e.param, headers=extra)
             return
         if raw is None:
             return  # the client left before its body ended: nobody to answer
@@ -57,20 +77,29 @@ class BodyGuard:
 
     async def _read(self, scope: Scope, receive: Receive) -> bytes | None:
         declared = _content_length(scope)
-        if declared is not None and declared > self.max_bytes:
-            raise BodyTooLarge(declared, self.max_bytes)
+        if declared is not None:
+            if declared > self.max_bytes:
+                raise BodyTooLarge(declared, self.max_bytes)
+            self.budget.check(declared)
         chunks, size = [], 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return None
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_bytes:
-                raise BodyTooLarge(size, self.max_bytes)
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(chunks)
+        try:
+            async with asyncio.timeout(self.read_timeout):
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        return None
+                    chunk = message.get("body", b"")
+                    if size + len(chunk) > self.max_bytes:
+                        raise BodyTooLarge(size + len(chunk), self.max_bytes)
+                    self.budget.take(len(chunk))
+                    size += len(chunk)
+                    chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        return b"".join(chunks)
+        except TimeoutError:
+            raise BodyTimeout(self.read_timeout, size) from None
+        finally:
+            self.budget.give(size)
 
     async def _check(self, raw: bytes) -> None:
         if len(raw) <= _CHECK_INLINE_BYTES:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cachekey.bodies import DEFAULT_BUDGET_BODIES, DEFAULT_TIMEOUT_S, budget_bytes
 from cachekey.worker_auth import CurveKeys, resolve_token
 from kvgate_cli.flags import LOG_LEVELS, format_size, option, parse_size
 
@@ -61,6 +62,19 @@ class ServerConfig:
         show=format_size,
         metavar="BYTES",
     )
+    body_read_timeout: float = option(
+        DEFAULT_TIMEOUT_S,
+        "seconds from a request's headers to its body's end (408 past it, connection closed)",
+        metavar="SECONDS",
+    )
+    body_read_budget: int | None = option(
+        None,
+        "bytes of the request bodies being read at once, across all connections (429 past it)",
+        default_text=f"{DEFAULT_BUDGET_BODIES} x --max-body-bytes",
+        parse=parse_size,
+        show=format_size,
+        metavar="BYTES",
+    )
     max_json_depth: int = option(64, "JSON nesting depth of a request body (400 past it)")
     max_json_elements: int = option(
         1_100_000, "JSON values, keys and containers in a request body (400 past it)"
@@ -107,6 +121,9 @@ class ServerConfig:
         for name in ("max_body_bytes", "max_json_depth", "max_json_elements"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive")
+        if not self.body_read_timeout > 0:
+            raise ValueError("--body-read-timeout must be positive")
+        budget_bytes(self.body_read_budget, self.max_body_bytes)  # raises on a bad one
         self.worker_token = resolve_token(self.worker_token)
 
     @property

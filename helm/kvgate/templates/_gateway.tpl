@@ -18,6 +18,10 @@ The gateway's own flags, environment and volumes, shared by the HTTP gateway
 {{- end }}
 {{- with .Values.gateway.limits }}
 - --max-body-bytes={{ .maxBodyBytes | int64 }}
+- --body-read-timeout={{ .bodyReadTimeoutSeconds }}
+{{- if .bodyReadBudget }}
+- --body-read-budget={{ .bodyReadBudget | int64 }}
+{{- end }}
 - --max-messages={{ .maxMessages | int64 }}
 - --max-content-parts={{ .maxContentParts | int64 }}
 - --max-images-per-request={{ .maxImagesPerRequest | int64 }}
