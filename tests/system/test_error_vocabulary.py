@@ -59,6 +59,17 @@ def _body(content: str | list[dict], **kw) -> dict:
 
 
 BAD_IMAGE = data_url(b"not a png")
+HI = json.dumps(_body("hi", max_tokens=2))
+
+
+# What a message says, in words a client can act on rather than a parser's or Pillow's.
+SAYS = {
+    "an empty body": "invalid JSON body: the body is empty",
+    "UTF-16 without a byte-order mark": "JSON is UTF-8",
+    "NaN": "NaN and Infinity are not JSON numbers",
+    "Infinity": "NaN and Infinity are not JSON numbers",
+    "a lone surrogate": "a string holds a lone UTF-16 surrogate",
+}
 
 
 @pytest.mark.parametrize(
@@ -69,7 +80,17 @@ BAD_IMAGE = data_url(b"not a png")
         ("n as a string", CHAT, _body("hi", n="2"), 400, "invalid_type", "n", True),
         ("messages missing", CHAT, {"model": "demo"}, 400,
          "missing_required_parameter", "messages", True),
-        ("not JSON", CHAT, b'{"model": "demo", "messages": [', 400, "invalid_json", None, False),
+        ("not JSON", CHAT, b'{"model": "demo", "messages": [', 400, "invalid_json", None, True),
+        ("an empty body", CHAT, b"", 400, "invalid_json", None, True),
+        ("UTF-16", CHAT, HI.encode("utf-16"), 400, "invalid_json", None, True),
+        ("UTF-16 without a byte-order mark", CHAT, HI.encode("utf-16-le"), 400, "invalid_json",
+         None, True),
+        ("NaN", CHAT, HI.replace('"hi"', '"hi", "temperature": NaN').encode(), 400,
+         "invalid_json", None, True),
+        ("Infinity", CHAT, HI.replace('"hi"', '"hi", "top_p": -Infinity').encode(), 400,
+         "invalid_json", None, True),
+        ("a lone surrogate", CHAT, HI.replace('"hi"', '"\\ud800"').encode(), 400,
+         "invalid_json", None, True),
         ("body over --max-body-bytes", CHAT, json.dumps(_body("x" * 70_000)).encode(), 413,
          "limit_exceeded", "body", True),
         ("prompt over the context", CHAT, _body(TOO_LONG), 400,
@@ -81,7 +102,7 @@ BAD_IMAGE = data_url(b"not a png")
          400, "invalid_image", "messages[0].content[1]", True),
         ("unknown model", CHAT, _body("hi", model="nope"), 404, "model_not_found", "model", False),
         ("not UTF-8", CHAT, b'{"model": "demo", "messages": [{"role": "user", "content": "\xe9"}]}',
-         400, "invalid_json", None, False),
+         400, "invalid_json", None, True),
         ("an empty stop string", CHAT, _body("hi", stop=""), 400, "invalid_value", None, True),
         ("an empty embeddings input", EMBED, {"model": "demo", "input": ""}, 400,
          "invalid_value", None, True),
@@ -96,6 +117,14 @@ def test_gateway_and_worker_refuse_alike(
         assert gateway[3] == worker[3], what
     elif code == "context_length_exceeded":  # the gateway names the flag after the same words
         assert gateway[3].startswith(worker[3]), what
+    if what in SAYS:
+        assert SAYS[what] in worker[3], worker[3]
+
+
+def test_a_utf8_byte_order_mark_is_skipped_by_both(cluster) -> None:
+    """RFC 8259 lets a parser ignore it, and vLLM's (Python's json.loads) does."""
+    for r in both(cluster, CHAT, b"\xef\xbb\xbf" + HI.encode()):
+        assert r.status_code == 200, r.text
 
 
 def test_prompt_and_output_over_the_context(cluster) -> None:
