@@ -19,6 +19,7 @@ from cachekey.errors import (
     ImageTooLargeError,
     InvalidImageError,
     RenderError,
+    TooManyImagesError,
     UnsupportedContentError,
     context_exceeded,
     context_exceeded_by_length,
@@ -31,6 +32,24 @@ from cachekey.types import MMItem, Prompt
 
 ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 IMAGE_PART_TYPES = frozenset({"image_url", "input_image"})
+
+
+def count_images(messages: Any) -> int:
+    """The image parts in a chat request's `messages`; parts of any other shape are counted
+    nowhere (the renderer refuses them by name)."""
+    if not isinstance(messages, list):
+        return 0
+    return sum(
+        1
+        for msg in messages
+        if isinstance(msg, dict) and isinstance(msg.get("content"), list)
+        for part in msg["content"]
+        if isinstance(part, dict) and _is_image(part.get("type"))
+    )
+
+
+def _is_image(kind: Any) -> bool:
+    return isinstance(kind, str) and kind in IMAGE_PART_TYPES  # a list's type is unhashable
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +143,8 @@ class Renderer:
                 f"chat_template_kwargs must be an object without {sorted(RESERVED_NAMES)}",
                 param="chat_template_kwargs",
             )
+        if (count := count_images(messages)) > self.limits.max_images:
+            raise TooManyImagesError(count, self.limits.max_images)
         call = _Call(images.fetch or self.fetcher, images.uuids, [])
         normalized = [self._message(i, m, call) for i, m in enumerate(messages)]
         text = render_template(
@@ -212,7 +233,7 @@ class Renderer:
             if not isinstance(part.get("text"), str):
                 raise UnsupportedContentError(f"{where}.text must be a string", param=where)
             return {"type": "text", "text": part["text"]}
-        if not isinstance(kind, str) or kind not in IMAGE_PART_TYPES:
+        if not _is_image(kind):
             raise UnsupportedContentError(
                 f"{where}: content part type {kind!r} is not supported; use 'text', 'image_url'"
                 " or 'input_image'",
@@ -227,10 +248,6 @@ class Renderer:
         uuid = part.get("uuid")
         if uuid is not None and (not isinstance(uuid, str) or not uuid):
             raise UnsupportedContentError(f"{where}.uuid must be a non-empty string", param=where)
-        if len(call.images) >= self.limits.max_images:
-            raise ImageTooLargeError(
-                f"a request may carry at most {self.limits.max_images} images", param=where
-            )
         data = self._image_bytes(url, where, call.fetch)
         probe_image(data, self.limits.max_image_pixels, param=where)
         call.images.append(_Image(call.uuids.identifier(uuid, data), data))

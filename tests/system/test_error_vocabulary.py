@@ -4,10 +4,12 @@ message). The table of them is docs/gateway.md's *Errors*."""
 
 from __future__ import annotations
 
+import io
 import json
 
 import httpx
 import pytest
+from PIL import Image
 
 from harness.cluster import Cluster, ClusterSpec
 from harness.workload import data_url
@@ -62,6 +64,17 @@ BAD_IMAGE = data_url(b"not a png")
 HI = json.dumps(_body("hi", max_tokens=2))
 
 
+def _png(size: tuple[int, int], mode: str = "1") -> bytes:
+    buf = io.BytesIO()
+    Image.new(mode, size).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _images(*pngs: bytes) -> dict:
+    parts = [{"type": "image_url", "image_url": {"url": data_url(png)}} for png in pngs]
+    return _body([{"type": "text", "text": "look"}, *parts])
+
+
 # What a message says, in words a client can act on rather than a parser's or Pillow's.
 SAYS = {
     "an empty body": "invalid JSON body: the body is empty",
@@ -69,6 +82,7 @@ SAYS = {
     "NaN": "NaN and Infinity are not JSON numbers",
     "Infinity": "NaN and Infinity are not JSON numbers",
     "a lone surrogate": "a string holds a lone UTF-16 surrogate",
+    "33 images": "images per request: 33 > limit 32",
 }
 
 
@@ -103,6 +117,10 @@ SAYS = {
         ("unknown model", CHAT, _body("hi", model="nope"), 404, "model_not_found", "model", False),
         ("not UTF-8", CHAT, b'{"model": "demo", "messages": [{"role": "user", "content": "\xe9"}]}',
          400, "invalid_json", None, True),
+        ("33 images", CHAT, _images(*[_png((8, 8))] * 33), 400, "limit_exceeded", "messages",
+         False),
+        ("a part type that is a list", CHAT, _body([{"type": ["text"]}]), 400,
+         "unsupported_content", "messages[0].content[0].type", True),
         ("an empty stop string", CHAT, _body("hi", stop=""), 400, "invalid_value", None, True),
         ("an empty embeddings input", EMBED, {"model": "demo", "input": ""}, 400,
          "invalid_value", None, True),
@@ -115,8 +133,8 @@ def test_gateway_and_worker_refuse_alike(
     assert gateway[:3] == worker[:3] == (status, code, param), what
     if same_message:
         assert gateway[3] == worker[3], what
-    elif code == "context_length_exceeded":  # the gateway names the flag after the same words
-        assert gateway[3].startswith(worker[3]), what
+    elif code in ("context_length_exceeded", "limit_exceeded", "image_too_large"):
+        assert gateway[3].startswith(worker[3]), what  # the gateway names its flag after them
     if what in SAYS:
         assert SAYS[what] in worker[3], worker[3]
 
