@@ -244,7 +244,10 @@ class Renderer:
         ref = part.get(kind) if kind == "image_url" else part.get("image_url")
         url = ref.get("url") if isinstance(ref, dict) else ref
         if not isinstance(url, str) or not url:
-            raise UnsupportedContentError(f"{where}.image_url.url must be a string", param=where)
+            raise UnsupportedContentError(
+                f"{where}.image_url.url must be a non-empty string: a data: URL or an http(s) URL",
+                param=where,
+            )
         uuid = part.get("uuid")
         if uuid is not None and (not isinstance(uuid, str) or not uuid):
             raise UnsupportedContentError(f"{where}.uuid must be a non-empty string", param=where)

@@ -75,6 +75,10 @@ def _images(*pngs: bytes) -> dict:
     return _body([{"type": "text", "text": "look"}, *parts])
 
 
+# 196M pixels, past Pillow's own cap (2 x MAX_IMAGE_PIXELS); 24 KB as a PNG of one colour.
+PAST_PILLOW_CAP = _png((14_000, 14_000))
+
+
 # What a message says, in words a client can act on rather than a parser's or Pillow's.
 SAYS = {
     "an empty body": "invalid JSON body: the body is empty",
@@ -83,6 +87,8 @@ SAYS = {
     "Infinity": "NaN and Infinity are not JSON numbers",
     "a lone surrogate": "a string holds a lone UTF-16 surrogate",
     "33 images": "images per request: 33 > limit 32",
+    "an image past Pillow's cap": "image is 196000000 pixels, over the limit of 16777216",
+    "an empty image URL": "image_url.url must be a non-empty string",
 }
 
 
@@ -119,6 +125,10 @@ SAYS = {
          400, "invalid_json", None, True),
         ("33 images", CHAT, _images(*[_png((8, 8))] * 33), 400, "limit_exceeded", "messages",
          False),
+        ("an image past Pillow's cap", CHAT, _images(PAST_PILLOW_CAP), 413, "image_too_large",
+         "messages[0].content[1]", False),
+        ("an empty image URL", CHAT, _body([{"type": "image_url", "image_url": {"url": ""}}]),
+         400, "unsupported_content", "messages[0].content[0]", True),
         ("a part type that is a list", CHAT, _body([{"type": ["text"]}]), 400,
          "unsupported_content", "messages[0].content[0].type", True),
         ("an empty stop string", CHAT, _body("hi", stop=""), 400, "invalid_value", None, True),
