@@ -87,6 +87,7 @@ class ImageOptions:
 class _Image:
     identifier: str
     data: bytes
+    param: str  # the content part it came from
 
 
 @dataclass(slots=True)
@@ -253,7 +254,7 @@ class Renderer:
             raise UnsupportedContentError(f"{where}.uuid must be a non-empty string", param=where)
         data = self._image_bytes(url, where, call.fetch)
         probe_image(data, self.limits.max_image_pixels, param=where)
-        call.images.append(_Image(call.uuids.identifier(uuid, data), data))
+        call.images.append(_Image(call.uuids.identifier(uuid, data), data, where))
         return {"type": "image"}
 
     def _image_bytes(self, url: str, where: str, fetch: Callable[[str], bytes] | None) -> bytes:
@@ -303,7 +304,9 @@ class Renderer:
             out.extend(ids[start:])
         if len(out) > self.max_model_len:
             raise context_exceeded(self.max_model_len, len(out), param, param=param)
-        return Prompt(tuple(out), tuple(items), {img.identifier: img.data for img in images})
+        data = {img.identifier: img.data for img in images}
+        params = {img.identifier: img.param for img in reversed(images)}  # the first part wins
+        return Prompt(tuple(out), tuple(items), data, params)
 
 
 def _special_affixes(tok: Tokenizer) -> tuple[list[int], list[int]] | None:
