@@ -14,6 +14,7 @@ from cachekey.errors import (
     PromptTooLongError,
     RenderError,
     TemplateError,
+    TooManyImagesError,
     UnsupportedContentError,
 )
 from cachekey.headers import PREFIX_HEADER
@@ -64,6 +65,7 @@ __all__ = [
     "RenderLimits",
     "Renderer",
     "TemplateError",
+    "TooManyImagesError",
     "UnsupportedContentError",
     "block_extra_keys",
     "block_keys",

@@ -6,7 +6,7 @@ the user what to change, not where the code failed.
 
 from __future__ import annotations
 
-from cachekey.openai.errors import CONTEXT_LENGTH_EXCEEDED, error_body
+from cachekey.openai.errors import CONTEXT_LENGTH_EXCEEDED, LIMIT_EXCEEDED, error_body
 
 
 class RenderError(ValueError):
@@ -36,6 +36,16 @@ class ImageTooLargeError(RenderError):
 
     status_code = 413
     code = "image_too_large"
+
+
+class TooManyImagesError(RenderError):
+    """More image parts than the request may carry: the count limit the gateway's
+    --max-images-per-request sets, with the gateway's code and param."""
+
+    code = LIMIT_EXCEEDED
+
+    def __init__(self, count: int, limit: int) -> None:
+        super().__init__(f"images per request: {count} > limit {limit}", param="messages")
 
 
 class UnsupportedContentError(RenderError):

@@ -1,8 +1,9 @@
 """Request JSON, bounded before it is parsed: nesting depth and element count, on the raw bytes.
 
-One implementation for both sides: the gateway parses client bodies with `decode_json`, the
-worker checks the bodies it is sent with `check_json_shape` (worker/server/body_guard.py) before
-FastAPI parses them. The flags named in the errors are the same on both.
+One implementation for both sides: the gateway parses client bodies with `decode_json`, and the
+worker checks the bodies it is sent with it (worker/server/body_guard.py) before FastAPI parses
+them, so both refuse the same bodies in the same words. The flags named in the errors are the
+same on both.
 
 A body under the size limit can still cost far more than its size once parsed: 32 MiB of `[{},
 {}, ...]` is millions of Python objects (about 1 GB), and 100,000 levels of `[[[...` exhaust
@@ -16,12 +17,17 @@ when it fits:
 
 The common case costs one `bytes.translate` pass: counts over the whole body, strings
 included, are upper bounds of both measures. Parsing is msgspec's strict UTF-8 JSON decoder,
-which refuses lone UTF-16 surrogates (`"\\ud800"`), NaN and numbers out of range, so no such
-value reaches the tokenizer or the re-encoded body sent to the worker.
+which refuses lone UTF-16 surrogates (`"\\ud800"`), NaN, Infinity and numbers out of range, so
+no such value reaches the tokenizer or the re-encoded body sent to the worker. JSON is UTF-8
+(RFC 8259, 8.1): UTF-16 and UTF-32 bodies are refused; a UTF-8 byte-order mark is skipped, as
+the RFC allows and Python's `json.loads` (vLLM's parser) does. Each refusal says which of these
+it is, in the same words on both sides.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 import msgspec
@@ -32,6 +38,16 @@ _DECODER = msgspec.json.Decoder()
 INVALID_JSON = "invalid_json"  # the code of a body that is not JSON, gateway and worker alike
 _QUOTE, _OPENS, _CLOSES, _SEPS = 34, (91, 123), (93, 125), (44, 58)
 _NOT_STRUCTURAL = bytes(b for b in range(256) if b not in b"[]{},:")
+_BOM = b"\xef\xbb\xbf"
+_WIDE_BOMS = (b"\xff\xfe", b"\xfe\xff")  # UTF-16 and UTF-32, little and big endian
+_AT_BYTE = re.compile(r"\(byte (\d+)\)$")
+_HIGH_SURROGATE = re.compile(rb"\\u[dD][89abAB]")
+EMPTY_BODY = "invalid JSON body: the body is empty"
+NOT_UTF8 = (
+    "invalid JSON body: not UTF-8 (it holds NUL bytes or a UTF-16 byte-order mark, as UTF-16 "
+    "and UTF-32 text does); JSON is UTF-8 (RFC 8259)"
+)
+LONE_SURROGATE = "invalid JSON body: a string holds a lone UTF-16 surrogate (\\ud800-\\udfff)"
 
 
 class JSONShapeError(ValueError):
@@ -100,8 +116,42 @@ def check_json_shape(raw: bytes | bytearray, max_depth: int, max_elements: int) 
 
 def decode_json(raw: bytes | bytearray, max_depth: int, max_elements: int) -> Any:
     """The parsed body, or JSONShapeError (too deep, too many elements, or not valid JSON)."""
+    if raw.startswith(_BOM):
+        raw = raw[len(_BOM) :]
+    if not raw or raw.isspace():
+        raise JSONShapeError(EMPTY_BODY, INVALID_JSON)
+    if raw.startswith(_WIDE_BOMS) or b"\0" in raw:  # a NUL is never in UTF-8 JSON text
+        raise JSONShapeError(NOT_UTF8, INVALID_JSON)
     check_json_shape(raw, max_depth, max_elements)
     try:
         return _DECODER.decode(raw)
     except (msgspec.MsgspecError, UnicodeError) as e:
-        raise JSONShapeError(f"invalid JSON body: {e}", INVALID_JSON) from e
+        raise JSONShapeError(_invalid(raw, e), INVALID_JSON) from e
+
+
+def _invalid(raw: bytes | bytearray, e: Exception) -> str:
+    """The message of a body msgspec refused, naming what JSON forbids where msgspec's own
+    words do not: NaN and Infinity, and lone surrogates (which it calls "truncated")."""
+    reason = str(e)
+    at = _AT_BYTE.search(reason)
+    if at and raw[int(at[1]) :].startswith((b"NaN", b"Infinity")):
+        return f"invalid JSON body: NaN and Infinity are not JSON numbers (byte {at[1]})"
+    if "surrogate" in reason or (
+        reason == "Input data was truncated" and _HIGH_SURROGATE.search(raw) and _parses(raw)
+    ):
+        return LONE_SURROGATE
+    return f"invalid JSON body: {reason}"
+
+
+def _parses(raw: bytes | bytearray) -> bool:
+    """Whether Python's parser, which takes lone surrogates, takes `raw` (only ever called on a
+    body msgspec refused, so it costs nothing on the request path)."""
+    try:
+        json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+    except ValueError:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        return False
+    return True
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(name)

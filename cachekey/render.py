@@ -19,6 +19,7 @@ from cachekey.errors import (
     ImageTooLargeError,
     InvalidImageError,
     RenderError,
+    TooManyImagesError,
     UnsupportedContentError,
     context_exceeded,
     context_exceeded_by_length,
@@ -31,6 +32,24 @@ from cachekey.types import MMItem, Prompt
 
 ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 IMAGE_PART_TYPES = frozenset({"image_url", "input_image"})
+
+
+def count_images(messages: Any) -> int:
+    """The image parts in a chat request's `messages`; parts of any other shape are counted
+    nowhere (the renderer refuses them by name)."""
+    if not isinstance(messages, list):
+        return 0
+    return sum(
+        1
+        for msg in messages
+        if isinstance(msg, dict) and isinstance(msg.get("content"), list)
+        for part in msg["content"]
+        if isinstance(part, dict) and _is_image(part.get("type"))
+    )
+
+
+def _is_image(kind: Any) -> bool:
+    return isinstance(kind, str) and kind in IMAGE_PART_TYPES  # a list's type is unhashable
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +87,7 @@ class ImageOptions:
 class _Image:
     identifier: str
     data: bytes
+    param: str  # the content part it came from
 
 
 @dataclass(slots=True)
@@ -124,6 +144,8 @@ class Renderer:
                 f"chat_template_kwargs must be an object without {sorted(RESERVED_NAMES)}",
                 param="chat_template_kwargs",
             )
+        if (count := count_images(messages)) > self.limits.max_images:
+            raise TooManyImagesError(count, self.limits.max_images)
         call = _Call(images.fetch or self.fetcher, images.uuids, [])
         normalized = [self._message(i, m, call) for i, m in enumerate(messages)]
         text = render_template(
@@ -212,7 +234,7 @@ class Renderer:
             if not isinstance(part.get("text"), str):
                 raise UnsupportedContentError(f"{where}.text must be a string", param=where)
             return {"type": "text", "text": part["text"]}
-        if not isinstance(kind, str) or kind not in IMAGE_PART_TYPES:
+        if not _is_image(kind):
             raise UnsupportedContentError(
                 f"{where}: content part type {kind!r} is not supported; use 'text', 'image_url'"
                 " or 'input_image'",
@@ -223,17 +245,16 @@ class Renderer:
         ref = part.get(kind) if kind == "image_url" else part.get("image_url")
         url = ref.get("url") if isinstance(ref, dict) else ref
         if not isinstance(url, str) or not url:
-            raise UnsupportedContentError(f"{where}.image_url.url must be a string", param=where)
+            raise UnsupportedContentError(
+                f"{where}.image_url.url must be a non-empty string: a data: URL or an http(s) URL",
+                param=where,
+            )
         uuid = part.get("uuid")
         if uuid is not None and (not isinstance(uuid, str) or not uuid):
             raise UnsupportedContentError(f"{where}.uuid must be a non-empty string", param=where)
-        if len(call.images) >= self.limits.max_images:
-            raise ImageTooLargeError(
-                f"a request may carry at most {self.limits.max_images} images", param=where
-            )
         data = self._image_bytes(url, where, call.fetch)
         probe_image(data, self.limits.max_image_pixels, param=where)
-        call.images.append(_Image(call.uuids.identifier(uuid, data), data))
+        call.images.append(_Image(call.uuids.identifier(uuid, data), data, where))
         return {"type": "image"}
 
     def _image_bytes(self, url: str, where: str, fetch: Callable[[str], bytes] | None) -> bytes:
@@ -283,7 +304,9 @@ class Renderer:
             out.extend(ids[start:])
         if len(out) > self.max_model_len:
             raise context_exceeded(self.max_model_len, len(out), param, param=param)
-        return Prompt(tuple(out), tuple(items), {img.identifier: img.data for img in images})
+        data = {img.identifier: img.data for img in images}
+        params = {img.identifier: img.param for img in reversed(images)}  # the first part wins
+        return Prompt(tuple(out), tuple(items), data, params)
 
 
 def _special_affixes(tok: Tokenizer) -> tuple[list[int], list[int]] | None:

@@ -35,6 +35,9 @@ class Prompt:
     mm_items: tuple[MMItem, ...] = ()
     # Decoded image bytes by identifier; the worker needs the pixels, the gateway only the keys.
     mm_data: dict[str, bytes] = field(default_factory=dict, compare=False, repr=False)
+    # The content part each image came from (`messages[0].content[1]`, the first one for an image
+    # sent twice), named in the errors that blame it (an image the worker cannot decode).
+    mm_params: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def __len__(self) -> int:
         return len(self.token_ids)

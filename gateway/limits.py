@@ -25,7 +25,7 @@ from cachekey.bodies import (
 from cachekey.errors import RenderError
 from cachekey.json_shape import JSONShapeError, decode_json
 from cachekey.openai.errors import LIMIT_EXCEEDED, APIError
-from cachekey.render import IMAGE_PART_TYPES, RenderLimits
+from cachekey.render import RenderLimits, count_images
 from kvgate_cli.flags import format_pixels, format_size, option, parse_pixels, parse_size
 
 _PARSE_INLINE_BYTES = 256 * 1024
@@ -175,7 +175,6 @@ def check_body(body: Any, limits: RequestLimits) -> None:
             "messages per request", len(messages), limits.max_messages, "--max-messages", 400,
             "messages",
         )  # fmt: skip
-    images = 0
     for i, msg in enumerate(messages):
         content = msg.get("content") if isinstance(msg, dict) else None
         if not isinstance(content, list):
@@ -185,10 +184,7 @@ def check_body(body: Any, limits: RequestLimits) -> None:
                 "content parts per message", len(content), limits.max_content_parts,
                 "--max-content-parts", 400, f"messages[{i}].content",
             )  # fmt: skip
-        images += sum(
-            1 for p in content if isinstance(p, dict) and p.get("type") in IMAGE_PART_TYPES
-        )
-    if images > limits.max_images:
+    if (images := count_images(messages)) > limits.max_images:
         raise _over(
             "images per request", images, limits.max_images, "--max-images-per-request", 400,
             "messages",

@@ -21,6 +21,7 @@ from cachekey import (
     RenderError,
     RenderLimits,
     TemplateError,
+    TooManyImagesError,
     UnsupportedContentError,
     decode_data_url,
     probe_image,
@@ -161,8 +162,11 @@ def test_limits_lower_the_context_and_cap_images(assets):
     raw = encoded("PNG")
     two = image_msg(url_of(raw))
     two[0]["content"].append({"type": "image_url", "image_url": {"url": url_of(raw)}})
-    with pytest.raises(ImageTooLargeError, match="at most 1 images"):
+    with pytest.raises(TooManyImagesError, match="images per request: 2 > limit 1") as info:
         small.render_chat(two)
+    assert (info.value.status_code, info.value.code, info.value.param) == (
+        400, "limit_exceeded", "messages"
+    )  # fmt: skip
 
 
 def test_fetcher_failures_are_fetch_errors(assets):

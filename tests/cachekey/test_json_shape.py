@@ -76,6 +76,31 @@ def test_refusals(raw: bytes, code: str) -> None:
     assert info.value.code == code
 
 
+@pytest.mark.parametrize(
+    ("raw", "says"),
+    [
+        (b"", "the body is empty"),
+        (b" \r\n", "the body is empty"),
+        ('{"a": 1}'.encode("utf-16"), "JSON is UTF-8"),
+        ('{"a": 1}'.encode("utf-16-be"), "JSON is UTF-8"),
+        ('{"a": 1}'.encode("utf-32-le"), "JSON is UTF-8"),
+        (b'{"a": NaN}', "NaN and Infinity are not JSON numbers (byte 6)"),
+        (b'{"a": -Infinity}', "NaN and Infinity are not JSON numbers (byte 7)"),
+        (b'{"a": "\\ud800"}', "lone UTF-16 surrogate"),  # msgspec: "Input data was truncated"
+        (b'{"a": "x\\udc00"}', "lone UTF-16 surrogate"),
+        (b'{"a": "\\ud800', "Input data was truncated"),  # truncated after all
+    ],
+)
+def test_a_refusal_names_what_json_forbids(raw: bytes, says: str) -> None:
+    with pytest.raises(JSONShapeError) as info:
+        decode_json(raw, 64, 1000)
+    assert info.value.code == "invalid_json" and says in info.value.message
+
+
+def test_a_utf8_byte_order_mark_is_skipped() -> None:
+    assert decode_json(b'\xef\xbb\xbf{"a": "\\ud83d\\ude00"}', 64, 1000) == {"a": "\U0001f600"}
+
+
 def test_structure_inside_strings_is_not_counted() -> None:
     raw = json.dumps({"text": "[" * 500 + ",:" * 5000}).encode()
     assert decode_json(raw, 64, 1000) == {"text": "[" * 500 + ",:" * 5000}

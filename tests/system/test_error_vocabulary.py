@@ -4,10 +4,12 @@ message). The table of them is docs/gateway.md's *Errors*."""
 
 from __future__ import annotations
 
+import io
 import json
 
 import httpx
 import pytest
+from PIL import Image
 
 from harness.cluster import Cluster, ClusterSpec
 from harness.workload import data_url
@@ -59,6 +61,35 @@ def _body(content: str | list[dict], **kw) -> dict:
 
 
 BAD_IMAGE = data_url(b"not a png")
+HI = json.dumps(_body("hi", max_tokens=2))
+
+
+def _png(size: tuple[int, int], mode: str = "1") -> bytes:
+    buf = io.BytesIO()
+    Image.new(mode, size).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _images(*pngs: bytes) -> dict:
+    parts = [{"type": "image_url", "image_url": {"url": data_url(png)}} for png in pngs]
+    return _body([{"type": "text", "text": "look"}, *parts])
+
+
+# 196M pixels, past Pillow's own cap (2 x MAX_IMAGE_PIXELS); 24 KB as a PNG of one colour.
+PAST_PILLOW_CAP = _png((14_000, 14_000))
+
+
+# What a message says, in words a client can act on rather than a parser's or Pillow's.
+SAYS = {
+    "an empty body": "invalid JSON body: the body is empty",
+    "UTF-16 without a byte-order mark": "JSON is UTF-8",
+    "NaN": "NaN and Infinity are not JSON numbers",
+    "Infinity": "NaN and Infinity are not JSON numbers",
+    "a lone surrogate": "a string holds a lone UTF-16 surrogate",
+    "33 images": "images per request: 33 > limit 32",
+    "an image past Pillow's cap": "image is 196000000 pixels, over the limit of 16777216",
+    "an empty image URL": "image_url.url must be a non-empty string",
+}
 
 
 @pytest.mark.parametrize(
@@ -69,7 +100,17 @@ BAD_IMAGE = data_url(b"not a png")
         ("n as a string", CHAT, _body("hi", n="2"), 400, "invalid_type", "n", True),
         ("messages missing", CHAT, {"model": "demo"}, 400,
          "missing_required_parameter", "messages", True),
-        ("not JSON", CHAT, b'{"model": "demo", "messages": [', 400, "invalid_json", None, False),
+        ("not JSON", CHAT, b'{"model": "demo", "messages": [', 400, "invalid_json", None, True),
+        ("an empty body", CHAT, b"", 400, "invalid_json", None, True),
+        ("UTF-16", CHAT, HI.encode("utf-16"), 400, "invalid_json", None, True),
+        ("UTF-16 without a byte-order mark", CHAT, HI.encode("utf-16-le"), 400, "invalid_json",
+         None, True),
+        ("NaN", CHAT, HI.replace('"hi"', '"hi", "temperature": NaN').encode(), 400,
+         "invalid_json", None, True),
+        ("Infinity", CHAT, HI.replace('"hi"', '"hi", "top_p": -Infinity').encode(), 400,
+         "invalid_json", None, True),
+        ("a lone surrogate", CHAT, HI.replace('"hi"', '"\\ud800"').encode(), 400,
+         "invalid_json", None, True),
         ("body over --max-body-bytes", CHAT, json.dumps(_body("x" * 70_000)).encode(), 413,
          "limit_exceeded", "body", True),
         ("prompt over the context", CHAT, _body(TOO_LONG), 400,
@@ -81,7 +122,15 @@ BAD_IMAGE = data_url(b"not a png")
          400, "invalid_image", "messages[0].content[1]", True),
         ("unknown model", CHAT, _body("hi", model="nope"), 404, "model_not_found", "model", False),
         ("not UTF-8", CHAT, b'{"model": "demo", "messages": [{"role": "user", "content": "\xe9"}]}',
-         400, "invalid_json", None, False),
+         400, "invalid_json", None, True),
+        ("33 images", CHAT, _images(*[_png((8, 8))] * 33), 400, "limit_exceeded", "messages",
+         False),
+        ("an image past Pillow's cap", CHAT, _images(PAST_PILLOW_CAP), 413, "image_too_large",
+         "messages[0].content[1]", False),
+        ("an empty image URL", CHAT, _body([{"type": "image_url", "image_url": {"url": ""}}]),
+         400, "unsupported_content", "messages[0].content[0]", True),
+        ("a part type that is a list", CHAT, _body([{"type": ["text"]}]), 400,
+         "unsupported_content", "messages[0].content[0].type", True),
         ("an empty stop string", CHAT, _body("hi", stop=""), 400, "invalid_value", None, True),
         ("an empty embeddings input", EMBED, {"model": "demo", "input": ""}, 400,
          "invalid_value", None, True),
@@ -94,8 +143,16 @@ def test_gateway_and_worker_refuse_alike(
     assert gateway[:3] == worker[:3] == (status, code, param), what
     if same_message:
         assert gateway[3] == worker[3], what
-    elif code == "context_length_exceeded":  # the gateway names the flag after the same words
-        assert gateway[3].startswith(worker[3]), what
+    elif code in ("context_length_exceeded", "limit_exceeded", "image_too_large"):
+        assert gateway[3].startswith(worker[3]), what  # the gateway names its flag after them
+    if what in SAYS:
+        assert SAYS[what] in worker[3], worker[3]
+
+
+def test_a_utf8_byte_order_mark_is_skipped_by_both(cluster) -> None:
+    """RFC 8259 lets a parser ignore it, and vLLM's (Python's json.loads) does."""
+    for r in both(cluster, CHAT, b"\xef\xbb\xbf" + HI.encode()):
+        assert r.status_code == 200, r.text
 
 
 def test_prompt_and_output_over_the_context(cluster) -> None:

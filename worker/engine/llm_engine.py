@@ -93,8 +93,10 @@ class LLMEngine:
         lora_name: str | None = None,
         cache_salt: str | None = None,
         hidden_states: str | None = None,
+        param: str = "messages",
     ) -> None:
-        """`hidden_states`: a pooling of hidden_reads.POOLINGS to return when it finishes."""
+        """`hidden_states`: a pooling of hidden_reads.POOLINGS to return when it finishes;
+        `param`: the request field the prompt came from, which a too-long prompt's error names."""
         if request_id in self._seqs:
             raise ValueError(f"duplicate request id {request_id!r}")
         if lora_name is not None:
@@ -104,13 +106,13 @@ class LLMEngine:
             raise PromptTooLongError(
                 f"the prompt has {n} tokens; this model's maximum context length is "
                 f"{self.max_model_len}",
-                param="messages",
+                param=param,
             )
         if n >= self._max_seq_len:
             raise PromptTooLongError(
                 f"the prompt has {n} tokens; the KV cache holds at most {self._max_seq_len} "
                 "tokens per request including the first generated one",
-                param="messages",
+                param=param,
             )
         check_prompt(prompt, self.assets.image, self.runner.vocab_size)
         if hidden_states is not None:

@@ -56,7 +56,11 @@ class VisionInputs:
             data = seq.mm_data.get(item.identifier)
             if data is None:
                 raise InvalidImageError(f"no image data for item {item.identifier!r}")
-            pixels[item.identifier] = self.processor.preprocess(data)
+            try:
+                pixels[item.identifier] = self.processor.preprocess(data)
+            except InvalidImageError as e:  # named by its content part, as the renderer names it
+                e.param = e.param or seq.mm_params.get(item.identifier)
+                raise
         if pixels:
             self._pixels[seq.request_id] = pixels
 

@@ -35,6 +35,7 @@ class Sequence:
         "lora_name",
         "mm_data",
         "mm_items",
+        "mm_params",
         "num_cached_blocks",
         "num_cached_tokens",
         "num_computed_tokens",
@@ -64,6 +65,7 @@ class Sequence:
         self.num_prompt_tokens = len(prompt.token_ids)
         self.mm_items = prompt.mm_items
         self.mm_data = prompt.mm_data
+        self.mm_params = prompt.mm_params
         self.lora_name = lora_name
         self.cache_salt = cache_salt
         self.status = SequenceStatus.WAITING

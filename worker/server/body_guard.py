@@ -4,11 +4,15 @@ count; the bodies being read at once, in bytes (cachekey/bodies.py, as the gatew
 FastAPI reads a body whole and hands it to `json.loads`: a 32 MiB body of `[{}, {}, ...]` under
 any byte limit is still millions of Python objects (about 1 GB), and 100,000 levels of `[[[`
 exhaust the parser's recursion. So this ASGI wrapper reads the body first (refusing it past
-`--max-body-bytes` without reading on), measures its shape on the raw bytes with the gateway's
-own guard (cachekey.json_shape), and only then lets the app see it, as JSON whatever its
+`--max-body-bytes` without reading on), then measures and parses it with the gateway's own
+decoder (cachekey.json_shape), and only then lets the app see it, as JSON whatever its
 content-type. Violations are a 413 or a 400 with an OpenAI error body naming the flag; a body
 not whole within `--body-read-timeout` is a 408 (and the connection is closed), one past
-`--body-read-budget` a 429 with Retry-After.
+`--body-read-budget` a 429 with Retry-After. Parsing with the gateway's decoder is what makes
+the worker refuse what the gateway refuses, in its words (NaN, Infinity, lone surrogates,
+UTF-16), where FastAPI's `json.loads` takes them all; it costs less than half of that
+`json.loads` (17 ms against 43 ms for a 28 MB image body). An empty body goes on to the app:
+some routes take none.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import asyncio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cachekey.bodies import BodyBudget, BodyTimeout
-from cachekey.json_shape import INVALID_JSON, JSONShapeError, check_json_shape
+from cachekey.json_shape import JSONShapeError, decode_json
 from cachekey.openai.errors import LIMIT_EXCEEDED, APIError
 from worker.server.errors import send_error
 
@@ -64,14 +68,10 @@ class BodyGuard:
         if raw is None:
             return  # the client left before its body ended: nobody to answer
         try:
-            await self._check(raw)
+            if raw:
+                await self._check(raw)
         except JSONShapeError as e:
             await send_error(send, 400, e.message, code=e.code)
-            return
-        except UnicodeDecodeError as e:
-            # As the gateway's strict decoder: FastAPI would answer "There was an error
-            # parsing the body" without a code.
-            await send_error(send, 400, f"invalid JSON body: {e}", code=INVALID_JSON)
             return
         await self.app(_as_json(scope), _replaying(raw, receive), send)
 
@@ -109,10 +109,8 @@ class BodyGuard:
 
 
 def _check_body(raw: bytes, max_depth: int, max_elements: int) -> None:
-    """Its shape (JSONShapeError), then UTF-8 (UnicodeDecodeError): JSON's only encoding."""
-    check_json_shape(raw, max_depth, max_elements)
-    if not raw.isascii():  # no str of the whole body for an ASCII one (base64 images)
-        raw.decode("utf-8")
+    """Its shape, then strict JSON in UTF-8 (JSONShapeError), as the gateway parses it."""
+    decode_json(raw, max_depth, max_elements)
 
 
 def _content_length(scope: Scope) -> int | None:

@@ -31,6 +31,7 @@ class Add(msgspec.Struct, tag=True, array_like=True):
     lora_name: str | None = None
     cache_salt: str | None = None
     hidden_states: str | None = None
+    param: str = "messages"  # the request field the prompts came from, named in errors
 
 
 class Abort(msgspec.Struct, tag=True, array_like=True):

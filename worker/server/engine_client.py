@@ -121,9 +121,11 @@ class AsyncEngine:
         lora_name: str | None = None,
         cache_salt: str | None = None,
         hidden_states: str | None = None,
+        param: str = "messages",
     ) -> RequestStream:
         """Add len(request_ids) engine requests sharing `prompt` (or one prompt each, given a
-        list, as the inputs of one embeddings request); bad input raises here.
+        list, as the inputs of one embeddings request); bad input raises here, naming `param`
+        (the request field of the prompt) where the prompt is to blame.
 
         The caller iterates the returned stream and must `close()` it (aborting what is left).
         """
@@ -137,7 +139,9 @@ class AsyncEngine:
                 await self._hold_host(self._host_seconds(len(self._sinks)))
             # One command adds all n, so siblings enter the same step and share the prompt blocks.
             await self._call(
-                lambda call: m.Add(call, rids, prompts, ps, lora_name, cache_salt, hidden_states)
+                lambda call: m.Add(
+                    call, rids, prompts, ps, lora_name, cache_salt, hidden_states, param
+                )
             )
         except BaseException:
             # Failed or cancelled: the requests may exist, with nobody to read.

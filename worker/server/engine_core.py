@@ -155,6 +155,7 @@ class EngineCore:
                     lora_name=cmd.lora_name,
                     cache_salt=cmd.cache_salt,
                     hidden_states=cmd.hidden_states,
+                    param=cmd.param,
                 )
                 added.append(rid)
         except BaseException:

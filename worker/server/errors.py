@@ -12,7 +12,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Send
 
 from cachekey.errors import PromptTooLongError, RenderError
-from cachekey.json_shape import INVALID_JSON
+from cachekey.json_shape import EMPTY_BODY, INVALID_JSON
 from cachekey.openai.errors import (
     ENGINE_DEAD,
     ENGINE_DIED,
@@ -64,6 +64,8 @@ def error_response(exc: Exception) -> JSONResponse:
 def _validation_error(exc: RequestValidationError) -> APIError:
     """FastAPI's refusal of a body, worded as the gateway words the same error."""
     errors = exc.errors()
+    if errors and errors[0].get("type") == "missing" and tuple(errors[0]["loc"]) == ("body",):
+        return APIError(400, EMPTY_BODY, code=INVALID_JSON)  # the guard passes an empty body on
     if errors and errors[0].get("type") == "json_invalid":
         reason = (errors[0].get("ctx") or {}).get("error", "not valid JSON")
         return APIError(400, f"invalid JSON body: {reason}", code=INVALID_JSON)

@@ -8,17 +8,17 @@ what it asked. The neutral values SDKs send unasked (0, `{}`, `"text"`, `"auto"`
 The gateway forwards all of these: the vLLM servers it also fronts honour them.
 
 Strict as the gateway's are: "64" or 64.0 for an integer is a 400, never coerced; a number field
-takes integers too; `null` means "not set". A string holding a lone UTF-16 surrogate (JSON
-`"\\ud800"`), which no tokenizer accepts, is a 400 too. Responses are built as plain dicts in the
-serving handlers; only requests need validation.
+takes integers too; `null` means "not set". A body with a string holding a lone UTF-16 surrogate
+(JSON `"\\ud800"`), which no tokenizer accepts, never reaches these models: the body guard
+refuses it as the gateway does (worker/server/body_guard.py). Responses are built as plain dicts
+in the serving handlers; only requests need validation.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 
 from cachekey.openai.protocol import (
     Bool,
@@ -30,38 +30,13 @@ from cachekey.openai.protocol import (
     Str,
 )
 
-_SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads joins valid pairs: any left is lone
-
 
 def _not_done(what: str, instead: str) -> ValueError:
     return ValueError(f"{what} is not supported by this worker; {instead}")
 
 
-def has_lone_surrogate(value: Any) -> bool:
-    """Whether any string (key or value) in a parsed JSON body holds a lone surrogate."""
-    stack = [value]
-    while stack:  # not recursive: a body nested hundreds deep must not raise RecursionError
-        v = stack.pop()
-        if isinstance(v, str):
-            if not v.isascii() and _SURROGATE.search(v):  # isascii is O(1): big base64 is free
-                return True
-        elif isinstance(v, dict):
-            stack.extend(v.keys())
-            stack.extend(v.values())
-        elif isinstance(v, list):
-            stack.extend(v)
-    return False
-
-
 class _Request(OpenAIRequest):
     model_config = ConfigDict(extra="ignore")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_lone_surrogates(cls, data: Any) -> Any:
-        if has_lone_surrogate(data):
-            raise ValueError("a string holds a lone UTF-16 surrogate (\\ud800-\\udfff)")
-        return data
 
 
 class StreamOptions(_Request):

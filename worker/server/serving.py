@@ -15,7 +15,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from cachekey.errors import context_exceeded
 from cachekey.headers import RANK_HEADER
-from cachekey.openai.errors import APIError
+from cachekey.openai.errors import INVALID_VALUE, APIError
 from cachekey.openai.sse import DONE, SSE_MEDIA_TYPE, sse_event
 from cachekey.render import Renderer
 from cachekey.types import Prompt
@@ -68,6 +68,11 @@ class OpenAIServing:
 
     # -- checks --------------------------------------------------------------------------------
 
+    @property
+    def prompt_field(self) -> str:
+        """The request field the prompt comes from, named in the errors that blame it."""
+        return "messages" if self.object_name == "chat.completion" else "prompt"
+
     def check_request(self, raw: Request, body: EngineRequest) -> str | None:
         """The LoRA adapter the request's `model` names (None: the base model); 404 for none.
         X-data-parallel-rank was checked when the request's engine was chosen (rank_state)."""
@@ -92,7 +97,7 @@ class OpenAIServing:
 
     def sampling_params(self, body: EngineRequest, max_tokens: int | None, prompt_len: int):
         limit = self.ctx.max_model_len
-        where = "messages" if self.object_name == "chat.completion" else "prompt"
+        where = self.prompt_field
         if prompt_len >= limit:
             raise context_exceeded(limit, prompt_len, where, param=where)
         if max_tokens is None:
@@ -147,6 +152,7 @@ class OpenAIServing:
                 lora_name=lora_name,
                 cache_salt=body.cache_salt,
                 hidden_states=hidden,
+                param=self.prompt_field,
             )
         finally:
             turn.leave()
@@ -288,14 +294,18 @@ def rank_index(raw: Request, count: int) -> int | None:
     try:
         asked = int(value)
     except ValueError:
-        raise APIError(400, f"X-data-parallel-rank must be an integer, got {value!r}") from None
+        raise _bad_rank(f"X-data-parallel-rank must be an integer, got {value!r}") from None
     if not 0 <= asked < count:
-        raise APIError(
-            400,
+        raise _bad_rank(
             f"X-data-parallel-rank {asked} is out of range [0, {count}): this worker serves "
-            f"{count} engine(s)",
+            f"{count} engine(s)"
         )
     return asked
+
+
+def _bad_rank(message: str) -> APIError:
+    """A header's value, named as the gateway names its own headers' (x-kvgate-routing-policy)."""
+    return APIError(400, message, param=RANK_HEADER, code=INVALID_VALUE)
 
 
 def _sibling_seed(seed: int, i: int) -> int:

@@ -80,6 +80,7 @@ class ServingEmbedding(OpenAIServing):
             lora_name=lora_name,
             cache_salt=body.cache_salt,
             hidden_states=body.pooling,
+            param="input",
         )
 
     def check_dimensions(self, dimensions: int | None) -> None:

@@ -121,7 +121,43 @@ def test_data_parallel_rank_header(worker):
             worker.url + "/v1/chat/completions", json=CHAT, headers={"X-data-parallel-rank": bad}
         )
         assert r.status_code == 400
-        assert "rank" in r.json()["error"]["message"]
+        err = r.json()["error"]
+        assert "rank" in err["message"]
+        # A header's bad value is named as the gateway names x-kvgate-routing-policy's.
+        assert (err["code"], err["param"]) == ("invalid_value", "x-data-parallel-rank")
+
+
+def test_tokenize_without_a_prompt_names_the_missing_field(worker):
+    r = httpx.post(worker.url + "/tokenize", json={}, timeout=30)
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert (err["code"], err["param"]) == ("missing_required_parameter", "prompt"), err
+
+
+@pytest.fixture(scope="module")
+def small_cache(demo_model_dir):
+    """4 blocks of 16: 64 tokens of KV cache, far under the demo model's 4,096-token context."""
+    with WorkerProcess(demo_model_dir, "--num-blocks", "4", events=False) as w:
+        yield w
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/completions", {"prompt": list(range(10, 90))}, "prompt"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "word " * 80}]},
+         "messages"),
+        ("/v1/embeddings", {"input": list(range(10, 90))}, "input"),
+    ],
+)  # fmt: skip
+def test_a_prompt_past_the_kv_cache_names_its_own_field(small_cache, path, body, param):
+    """The context takes the prompt, the KV cache does not: the engine refuses it, naming the
+    field it came from whichever endpoint it came to."""
+    r = httpx.post(small_cache.url + path, json={"model": "demo", **body}, timeout=30)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert (err["code"], err["param"]) == ("context_length_exceeded", param), err
+    assert "the KV cache holds at most 64 tokens" in err["message"]
 
 
 @pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded"])

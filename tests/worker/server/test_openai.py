@@ -133,6 +133,19 @@ def test_chat_with_image_data_url_streamed_and_not(client):
     assert other.usage.prompt_tokens_details.cached_tokens < expected_hit(p)
 
 
+def test_a_truncated_image_names_its_content_part(worker):
+    """Its header passes the renderer's probe; decoding its pixels in the engine fails, and the
+    refusal names the part as every other image error does."""
+    whole = io.BytesIO()
+    Image.effect_noise((64, 64), 50).convert("RGB").save(whole, format="PNG")
+    cut = data_url(whole.getvalue()[: len(whole.getvalue()) // 2])
+    body = {"model": "demo", "max_tokens": 2, "messages": _messages("look", cut)}
+    r = httpx.post(worker.url + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert (err["code"], err["param"]) == ("invalid_image", "messages[1].content[0]"), err
+
+
 def test_completions_text_and_token_ids_streamed_and_not(client):
     prompt = LONG_TEXT + " Completion:"
     first = client.completions.create(model="demo", prompt=prompt, max_tokens=5, temperature=0)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from cachekey.openai.errors import APIError
+from cachekey.openai.validation import MISSING_PARAMETER
 from worker.server.app_state import WorkerState, all_ranks, rank_state, worker_state
 from worker.server.protocol import ChatCompletionRequest, CompletionRequest, TokenizeRequest
 
@@ -99,6 +100,8 @@ async def tokenize(body: TokenizeRequest, raw: Request) -> dict:
     elif body.prompt is not None:
         prompt = await state.completion.render(body.prompt)
     else:
-        raise APIError(400, "either prompt or messages is required", param="prompt")
+        raise APIError(
+            400, "either prompt or messages is required", param="prompt", code=MISSING_PARAMETER
+        )
     tokens = list(prompt.token_ids)
     return {"tokens": tokens, "count": len(tokens), "max_model_len": state.info.max_model_len}
