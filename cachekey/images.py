@@ -131,6 +131,11 @@ def probe_image(
     return width, height, fmt
 
 
+# Pillow refuses an image past twice its MAX_IMAGE_PIXELS whatever our limit says: a higher
+# `--max-image-pixels` could never take effect, so it is refused at start.
+PILLOW_MAX_PIXELS = 2 * (Image.MAX_IMAGE_PIXELS or 0) or None
+
+
 def _over_pillow_cap(
     e: Image.DecompressionBombError, max_pixels: int | None, param: str | None
 ) -> ImageTooLargeError:

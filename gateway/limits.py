@@ -23,6 +23,7 @@ from cachekey.bodies import (
     budget_bytes,
 )
 from cachekey.errors import RenderError
+from cachekey.images import PILLOW_MAX_PIXELS
 from cachekey.json_shape import JSONShapeError, decode_json
 from cachekey.openai.errors import LIMIT_EXCEEDED, APIError
 from cachekey.render import RenderLimits, count_images
@@ -63,7 +64,8 @@ class RequestLimits:
     max_image_bytes: int = option(20 * 2**20, "bytes per image, inline or fetched", **_SIZE)
     max_image_pixels: int = option(
         4096 * 4096,
-        "pixels per image (WxH or a count)",
+        "pixels per image (WxH or a count; at most 178956970, past which Pillow refuses an "
+        "image itself)",
         parse=parse_pixels,
         show=format_pixels,
         metavar="PIXELS",
@@ -93,6 +95,11 @@ class RequestLimits:
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+        if PILLOW_MAX_PIXELS is not None and self.max_image_pixels > PILLOW_MAX_PIXELS:
+            raise ValueError(
+                f"--max-image-pixels {self.max_image_pixels} is over {PILLOW_MAX_PIXELS}, past "
+                "which the image decoder (Pillow) refuses an image itself"
+            )
         if not self.body_read_timeout > 0:
             raise ValueError("body_read_timeout must be positive")
         budget_bytes(self.body_read_budget, self.max_body_bytes)  # raises on a bad one

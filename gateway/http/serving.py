@@ -63,6 +63,8 @@ class ProxyServing:
                 return _relay(ex, resp)
             status, usage = str(resp.status), read_usage(resp.status, content)
             headers = ex.replica_headers(resp.status)
+            if (after := resp.headers.get(b"retry-after")) is not None:  # a worker's 429 says
+                headers["retry-after"] = after.decode("latin-1")  # when to come back
             return Response(content, resp.status, headers, resp.content_type)
         except ClientDisconnect:  # left while sending its body: status stays client_gone
             return _GONE

@@ -153,6 +153,7 @@ def test_human_sizes_and_pixels_as_the_docs_write_them() -> None:
         (("-m", "gateway", "--workers", "http://a:1,http://a:1/"), "worker listed twice: http://a:1"),
         (("-m", "gateway", "--vllm-kv-events-topic", "kv@{rank}"), "only {host}, {port}, {pod}"),
         (("-m", "gateway", "--kv-events-bind", "tcp://*"), "--kv-events-bind must be tcp://HOST:PORT"),
+        (("-m", "gateway", "--max-image-pixels", "14000x14000"), "refuses an image itself"),
     ],
 )  # fmt: skip
 def test_bad_values_are_usage_errors_not_tracebacks(argv, message) -> None:

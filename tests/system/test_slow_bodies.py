@@ -158,6 +158,22 @@ def test_the_budget_refuses_one_body_more_and_takes_bodies_again(cluster, side: 
     wait_until(lambda: _probe(cluster, side).status_code == 200, 5, "the budget free again")
 
 
+def test_a_workers_429_keeps_its_retry_after_through_the_gateway(cluster) -> None:
+    """The worker's budget full, a request the gateway forwards is the worker's 429: the
+    gateway passes on its Retry-After with its body (it used to drop the header)."""
+    holders = [_partial(cluster, "worker", MAX_BODY, MAX_BODY - 1) for _ in range(HOLDERS)]
+    try:
+        wait_until(lambda: _probe(cluster, "worker").status_code == 429, 2, "the budget full")
+        r = chat(cluster.gateway_url, user("through the gateway"), timeout=30)
+        assert r.status_code == 429, r.text
+        assert "--body-read-budget" in r.json()["error"]["message"]  # the worker's own answer
+        assert int(r.headers["retry-after"]) >= 1
+    finally:
+        for s in holders:
+            s.close()
+    wait_until(lambda: _probe(cluster, "worker").status_code == 200, 5, "the budget free again")
+
+
 @pytest.mark.parametrize("side", SIDES)
 def test_a_declared_length_alone_holds_neither_memory_nor_budget(cluster, side: str) -> None:
     """Before, the gateway allocated a body's declared length before reading it: 8 headers
