@@ -9,11 +9,12 @@ ever, and `--max-body-bytes` bounds only one body. So:
 
 - `--body-read-timeout`: the body must be whole this many seconds after its headers, else a
   408 (`BodyTimeout`), and the connection is closed, since the rest of the body is never read;
-- `--body-read-budget`: the bytes of all the bodies being read at once. A chunk that would pass
-  it, or a body whose declared length would not fit now, is a 429 with Retry-After, the way
-  the gateway answers every overload. It counts the bytes that arrived, not the lengths
-  declared: a declared length costs a client nothing, so counting it would let a few idle
-  connections refuse every other body.
+- `--body-read-budget`: the bytes of all the bodies being read at once (on the gateway, and of
+  those read whole and waiting for a slot: gateway/serving/exchange.py gives them back). A
+  chunk that would pass it, or a body whose declared length would not fit now, is a 429 with
+  Retry-After, the way the gateway answers every overload. It counts the bytes that arrived,
+  not the lengths declared: a declared length costs a client nothing, so counting it would let
+  a few idle connections refuse every other body.
 """
 
 from __future__ import annotations

@@ -54,7 +54,8 @@ class RequestLimits:
     )
     body_read_budget: int | None = option(
         None,
-        "bytes of the request bodies being read at once, across all connections (429 past it)",
+        "bytes of the request bodies being read, or read and waiting for a worker slot, across "
+        "all connections (429 past it)",
         default_text=f"{DEFAULT_BUDGET_BODIES} x --max-body-bytes",
         **_SIZE,
     )
@@ -124,7 +125,10 @@ def _over(what: str, value: int, limit: int, flag: str, status: int, param: str)
 async def read_body(request: Request, limits: RequestLimits, budget: BodyBudget) -> bytearray:
     """The request body, refused (413) by Content-Length or as soon as it grows past the limit,
     408 when it is not whole `--body-read-timeout` s after its headers, and 429 when the bodies
-    being read at once would pass `--body-read-budget` (cachekey/bodies.py).
+    being read, or read and waiting for a slot, would pass `--body-read-budget`
+    (cachekey/bodies.py). A body read whole stays counted: its request gives its bytes back when
+    it leaves the queue for a slot, or ends (gateway/serving/exchange.py), so the queue holds no
+    more bytes than the budget either.
 
     The buffer grows with the bytes that arrive, never to the declared length ahead of them
     (a Content-Length alone would otherwise cost its size). Growing a large bytearray is a
@@ -136,7 +140,7 @@ async def read_body(request: Request, limits: RequestLimits, budget: BodyBudget)
         if int(declared) > cap:
             raise _over("request body bytes", int(declared), cap, "--max-body-bytes", 413, "body")
         budget.check(int(declared))
-    body = bytearray()
+    body, whole = bytearray(), False
     try:
         async with asyncio.timeout(limits.body_read_timeout):
             async for chunk in request.stream():
@@ -145,15 +149,18 @@ async def read_body(request: Request, limits: RequestLimits, budget: BodyBudget)
                     raise _over("request body bytes", end, cap, "--max-body-bytes", 413, "body")
                 budget.take(len(chunk))
                 body += chunk
+        whole = True
     except TimeoutError:
         raise BodyTimeout(limits.body_read_timeout, len(body)) from None
     finally:
-        budget.give(len(body))
+        if not whole:
+            budget.give(len(body))
     return body
 
 
-async def read_json(request: Request, limits: RequestLimits, budget: BodyBudget) -> Any:
-    """The parsed body: bounded in bytes, depth and elements (cachekey/json_shape.py), or 400.
+async def read_json(request: Request, limits: RequestLimits, budget: BodyBudget) -> tuple[Any, int]:
+    """The parsed body, bounded in bytes, depth and elements (cachekey/json_shape.py), or 400;
+    and the bytes it still holds in `budget` (`read_body`: given back by the caller).
 
     A large body is measured and parsed in a thread, so the event loop keeps serving.
     """
@@ -161,10 +168,14 @@ async def read_json(request: Request, limits: RequestLimits, budget: BodyBudget)
     args = (raw, limits.max_json_depth, limits.max_json_elements)
     try:
         if len(raw) <= _PARSE_INLINE_BYTES:
-            return decode_json(*args)
-        return await asyncio.to_thread(decode_json, *args)
+            return decode_json(*args), len(raw)
+        return await asyncio.to_thread(decode_json, *args), len(raw)
     except JSONShapeError as e:
+        budget.give(len(raw))
         raise LimitError(400, e.message, None, e.code) from e
+    except BaseException:
+        budget.give(len(raw))
+        raise
 
 
 def check_body(body: Any, limits: RequestLimits) -> None:

@@ -31,13 +31,16 @@ Answer = tuple[UpstreamResponse, bytes | None]  # content None: a stream, for th
 
 
 class Exchange:
-    __slots__ = ("ended", "headers", "px", "state")
+    __slots__ = ("ended", "headers", "held", "px", "state")
 
     def __init__(self, state: GatewayState, headers: Mapping[str, str]) -> None:
         self.state = state
         self.headers = headers
         self.px: ProxyRequest | None = None  # set once routed
         self.ended = False
+        # The body's bytes in `--body-read-budget` until the request has a slot (or ends): the
+        # bodies waiting in the admission queue are bounded with those being read.
+        self.held = 0
 
     async def answer(
         self,
@@ -50,7 +53,7 @@ class Exchange:
         """The worker's answer: read whole, or a stream (content None) for the caller to relay.
         `guard` runs what follows the body's reading (decide, send), and gives None when the
         client left meanwhile (gateway/http/disconnect.py)."""
-        body, tenant = await read_request(self.state, source, model_cls)
+        body, tenant, self.held = await read_request(self.state, source, model_cls)
         await self._started()
         px = self.px = proxy_cls.route(self.state, endpoint, body, self.headers, tenant=tenant)
         return await guard(self._send(px, bool(body.stream)))
@@ -64,12 +67,15 @@ class Exchange:
     ) -> ProxyRequest:
         """read -> route -> decide: the request routed, its lease taken. `subset`, asked once
         the body is read, is the only replicas it may go to (an EPP's proxy can name them)."""
-        body, tenant = await read_request(self.state, source, model_cls)
-        await self._started()
-        px = self.px = ProxyRequest.route(
-            self.state, endpoint, body, self.headers, tenant=tenant, subset=subset()
-        )
-        await px.decide()
+        body, tenant, self.held = await read_request(self.state, source, model_cls)
+        try:  # however it ends here (a refusal, a cancelled stream), the body is given back
+            await self._started()
+            px = self.px = ProxyRequest.route(
+                self.state, endpoint, body, self.headers, tenant=tenant, subset=subset()
+            )
+            await px.decide()
+        finally:
+            self._give_body_back()
         return px
 
     async def _started(self) -> None:
@@ -81,6 +87,7 @@ class Exchange:
 
     async def _send(self, px: ProxyRequest, stream: bool) -> Answer:
         await px.decide()
+        self._give_body_back()
         resp = await send_with_retries(px, px.payload())
         if stream and resp.status == 200:
             return resp, None
@@ -97,10 +104,16 @@ class Exchange:
         if self.ended:
             return
         self.ended = True
+        self._give_body_back()
         if self.px is not None:
             self.px.release(status, usage)
         else:
             accounting.answered_here(self.state, policy_label(self.state, self.headers), status)
+
+    def _give_body_back(self) -> None:
+        if self.held:
+            self.state.bodies.give(self.held)
+            self.held = 0
 
     def replica_headers(self, status: int) -> dict[str, str]:
         """The response headers naming the replica and, for an answer it served (not a refusal),

@@ -35,31 +35,46 @@ def authenticate(state: GatewayState, request: RequestSource) -> str | None:
     return state.tenants.authenticate(request.headers.get("authorization"))
 
 
-async def parse(request: RequestSource, model_cls: type[OpenAIRequest], state: GatewayState):
-    """The parsed request: body size, JSON, shape limits, then the request model. What the JSON
-    decoder or the model refuses becomes its `APIError` here, where it is raised."""
+async def parse(
+    request: RequestSource, model_cls: type[OpenAIRequest], state: GatewayState
+) -> tuple[OpenAIRequest, int]:
+    """The parsed request: body size, JSON, shape limits, then the request model; and the body's
+    bytes still held in `state.bodies`, which the caller gives back. What the JSON decoder or
+    the model refuses becomes its `APIError` here, where it is raised (and its bytes are given
+    back)."""
     limits = state.config.limits
     try:
-        data = await read_json(request, limits, state.bodies)  # bytes, time, depth, elements
-        check_body(data, limits)
-        return model_cls.model_validate(data)
-    except ValidationError as e:
-        raise validation_error(e.errors()) from e  # as OpenAI words them
+        data, held = await read_json(request, limits, state.bodies)  # bytes, time, depth, elements
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise APIError(400, f"invalid JSON body: {e}", code=INVALID_JSON) from e
     except RecursionError as e:
-        raise APIError(400, "invalid JSON body: nested too deeply", code=INVALID_JSON) from e
+        raise _too_deep() from e
+    try:
+        check_body(data, limits)
+        return model_cls.model_validate(data), held
+    except BaseException as e:
+        state.bodies.give(held)
+        if isinstance(e, ValidationError):
+            raise validation_error(e.errors()) from e  # as OpenAI words them
+        if isinstance(e, RecursionError):
+            raise _too_deep() from e
+        raise
+
+
+def _too_deep() -> APIError:
+    return APIError(400, "invalid JSON body: nested too deeply", code=INVALID_JSON)
 
 
 async def read_request(
     state: GatewayState, request: RequestSource, model_cls: type[OpenAIRequest]
-) -> tuple[OpenAIRequest, str | None]:
-    """authenticate -> parse -> the tenant's cache salt: the request as it is routed, and its
-    tenant (None when the gateway has no API keys)."""
+) -> tuple[OpenAIRequest, str | None, int]:
+    """authenticate -> parse -> the tenant's cache salt: the request as it is routed, its
+    tenant (None when the gateway has no API keys), and its body's bytes still held in
+    `state.bodies` (given back once the request has a slot, or ends: `Exchange`)."""
     tenant = authenticate(state, request)
-    body = await parse(request, model_cls, state)
+    body, held = await parse(request, model_cls, state)
     if tenant is not None and state.tenants is not None:
         # Replaces any client salt by one derived from (tenant, client salt): the routing keys
         # and the worker's cache both use it.
         body.cache_salt = state.tenants.salt_for(tenant, body.cache_salt)
-    return body, tenant
+    return body, tenant, held
