@@ -154,6 +154,7 @@ def test_human_sizes_and_pixels_as_the_docs_write_them() -> None:
         (("-m", "gateway", "--vllm-kv-events-topic", "kv@{rank}"), "only {host}, {port}, {pod}"),
         (("-m", "gateway", "--kv-events-bind", "tcp://*"), "--kv-events-bind must be tcp://HOST:PORT"),
         (("-m", "gateway", "--max-image-pixels", "14000x14000"), "refuses an image itself"),
+        (("-m", "worker", "--model=m", "--max-image-pixels=14000x14000"), "refuses an image"),
     ],
 )  # fmt: skip
 def test_bad_values_are_usage_errors_not_tracebacks(argv, message) -> None:

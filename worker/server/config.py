@@ -5,8 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cachekey.bodies import DEFAULT_BUDGET_BODIES, DEFAULT_TIMEOUT_S, budget_bytes
+from cachekey.images import PILLOW_MAX_PIXELS
+from cachekey.render import RenderLimits
 from cachekey.worker_auth import CurveKeys, resolve_token
-from kvgate_cli.flags import LOG_LEVELS, format_size, option, parse_size
+from kvgate_cli.flags import (
+    LOG_LEVELS,
+    format_pixels,
+    format_size,
+    option,
+    parse_pixels,
+    parse_size,
+)
 
 
 @dataclass(slots=True)
@@ -75,6 +84,17 @@ class ServerConfig:
         show=format_size,
         metavar="BYTES",
     )
+    # Images, as the gateway bounds them (its flags of the same names): keep each at least the
+    # gateway's, or the workers refuse what the gateway forwards.
+    max_images: int = option(32, "images per request", name="--max-images-per-request")
+    max_image_bytes: int = option(
+        20 * 2**20, "bytes per image (413 past it)", parse=parse_size, show=format_size,
+        metavar="BYTES",
+    )  # fmt: skip
+    max_image_pixels: int = option(
+        4096 * 4096, "pixels per image, WxH or a count (413 past it)", parse=parse_pixels,
+        show=format_pixels, metavar="PIXELS",
+    )  # fmt: skip
     max_json_depth: int = option(64, "JSON nesting depth of a request body (400 past it)")
     max_json_elements: int = option(
         1_100_000, "JSON values, keys and containers in a request body (400 past it)"
@@ -118,13 +138,28 @@ class ServerConfig:
             raise ValueError("--engine-stall-timeout must be positive")
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}")
-        for name in ("max_body_bytes", "max_json_depth", "max_json_elements"):
+        for name in ("max_body_bytes", "max_json_depth", "max_json_elements", "max_image_bytes"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive")
+        if self.max_images <= 0 or self.max_image_pixels <= 0:
+            raise ValueError("--max-images-per-request and --max-image-pixels must be positive")
+        if PILLOW_MAX_PIXELS is not None and self.max_image_pixels > PILLOW_MAX_PIXELS:
+            raise ValueError(
+                f"--max-image-pixels {self.max_image_pixels} is over {PILLOW_MAX_PIXELS}, past "
+                "which the image decoder (Pillow) refuses an image itself"
+            )
         if not self.body_read_timeout > 0:
             raise ValueError("--body-read-timeout must be positive")
         budget_bytes(self.body_read_budget, self.max_body_bytes)  # raises on a bad one
         self.worker_token = resolve_token(self.worker_token)
+
+    def render_limits(self) -> RenderLimits:
+        """What the API server's renderer takes of a request's images."""
+        return RenderLimits(
+            max_images=self.max_images,
+            max_image_bytes=self.max_image_bytes,
+            max_image_pixels=self.max_image_pixels,
+        )
 
     @property
     def events_enabled(self) -> bool:

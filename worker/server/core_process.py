@@ -23,7 +23,7 @@ import zmq
 
 from cachekey import HashNamespace
 from cachekey.assets import ModelAssets
-from cachekey.render import Renderer
+from cachekey.render import Renderer, RenderLimits
 from worker.engine.config import EngineConfig
 from worker.server import core_messages as m
 from worker.server.exit_watch import ExitWatch
@@ -138,13 +138,13 @@ def spawn_cores(
     return starting
 
 
-def await_cores(starting: Sequence[StartingCore]) -> list[CoreHandle]:
+def await_cores(starting: Sequence[StartingCore], limits: RenderLimits) -> list[CoreHandle]:
     """Wait until every core has loaded; on a failure stop them all and raise CoreStartError
-    with the core's message."""
+    with the core's message. `limits`: what the API server's renderer takes of images."""
     handles: list[CoreHandle] = []
     try:
         for core in starting:
-            handles.append(_await_ready(core))
+            handles.append(_await_ready(core, limits))
     except BaseException:
         for h in handles:
             h.stop()
@@ -174,7 +174,7 @@ def _spawn(ctx: zmq.Context, engine: EngineConfig, publisher: PublisherConfig | 
     return StartingCore(proc, commands, reports, engine, folder)
 
 
-def _await_ready(core: StartingCore) -> CoreHandle:
+def _await_ready(core: StartingCore, limits: RenderLimits) -> CoreHandle:
     decode = m.report_decoder().decode
     deadline = time.monotonic() + _START_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -184,7 +184,7 @@ def _await_ready(core: StartingCore) -> CoreHandle:
                 core.abandon()
                 raise CoreStartError(report.message)
             if isinstance(report, m.Ready):
-                return _handle(core, report)
+                return _handle(core, report, limits)
         elif core.proc.poll() is not None:
             core.abandon()
             raise CoreStartError(f"the engine core exited while loading ({core.proc.returncode})")
@@ -192,12 +192,12 @@ def _await_ready(core: StartingCore) -> CoreHandle:
     raise CoreStartError(f"the engine core did not load in {_START_TIMEOUT_S:.0f}s")
 
 
-def _handle(core: StartingCore, ready: m.Ready) -> CoreHandle:
+def _handle(core: StartingCore, ready: m.Ready, limits: RenderLimits) -> CoreHandle:
     engine = core.engine
     assets = ModelAssets.from_dir(engine.model)
     assert engine.served_model_name is not None
     namespace = HashNamespace(engine.served_model_name, engine.block_size, engine.hash_seed)
     return CoreHandle(
         core.proc, core.commands, core.reports, ExitWatch(core.proc), ready, engine, assets,
-        Renderer(assets), namespace, core.folder,
+        Renderer(assets, limits=limits), namespace, core.folder,
     )  # fmt: skip

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import zmq
 
 from cachekey.events import topic
+from cachekey.render import RenderLimits
 from worker.engine.config import EngineConfig
 from worker.server.config import ServerConfig
 from worker.server.core_process import CoreHandle, StartingCore, await_cores, spawn_cores
@@ -41,12 +42,13 @@ class StartingWorkerCores:
     starting: list[StartingCore]
     identity: tuple[str, str]
     ctx: zmq.Context
+    limits: RenderLimits  # the API server's renderer's (--max-image-* flags)
 
     def wait(self) -> Cores:
         """Raises CoreStartError (a ValueError) with the core's own message when one cannot
         load; every core is stopped then."""
         try:
-            handles = await_cores(self.starting)
+            handles = await_cores(self.starting, self.limits)
         except BaseException:
             self.ctx.term()
             raise
@@ -74,7 +76,7 @@ def spawn_worker_cores(engine: EngineConfig, server: ServerConfig) -> StartingWo
     except BaseException:
         ctx.term()
         raise
-    return StartingWorkerCores(starting, identity, ctx)
+    return StartingWorkerCores(starting, identity, ctx, server.render_limits())
 
 
 def new_identity(model_name: str) -> tuple[str, str]:

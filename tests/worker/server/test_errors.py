@@ -238,3 +238,25 @@ def test_the_openai_sdk_sees_the_refusal(worker) -> None:
             model="demo", messages=CHAT["messages"], response_format={"type": "json_object"}
         )
     assert (refused.value.code, refused.value.param) == ("invalid_value", "response_format")
+
+
+@pytest.fixture(scope="module")
+def strict_images(demo_model_dir):
+    """A worker whose image limits are below the defaults (--max-images-per-request and
+    --max-image-pixels, the gateway's flags of the same names)."""
+    args = ("--max-images-per-request", "1", "--max-image-pixels", "32x32")
+    with WorkerProcess(demo_model_dir, *args, events=False) as w:
+        yield w
+
+
+def test_the_workers_image_limits_are_its_flags(strict_images) -> None:
+    url = strict_images.url + "/v1/chat/completions"
+    assert httpx.post(url, json=_image_chat(_png((20, 20))), timeout=30).status_code == 200
+    big = httpx.post(url, json=_image_chat(_png((40, 30))), timeout=30)
+    assert big.status_code == 413 and big.json()["error"]["code"] == "image_too_large", big.text
+    assert "over the limit of 1024" in big.json()["error"]["message"]
+    two = _image_chat(_png((20, 20)))
+    two["messages"][0]["content"].insert(0, two["messages"][0]["content"][0])
+    r = httpx.post(url, json=two, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "limit_exceeded", r.text
+    assert "2 > limit 1" in r.json()["error"]["message"]
