@@ -136,6 +136,17 @@ def probe_image(
 PILLOW_MAX_PIXELS = 2 * (Image.MAX_IMAGE_PIXELS or 0) or None
 
 
+def check_max_pixels(max_pixels: int) -> None:
+    """A `--max-image-pixels` that can take effect (gateway and worker): ValueError if not."""
+    if max_pixels <= 0:
+        raise ValueError("--max-image-pixels must be positive")
+    if PILLOW_MAX_PIXELS is not None and max_pixels > PILLOW_MAX_PIXELS:
+        raise ValueError(
+            f"--max-image-pixels {max_pixels} is over {PILLOW_MAX_PIXELS}, past which the "
+            "image decoder (Pillow) refuses an image itself"
+        )
+
+
 def _over_pillow_cap(
     e: Image.DecompressionBombError, max_pixels: int | None, param: str | None
 ) -> ImageTooLargeError:

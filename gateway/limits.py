@@ -23,7 +23,7 @@ from cachekey.bodies import (
     budget_bytes,
 )
 from cachekey.errors import RenderError
-from cachekey.images import PILLOW_MAX_PIXELS
+from cachekey.images import check_max_pixels
 from cachekey.json_shape import JSONShapeError, decode_json
 from cachekey.openai.errors import LIMIT_EXCEEDED, APIError
 from cachekey.render import RenderLimits, count_images
@@ -96,11 +96,7 @@ class RequestLimits:
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
-        if PILLOW_MAX_PIXELS is not None and self.max_image_pixels > PILLOW_MAX_PIXELS:
-            raise ValueError(
-                f"--max-image-pixels {self.max_image_pixels} is over {PILLOW_MAX_PIXELS}, past "
-                "which the image decoder (Pillow) refuses an image itself"
-            )
+        check_max_pixels(self.max_image_pixels)
         if not self.body_read_timeout > 0:
             raise ValueError("body_read_timeout must be positive")
         budget_bytes(self.body_read_budget, self.max_body_bytes)  # raises on a bad one

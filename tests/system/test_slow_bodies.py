@@ -22,6 +22,7 @@ from harness.ports import HOST
 from harness.proc import rss_bytes
 from harness.waits import wait_until
 from tests.support.chat import CHAT, chat, chat_body, user
+from tests.support.raw_http import read_response
 
 pytestmark = pytest.mark.slow
 
@@ -81,19 +82,8 @@ def _chunked(cluster: Cluster, side: str, first: int) -> socket.socket:
 
 def _response(s: socket.socket) -> tuple[int, dict[str, str], dict]:
     """(status, headers, JSON body) of one HTTP/1.1 response with a Content-Length."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = s.recv(65536)
-        assert chunk, f"connection closed mid-head: {data!r}"
-        data += chunk
-    head, body = data.split(b"\r\n\r\n", 1)
-    lines = head.decode("latin-1").split("\r\n")
-    headers = dict(line.lower().split(": ", 1) for line in lines[1:])
-    while len(body) < int(headers["content-length"]):
-        chunk = s.recv(65536)
-        assert chunk, "connection closed mid-body"
-        body += chunk
-    return int(lines[0].split()[1]), headers, json.loads(body)
+    status, headers, body = read_response(s)
+    return status, headers, json.loads(body)
 
 
 def _probe(cluster: Cluster, side: str) -> httpx.Response:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cachekey.bodies import DEFAULT_BUDGET_BODIES, DEFAULT_TIMEOUT_S, budget_bytes
-from cachekey.images import PILLOW_MAX_PIXELS
+from cachekey.images import check_max_pixels
 from cachekey.render import RenderLimits
 from cachekey.worker_auth import CurveKeys, resolve_token
 from kvgate_cli.flags import (
@@ -141,13 +141,9 @@ class ServerConfig:
         for name in ("max_body_bytes", "max_json_depth", "max_json_elements", "max_image_bytes"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive")
-        if self.max_images <= 0 or self.max_image_pixels <= 0:
-            raise ValueError("--max-images-per-request and --max-image-pixels must be positive")
-        if PILLOW_MAX_PIXELS is not None and self.max_image_pixels > PILLOW_MAX_PIXELS:
-            raise ValueError(
-                f"--max-image-pixels {self.max_image_pixels} is over {PILLOW_MAX_PIXELS}, past "
-                "which the image decoder (Pillow) refuses an image itself"
-            )
+        if self.max_images <= 0:
+            raise ValueError("--max-images-per-request must be positive")
+        check_max_pixels(self.max_image_pixels)
         if not self.body_read_timeout > 0:
             raise ValueError("--body-read-timeout must be positive")
         budget_bytes(self.body_read_budget, self.max_body_bytes)  # raises on a bad one

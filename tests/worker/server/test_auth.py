@@ -26,6 +26,7 @@ from harness.proc import Proc
 from harness.waits import wait_until
 from tests.support.chat import bearer, chat, post, user
 from tests.support.json_bombs import many_keys, many_objects, reset_peak_rss, status_kib
+from tests.support.raw_http import read_response
 from tests.support.waits import try_get
 from tests.support.worker_harness import WorkerProcess
 
@@ -244,26 +245,9 @@ def test_a_declared_huge_body_is_refused_before_it_is_sent(cluster) -> None:
     )
     with socket.create_connection((HOST, port), timeout=10) as s:
         s.sendall(head.encode() + b'{"model": "demo", "prompt": "')
-        status, body = _read_response(s)
+        status, _, body = read_response(s)
     assert status == 413, body
     assert "--max-body-bytes" in json.loads(body)["error"]["message"]
-
-
-def _read_response(s: socket.socket) -> tuple[int, bytes]:
-    """(status, body) of one HTTP/1.1 response with a Content-Length, read off a raw socket."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = s.recv(65536)
-        assert chunk, f"connection closed mid-head: {data!r}"
-        data += chunk
-    head, body = data.split(b"\r\n\r\n", 1)
-    lines = head.decode("latin-1").split("\r\n")
-    fields = dict(line.lower().split(": ", 1) for line in lines[1:])
-    while len(body) < int(fields["content-length"]):
-        chunk = s.recv(65536)
-        assert chunk, "connection closed mid-body"
-        body += chunk
-    return int(lines[0].split()[1]), body
 
 
 def test_a_malformed_body_is_a_400_and_the_worker_keeps_serving(cluster) -> None:
