@@ -12,7 +12,7 @@ import pytest
 from harness.cluster import Cluster, ClusterSpec
 from harness.prom import metric_total
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]  # whole clusters under faults: make test-long
 
 MARKER = "NIGHTSHADE"
 CHAT = "/v1/chat/completions"

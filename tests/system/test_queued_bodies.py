@@ -15,7 +15,7 @@ import pytest
 from harness.cluster import Cluster, ClusterSpec
 from tests.support.chat import CHAT, chat_body, user
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]  # whole clusters under faults: make test-long
 
 MAX_BODY = 2**20
 PAD = 900_000  # bytes of an ignored field: three such bodies fit the budget, four do not

@@ -24,7 +24,7 @@ from harness.waits import wait_until
 from tests.support.chat import CHAT, chat, chat_body, user
 from tests.support.raw_http import read_response
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]  # whole clusters under faults: make test-long
 
 DEADLINE = 4.0
 MAX_BODY = 16 * 2**20
