@@ -30,6 +30,10 @@ from bench.lib.gpu_image import IMAGE
 from bench.lib.import_log import distributions, run_logged
 
 ROOT = Path(__file__).resolve().parents[1]
+# The checkout itself travels: its own (editable) install is never a wheel to carry. Which of
+# its files an import log names depends on how the venv was made (a fresh clone's editable
+# finder is one of them).
+OWN = "kvgate"
 CARRY_LIMIT = 64 * 2**20  # the working tree and what `run` carries, together
 PY = sys.executable
 # What bench/gpu.sh runs, small: bench.ttft as `ttft` and `routing` run it (gateway, torch
@@ -56,7 +60,7 @@ def lacking(work: Path) -> dict[str, str]:
     models = ("--models-dir", str(work / "models"))
     probes = [PROBES[0] + out + models, *PROBES[1:]]
     run_logged(probes, ROOT, log)
-    return {name: v for name, v in distributions(log).items() if name not in IMAGE}
+    return {name: v for name, v in distributions(log).items() if name not in IMAGE | {OWN}}
 
 
 def download(wanted: dict[str, str], dest: Path) -> list[Path]:
