@@ -21,7 +21,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from cachekey.errors import context_exceeded
-from cachekey.openai.errors import APIError
+from cachekey.openai.errors import INVALID_VALUE, APIError
 from cachekey.types import Prompt
 from worker.engine.sampling_params import SamplingParams
 from worker.server.arrival_order import Turn
@@ -91,16 +91,21 @@ class ServingEmbedding(OpenAIServing):
                 400,
                 "this model does not support `dimensions` (it is not a Matryoshka model)",
                 param="dimensions",
+                code=INVALID_VALUE,
             )
         if dimensions > self.hidden_size:
             raise APIError(
                 400,
                 f"`dimensions` must be at most the model's {self.hidden_size}",
                 param="dimensions",
+                code=INVALID_VALUE,
             )
         if self.matryoshka_dims is not None and dimensions not in self.matryoshka_dims:
             raise APIError(
-                400, f"`dimensions` must be one of {list(self.matryoshka_dims)}", param="dimensions"
+                400,
+                f"`dimensions` must be one of {list(self.matryoshka_dims)}",
+                param="dimensions",
+                code=INVALID_VALUE,
             )
 
     async def render_inputs(self, body: EmbeddingRequest) -> list[Prompt]:

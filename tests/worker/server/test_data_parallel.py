@@ -41,6 +41,8 @@ def test_two_rank_kvgate_worker_behind_the_gateway(tmp_path, demo_model_dir):
         assert r.status_code == 200
         blocks = [len(httpx.get(f"{w.url}/kv/snapshot?rank={k}").json()["blocks"]) for k in (0, 1)]
         assert blocks[0] == 0 and blocks[1] > 0
+        none = httpx.get(f"{w.url}/kv/snapshot?rank=2")
+        assert none.status_code == 404 and none.json()["error"]["code"] == "invalid_value"
         bad = chat(w.url, user("x"), {"X-data-parallel-rank": "2"})
         assert bad.status_code == 400 and "out of range [0, 2)" in bad.json()["error"]["message"]
 

@@ -175,6 +175,7 @@ def test_dimensions_on_a_matryoshka_model(matryoshka_sim) -> None:
     assert v.shape == (32,) and abs(float(np.linalg.norm(v)) - 1.0) < 1e-5
     r = matryoshka_sim.post("/v1/embeddings", json={"input": "hello", "dimensions": 48})
     assert r.status_code == 400 and r.json()["error"]["param"] == "dimensions"
+    assert r.json()["error"]["code"] == "invalid_value"
 
 
 BAD = [

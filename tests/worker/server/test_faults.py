@@ -86,6 +86,8 @@ def test_fault_endpoint_absent_without_flag(demo_model_dir):
         assert (
             httpx.post(w.url + "/debug/fault", params={"kind": "crash_engine"}).status_code == 404
         )
+        r = httpx.post(w.url + "/debug/fault", params={"kind": "crash_engine"})
+        assert r.json()["error"]["code"] == "unknown_url"
         assert httpx.get(w.url + "/health").status_code == 200
 
 

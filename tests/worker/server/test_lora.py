@@ -142,7 +142,9 @@ def test_load_errors(worker, adapters, demo_model_dir, tmp_path):
         assert body_error["type"] == "invalid_request_error"
     ids = [m["id"] for m in httpx.get(f"{worker.url}/v1/models").json()["data"]]
     assert "x" not in ids
-    assert error(httpx.post(f"{worker.url}/v1/unload_lora_adapter", json={}))[0] == 400
+    nameless = httpx.post(f"{worker.url}/v1/unload_lora_adapter", json={})
+    assert nameless.status_code == 400
+    assert nameless.json()["error"]["code"] == "missing_required_parameter"
 
 
 def test_info_and_metrics_name_the_adapters(worker):

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
 from cachekey.documents import Snapshot, SnapshotBlock, encode_document
-from cachekey.openai.errors import APIError
+from cachekey.openai.errors import INVALID_VALUE, APIError
 from worker.engine.llm_engine import CachedBlock
 from worker.server.app_state import all_ranks, current_info, worker_state
 
@@ -32,7 +32,8 @@ async def snapshot(raw: Request, rank: int | None = Query(None)) -> Response:
     if rank is not None:
         state = next((r for r in all_ranks(raw) if (r.rank or 0) == rank), None)
         if state is None:
-            raise APIError(404, f"this worker serves no data-parallel rank {rank}", param="rank")
+            msg = f"this worker serves no data-parallel rank {rank}"
+            raise APIError(404, msg, param="rank", code=INVALID_VALUE)
     snap = await state.engine.snapshot()
     doc = Snapshot(
         instance_id=state.info.instance_id,

@@ -13,6 +13,7 @@ from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, ConfigDict
 
 from cachekey.openai.errors import APIError
+from cachekey.openai.validation import MISSING_PARAMETER
 from worker.server.app_state import all_ranks
 
 router = APIRouter()
@@ -45,7 +46,12 @@ async def load_lora_adapter(body: LoadLoRAAdapterRequest, raw: Request) -> Plain
 async def unload_lora_adapter(body: UnloadLoRAAdapterRequest, raw: Request) -> PlainTextResponse:
     if not body.lora_name:
         # vLLM's words; adapters are unloaded by name here (lora_int_id is not exposed).
-        raise APIError(400, "either 'lora_name' and 'lora_int_id' needs to be provided.")
+        raise APIError(
+            400,
+            "either 'lora_name' and 'lora_int_id' needs to be provided.",
+            param="lora_name",
+            code=MISSING_PARAMETER,
+        )
     for rank in all_ranks(raw):
         await rank.engine.remove_lora(body.lora_name)
     return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
