@@ -16,12 +16,12 @@ from tests.support.paths import REPO
 
 SCRIPT = REPO / "bench" / "gpu.sh"
 SEP = "\x1f"
-# python3 and nvidia-smi for the script: log the arguments, print a line (as a real run does:
-# the script's pipes filter what they print).
+# python3 and nvidia-smi for the script: log the arguments, print nothing (a mode must not
+# depend on what its commands print: a `grep` that filters everything out exits 1, and under
+# `pipefail` that ended the whole script).
 STUB = f"""#!/bin/sh
 printf '%s{SEP}' "$(basename "$0")" "$@" >> "$GPU_SH_LOG"
 echo >> "$GPU_SH_LOG"
-echo "a line of output"
 """
 # Runs each logged `python3 -m bench.X ARGS` as far as its argument parser: the parser's own
 # errors exit 2, unknown options too; bench.engine_ab's pass-through options (and each side's)
