@@ -20,6 +20,9 @@ from cachekey.errors import ImageTooLargeError, InvalidImageError
 
 SUPPORTED_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
 _PILLOW_COUNT = re.compile(r"\((\d+) pixels\)")  # in "Image size (N pixels) exceeds limit of"
+# Pillow refuses an image past twice its MAX_IMAGE_PIXELS whatever our limit says: a higher
+# `--max-image-pixels` could never take effect, so it is refused at start.
+PILLOW_MAX_PIXELS = 2 * (Image.MAX_IMAGE_PIXELS or 0) or None
 
 
 def decode_data_url(url: str, max_bytes: int | None = None, *, param: str | None = None) -> bytes:
@@ -131,11 +134,6 @@ def probe_image(
     return width, height, fmt
 
 
-# Pillow refuses an image past twice its MAX_IMAGE_PIXELS whatever our limit says: a higher
-# `--max-image-pixels` could never take effect, so it is refused at start.
-PILLOW_MAX_PIXELS = 2 * (Image.MAX_IMAGE_PIXELS or 0) or None
-
-
 def check_max_pixels(max_pixels: int) -> None:
     """A `--max-image-pixels` that can take effect (gateway and worker): ValueError if not."""
     if max_pixels <= 0:
@@ -152,7 +150,7 @@ def _over_pillow_cap(
 ) -> ImageTooLargeError:
     """An image past Pillow's own cap (2x MAX_IMAGE_PIXELS), refused in the words of our limit:
     Pillow's message names its cap, which no flag sets."""
-    cap = 2 * (Image.MAX_IMAGE_PIXELS or 0)
+    cap = PILLOW_MAX_PIXELS or 0
     count = _PILLOW_COUNT.search(str(e))
     pixels = count[1] if count else f"over {cap}"
     limit = max_pixels if max_pixels is not None and max_pixels < cap else cap

@@ -166,11 +166,10 @@ async def read_json(request: Request, limits: RequestLimits, budget: BodyBudget)
         if len(raw) <= _PARSE_INLINE_BYTES:
             return decode_json(*args), len(raw)
         return await asyncio.to_thread(decode_json, *args), len(raw)
-    except JSONShapeError as e:
+    except BaseException as e:
         budget.give(len(raw))
-        raise LimitError(400, e.message, None, e.code) from e
-    except BaseException:
-        budget.give(len(raw))
+        if isinstance(e, JSONShapeError):
+            raise LimitError(400, e.message, None, e.code) from e
         raise
 
 

@@ -102,15 +102,11 @@ class BodyGuard:
             self.budget.give(size)
 
     async def _check(self, raw: bytes) -> None:
+        """Its shape, then strict JSON in UTF-8 (JSONShapeError), as the gateway parses it."""
         if len(raw) <= _CHECK_INLINE_BYTES:
-            _check_body(raw, self.max_depth, self.max_elements)
+            decode_json(raw, self.max_depth, self.max_elements)
         else:
-            await asyncio.to_thread(_check_body, raw, self.max_depth, self.max_elements)
-
-
-def _check_body(raw: bytes, max_depth: int, max_elements: int) -> None:
-    """Its shape, then strict JSON in UTF-8 (JSONShapeError), as the gateway parses it."""
-    decode_json(raw, max_depth, max_elements)
+            await asyncio.to_thread(decode_json, raw, self.max_depth, self.max_elements)
 
 
 def _content_length(scope: Scope) -> int | None:
